@@ -1,0 +1,98 @@
+"""Domain models shared by the policy, the activities and the workflows.
+
+Pure pydantic, no I/O: safe to import inside the Temporal workflow sandbox.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Action(StrEnum):
+    """What a node needs, ordered by severity (see ``SEVERITY``)."""
+
+    NONE = "none"
+    APP = "app"
+    THERMAL = "thermal"
+    RESET = "reset"
+    REBOOT = "reboot"
+    QUARANTINE = "quarantine"
+
+
+SEVERITY: dict[Action, int] = {
+    Action.NONE: 0,
+    Action.APP: 1,
+    Action.THERMAL: 2,
+    Action.RESET: 3,
+    Action.REBOOT: 4,
+    Action.QUARANTINE: 5,
+}
+
+
+def most_severe(actions: list[Action]) -> Action:
+    """The most severe of ``actions``; ``none`` for an empty list."""
+    return max(actions, key=lambda a: SEVERITY[a], default=Action.NONE)
+
+
+class GpuReading(BaseModel):
+    """The health-relevant fields of one GPU, as read from one scrape.
+
+    ``None`` means the series was absent: absent is never evidence of a fault.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    uuid: str = ""
+    model_name: str = ""
+    pci_bus_id: str = ""
+    xid: int | None = None
+    gpu_temp: float | None = None
+    memory_temp: float | None = None
+    ecc_dbe_volatile: float | None = None
+    ecc_sbe_volatile: float | None = None
+    row_remap_pending: float | None = None
+    row_remap_failure: float | None = None
+    uncorrectable_remapped_rows: float | None = None
+    clock_event_reasons: int | None = None
+    recovery_action: int | None = None
+
+
+class NodeReadings(BaseModel):
+    """Every GPU of one node from one scrape."""
+
+    node: str
+    gpus: list[GpuReading] = Field(default_factory=list)
+
+
+class Finding(BaseModel):
+    """One piece of evidence: which GPU, which signal, which value, which rule."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    uuid: str = ""
+    signal: str
+    value: float
+    rule: str
+    action: Action
+
+
+class Verdict(BaseModel):
+    """What a node needs and why."""
+
+    node: str
+    action: Action = Action.NONE
+    findings: list[Finding] = Field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        """One line for humans: the action and the strongest evidence."""
+        worst = [f for f in self.findings if f.action == self.action]
+        if not worst:
+            return f"{self.action.value}"
+        first = worst[0]
+        more = f" (+{len(self.findings) - 1} more)" if len(self.findings) > 1 else ""
+        return f"{self.action.value}: {first.rule} on GPU {first.gpu}{more}"
