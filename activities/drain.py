@@ -1,0 +1,169 @@
+"""Drain: evict a node's pods through the Eviction API, honouring PodDisruptionBudgets.
+
+The activity works in rounds and returns ``blocked`` after ``report_after`` so the
+workflow, which owns the deadline and its policy, can show progress in the UI.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from temporalio import activity
+
+from activities import metrics
+from activities.events import record_node_event
+from activities.kube import REQUEST_TIMEOUT, raise_typed, status_message
+from workflows.models import DrainInput, DrainResult
+
+log = logging.getLogger(__name__)
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+_PDB_IN_CAUSE = re.compile(r"disruption budget ([a-z0-9.-]+)")
+POLL_SECONDS = 1.0
+
+
+def pod_key(pod: Any) -> str:
+    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+
+
+def skip_reason(pod: Any, *, gpu_pods_only: bool) -> str | None:
+    """Why a pod is left alone by a drain, or None if it must go."""
+    if (pod.metadata.annotations or {}).get(MIRROR_ANNOTATION):
+        return "mirror pod"
+    for ref in pod.metadata.owner_references or []:
+        if ref.kind == "DaemonSet":
+            return "DaemonSet pod"
+    if pod.status and pod.status.phase in ("Succeeded", "Failed"):
+        return "finished"
+    if gpu_pods_only and not requests_gpu(pod):
+        return "uses no GPU"
+    return None
+
+
+def requests_gpu(pod: Any) -> bool:
+    for c in pod.spec.containers or []:
+        res = c.resources
+        for table in (getattr(res, "limits", None), getattr(res, "requests", None)):
+            if table and str(table.get("nvidia.com/gpu", "0")) not in ("0", ""):
+                return True
+    return False
+
+
+def blocking_pdb(err: ApiException, namespace: str) -> str:
+    """The PDB named in a 429's causes, as namespace/name."""
+    match = _PDB_IN_CAUSE.search(err.body or "")
+    return f"{namespace}/{match.group(1)}" if match else f"{namespace}/(unnamed budget)"
+
+
+_blocked_by: dict[str, str] = {}
+
+
+def _mark_blocked(node: str, pdb: str) -> None:
+    if _blocked_by.get(node) != pdb:
+        _clear_blocked(node)
+        _blocked_by[node] = pdb
+        metrics.DRAIN_BLOCKED.labels(node, pdb).set(1)
+
+
+def _clear_blocked(node: str) -> None:
+    old = _blocked_by.pop(node, None)
+    if old is not None:
+        metrics.DRAIN_BLOCKED.remove(node, old)
+
+
+class DrainActivities:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+
+    def _pods(self, node: str) -> list[Any]:
+        try:
+            return list(self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _request_timeout=REQUEST_TIMEOUT,
+            ).items)
+        except ApiException as err:
+            raise_typed(err, f"list pods on {node}")
+
+    def _evict(self, pod: Any) -> tuple[str, str]:
+        """Ask the Eviction API to move one pod: (result, blocking PDB)."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod.metadata.name, "namespace": pod.metadata.namespace}}
+        try:
+            self.core.create_namespaced_pod_eviction(
+                pod.metadata.name, pod.metadata.namespace, client.V1Eviction.model_validate(body),
+                _request_timeout=REQUEST_TIMEOUT
+            )
+            return "evicted", ""
+        except ApiException as err:
+            if err.status == 404:
+                return "gone", ""
+            if err.status == 429:
+                return "blocked", blocking_pdb(err, pod.metadata.namespace)
+            if err.status == 500 and "more than one" in status_message(err):
+                return "blocked", f"{pod.metadata.namespace}/(several budgets match)"
+            raise_typed(err, f"evict {pod_key(pod)}")
+
+    def _delete(self, pod: Any) -> None:
+        try:
+            self.core.delete_namespaced_pod(
+                pod.metadata.name, pod.metadata.namespace, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise_typed(err, f"delete {pod_key(pod)}")
+
+    @activity.defn
+    def drain_node(self, inp: DrainInput) -> DrainResult:
+        started = time.monotonic()
+        evicted: set[str] = set()
+        forced: set[str] = set()
+        pdb = ""
+        announced = False
+        while True:
+            pods = self._pods(inp.node)
+            targets, skipped = [], []
+            for pod in pods:
+                why = skip_reason(pod, gpu_pods_only=inp.settings.gpu_pods_only)
+                (skipped.append(f"{pod_key(pod)} ({why})") if why else targets.append(pod))
+            if inp.dry_run:
+                return DrainResult(outcome="planned", remaining=[pod_key(p) for p in targets],
+                                   skipped=skipped, message=f"would evict {len(targets)} pods")
+            if not targets:
+                _clear_blocked(inp.node)
+                return DrainResult(outcome="drained", evicted=sorted(evicted),
+                                   forced=sorted(forced), skipped=skipped,
+                                   message=f"evicted {len(evicted)} pods")
+            pdb_now = ""
+            for pod in targets:
+                if pod.metadata.deletion_timestamp is not None:
+                    continue  # already going: wait for its grace period
+                if inp.force:
+                    self._delete(pod)
+                    forced.add(pod_key(pod))
+                    metrics.EVICTIONS.labels("forced").inc()
+                    continue
+                result, blocker = self._evict(pod)
+                metrics.EVICTIONS.labels(result).inc()
+                if result == "evicted":
+                    evicted.add(pod_key(pod))
+                elif result == "blocked":
+                    pdb_now = pdb_now or blocker
+            if pdb_now:
+                _mark_blocked(inp.node, pdb_now)
+            if pdb_now and not announced:
+                record_node_event(self.core, inp.node, reason="DrainBlocked",
+                                  message=f"eviction refused by PodDisruptionBudget {pdb_now}; "
+                                          "retrying", event_type="Warning")
+                announced = True
+            pdb = pdb_now or pdb
+            remaining = [pod_key(p) for p in targets]
+            activity.heartbeat({"evicted": len(evicted), "remaining": len(remaining), "pdb": pdb})
+            if pdb_now and time.monotonic() - started >= inp.report_after.total_seconds():
+                return DrainResult(outcome="blocked", evicted=sorted(evicted), remaining=remaining,
+                                   skipped=skipped, blocking_pdb=pdb,
+                                   message=f"{len(remaining)} pods left; blocked by {pdb}")
+            time.sleep(POLL_SECONDS if not pdb_now else inp.settings.retry_interval.total_seconds())

@@ -1,0 +1,363 @@
+"""dcgm-exporter text exposition -> ``NodeReadings``.
+
+A dcgm-exporter scrape of a large fleet (or a Prometheus federation of one) is tens of MB, of which
+the policy needs a handful of families. So the text is first narrowed to the health families with
+C-speed substring search, and only those lines are parsed.
+
+Two parsers give one result: ``parse_exposition`` (hand-written, the one production uses) and
+``parse_exposition_reference`` (prometheus_client's parser on the same lines), kept so that tests
+can prove the fast one reads exactly what the official one reads.
+
+Garbage never makes a node sick: a line that does not parse is counted, never guessed at; text that
+is not exposition at all raises ``ExpositionError``; sentinel, NaN and infinite values become "no
+data"; and a payload with no health samples is reported as empty for the caller to treat as an
+error of that source.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, Field
+
+from policy.models import GpuReading, NodeReadings
+from policy.rules import usable
+
+HEALTH_METRICS: dict[str, str] = {
+    "DCGM_FI_DEV_XID_ERRORS": "xid",
+    "DCGM_FI_DEV_GPU_TEMP": "gpu_temp",
+    "DCGM_FI_DEV_MEMORY_TEMP": "memory_temp",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_dbe_volatile",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "ecc_sbe_volatile",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": "row_remap_pending",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "row_remap_failure",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "uncorrectable_remapped_rows",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "clock_event_reasons",
+    # The pre-DCGM-3.3 name of the same field; custom counter files still use it.
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "clock_event_reasons",
+    "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION": "recovery_action",
+}
+"""The metric families the policy reads, and the ``GpuReading`` field each one fills."""
+
+_INT_FIELDS = frozenset({"xid", "clock_event_reasons", "recovery_action"})
+_MAX_EXAMPLES = 5
+
+
+class ExpositionError(ValueError):
+    """The text is not Prometheus exposition of dcgm-exporter at all."""
+
+
+class ParseResult(BaseModel):
+    """What one payload held."""
+
+    nodes: list[NodeReadings] = Field(default_factory=list)
+    bad_lines: int = Field(default=0, description="Health-family lines that did not parse.")
+    samples: int = Field(default=0, description="Health-family samples that parsed.")
+    unlabelled: int = Field(
+        default=0, description="Samples without a Hostname/hostname label and no default node."
+    )
+    examples: list[str] = Field(
+        default_factory=list, description=f"Up to {_MAX_EXAMPLES} problems, for error messages."
+    )
+
+    @property
+    def empty(self) -> bool:
+        """No health sample at all: an error for the source, never "healthy"."""
+        return self.samples == 0
+
+
+# --- line selection ---------------------------------------------------------------------------
+
+
+def _selector(names: list[str]) -> re.Pattern[str]:
+    # Factor out the shared prefix so the regex engine can hunt for one literal ("\nDCGM_FI_DEV_")
+    # with its fast search and try the alternatives only at those spots.
+    prefix = names[0]
+    for name in names[1:]:
+        while not name.startswith(prefix):
+            prefix = prefix[:-1]
+    rest = "|".join(re.escape(name[len(prefix) :]) for name in names)
+    return re.compile(rf"\n({re.escape(prefix)}(?:{rest})[{{ \t][^\r\n]*)")
+
+
+_SELECT_RE = _selector(sorted(HEALTH_METRICS, key=len, reverse=True))
+
+
+def select_health_lines(text: str) -> list[str]:
+    """The sample lines of the health families, without parsing anything else.
+
+    One regex pass in C over the payload; the name must be followed by ``{`` or a blank so that a
+    longer metric name sharing the prefix is not picked up.
+    """
+    lines = _SELECT_RE.findall(text)
+    # The regex anchors on the preceding newline, which the very first line does not have.
+    newline = text.find("\n")
+    first = _SELECT_RE.match("\n" + (text if newline == -1 else text[:newline]))
+    if first is not None:
+        lines.insert(0, first.group(1))
+    return lines
+
+
+# --- the hand-written line parser -------------------------------------------------------------
+
+# Quoted values use the unrolled form [^"\\]*(?:\\.[^"\\]*)*: same language as (?:[^"\\]|\\.)*, but
+# the regex engine runs through plain characters in one step instead of one branch per character.
+_VALUE = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+_LABEL = rf"[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*{_VALUE}[ \t]*"
+_LABELS = rf"(?:{_LABEL},)*(?:{_LABEL},?)?[ \t]*"
+# One pass validates the whole line, label syntax included; the label set cannot end early at a
+# "}" inside a quoted value because values are matched as quoted strings.
+_LINE_RE = re.compile(
+    r"([a-zA-Z_:][a-zA-Z0-9_:]*)"  # metric name
+    # Label set (blanks before "{" and one leading comma are tolerated, as Prometheus' own
+    # parsers do), or the blank before the value.
+    rf"(?:[ \t]*\{{,?({_LABELS})\}}[ \t]*|[ \t]+)"
+    r"(\S+)"  # value
+    r"(?:[ \t]+(\S+))?[ \t]*",  # optional timestamp
+)
+_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"')
+_ESCAPE_RE = re.compile(r'\\[\\n"]')
+_ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
+
+
+def _unescape(value: str) -> str:
+    # Only the three escapes the text format defines; any other backslash stays as written.
+    if "\\" not in value:
+        return value
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value)
+
+
+def _number(token: str) -> float:
+    # float() also takes "1_000", which the text format does not allow.
+    if "_" in token:
+        raise ValueError(f"invalid number {token!r}")
+    return float(token)
+
+
+def parse_line(line: str) -> tuple[str, dict[str, str], float]:
+    """One sample line -> ``(name, labels, value)``; ``ValueError`` when it is not one."""
+    match = _LINE_RE.fullmatch(line)
+    if match is None:
+        raise ValueError("not a sample line: bad name, label set or value layout")
+    name, body, value, timestamp = match.groups()
+    labels: dict[str, str] = {}
+    if body:
+        if "\\" in body:
+            pairs = [(key, _unescape(raw)) for key, raw in _PAIR_RE.findall(body)]
+        else:
+            # Validated and escape-free, so every '"' delimits a value: splitting on quotes
+            # gives name and value alternately, commas and braces inside values included.
+            parts = body.split('"')
+            pairs = [(parts[i].strip(" \t,="), parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
+        labels = dict(pairs)
+        if len(labels) != len(pairs):
+            raise ValueError("duplicate label name")
+        if "__" in body and any(key.startswith("__") for key in labels):
+            raise ValueError("label names starting with '__' are reserved")
+    number = _number(value)
+    if timestamp is not None:
+        _number(timestamp)
+    return name, labels, number
+
+
+# --- accumulation shared by both parsers ------------------------------------------------------
+
+
+class _Fleet:
+    """Folds samples into one reading per GPU, however many series a GPU has."""
+
+    def __init__(self, default_node: str | None) -> None:
+        self.default_node = default_node
+        self.gpus: dict[tuple[str, str], dict[str, Any]] = {}
+        self.samples = 0
+        self.bad_lines = 0
+        self.unlabelled = 0
+        self.examples: list[str] = []
+
+    def problem(self, message: str) -> None:
+        if len(self.examples) < _MAX_EXAMPLES:
+            self.examples.append(message)
+
+    def bad(self, line: str, why: str) -> None:
+        self.bad_lines += 1
+        self.problem(f"unparsable line ({why}): {line[:120]!r}")
+
+    def add(self, name: str, labels: dict[str, str], value: float) -> None:
+        field = HEALTH_METRICS.get(name)
+        if field is None:
+            return
+        self.samples += 1
+        node = labels.get("Hostname") or labels.get("hostname") or self.default_node
+        if not node:
+            self.unlabelled += 1
+            if self.unlabelled == 1:
+                self.problem(f"{name} series without a Hostname/hostname label")
+            return
+        index = labels.get("gpu", "")
+        uuid = labels.get("UUID") or labels.get("uuid") or labels.get("gpu_uuid") or ""
+        if not index and not uuid:
+            # NVSwitch/CPU entities share some field names; they are not GPUs.
+            return
+        # MIG instances and per-pod series repeat one physical GPU: key by UUID to merge them.
+        key = (node, uuid or f"index:{index}")
+        gpu = self.gpus.get(key)
+        if gpu is None:
+            gpu = self.gpus[key] = {
+                "gpu": index,
+                "uuid": uuid,
+                "model_name": labels.get("modelName") or labels.get("model_name") or "",
+                "pci_bus_id": labels.get("pci_bus_id", ""),
+            }
+        number = usable(value)
+        if number is None or number < 0:
+            return
+        if field in _INT_FIELDS:
+            new: float | int = int(number)
+            old = gpu.get(field)
+            if field == "clock_event_reasons" and old is not None:
+                new = old | int(new)
+            elif old is not None:
+                new = max(old, new)
+        else:
+            old = gpu.get(field)
+            # Duplicate series should agree; if they do not, the worse reading is kept.
+            new = number if old is None else max(old, number)
+        gpu[field] = new
+
+    def result(self) -> ParseResult:
+        by_node: dict[str, list[GpuReading]] = {}
+        for (node, _), fields in self.gpus.items():
+            by_node.setdefault(node, []).append(GpuReading(**fields))
+        nodes = [
+            NodeReadings(node=node, gpus=sorted(gpus, key=_gpu_sort_key))
+            for node, gpus in sorted(by_node.items())
+        ]
+        return ParseResult(
+            nodes=nodes,
+            bad_lines=self.bad_lines,
+            samples=self.samples,
+            unlabelled=self.unlabelled,
+            examples=self.examples,
+        )
+
+
+def _gpu_sort_key(gpu: GpuReading) -> tuple[int, str, str]:
+    return (int(gpu.gpu) if gpu.gpu.isdigit() else 1 << 30, gpu.gpu, gpu.uuid)
+
+
+# --- "is this exposition at all?" -------------------------------------------------------------
+
+
+def _lines(text: str) -> Iterator[str]:
+    start = 0
+    size = len(text)
+    while start < size:
+        end = text.find("\n", start)
+        if end == -1:
+            end = size
+        yield text[start:end].strip()
+        start = end + 1
+
+
+def _check_is_exposition(text: str, parses: Callable[[str], bool]) -> None:
+    """Raise ``ExpositionError`` unless ``text`` is blank, comments only, or holds at least one
+    valid sample line of a DCGM family. Called only when no health sample parsed."""
+    head = text[:4096]
+    if "\x00" in head or "\ufffd" in head:
+        raise ExpositionError("payload is binary, not Prometheus text exposition")
+    stripped = head.lstrip()
+    if stripped[:1] == "<" or "<html" in stripped[:512].lower():
+        raise ExpositionError("payload is HTML/XML, not Prometheus text exposition")
+    content = False
+    checked = 0
+    for line in _lines(text):
+        if not line or line.startswith("#"):
+            continue
+        content = True
+        if line.startswith("DCGM_"):
+            if parses(line):
+                return
+            checked += 1
+            # Enough to tell a garbled payload from a valid one without walking all of it.
+            if checked >= 200:
+                break
+    if content:
+        raise ExpositionError(
+            "no valid dcgm-exporter sample line found (not a dcgm-exporter /metrics payload?)"
+        )
+
+
+def _finish(text: str, fleet: _Fleet, parses: Callable[[str], bool]) -> ParseResult:
+    if fleet.samples == 0:
+        _check_is_exposition(text, parses)
+    return fleet.result()
+
+
+# --- the two parsers --------------------------------------------------------------------------
+
+
+def _hand_parses(line: str) -> bool:
+    try:
+        parse_line(line)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_exposition(text: str, *, default_node: str | None = None) -> ParseResult:
+    """Parse dcgm-exporter text into one ``NodeReadings`` per node (fast path).
+
+    Nodes are named by the ``Hostname`` (released exporters) or ``hostname`` (newer) label;
+    series without either use ``default_node``, or are counted in ``unlabelled``.
+    """
+    fleet = _Fleet(default_node)
+    for line in select_health_lines(text):
+        try:
+            name, labels, value = parse_line(line)
+        except ValueError as exc:
+            fleet.bad(line, str(exc))
+            continue
+        fleet.add(name, labels, value)
+    return _finish(text, fleet, _hand_parses)
+
+
+def _reference_samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            yield sample.name, dict(sample.labels), float(sample.value)
+
+
+def _reference_parses(line: str) -> bool:
+    try:
+        list(_reference_samples(line))
+    except ValueError:
+        return False
+    return True
+
+
+def parse_exposition_reference(text: str, *, default_node: str | None = None) -> ParseResult:
+    """``parse_exposition`` built on prometheus_client's parser, for cross-checking.
+
+    Only sample lines are handed over (no ``# TYPE``), so counters keep their names instead of
+    gaining the ``_total`` suffix prometheus_client adds to typed counters.
+    """
+    fleet = _Fleet(default_node)
+    lines = select_health_lines(text)
+    try:
+        # One call for the whole batch is the fast case.
+        samples = list(_reference_samples("\n".join(lines)))
+    except ValueError:
+        # prometheus_client rejects the whole text for one bad line: redo it line by line so
+        # bad lines are counted like the fast parser counts them.
+        samples = []
+        for line in lines:
+            try:
+                samples.extend(_reference_samples(line))
+            except ValueError as exc:
+                fleet.bad(line, str(exc) or "invalid line")
+    for name, labels, value in samples:
+        fleet.add(name, labels, value)
+    return _finish(text, fleet, _reference_parses)

@@ -1,0 +1,296 @@
+"""Observe the fleet: list GPU nodes, scrape their exporters, evaluate the policy.
+
+One activity per detector tick for the whole fleet. It returns only the nodes
+that need attention, so the detector's history grows by a constant per tick
+whatever the fleet size. An exporter that cannot be read makes its node
+"unreadable", never "unhealthy".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import httpx
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from temporalio import activity
+
+from activities import metrics
+from activities.exposition import ExpositionError, parse_exposition
+from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
+from activities.node_keys import A_ACK_XIDS, A_WORKFLOW, EXCLUDE_LABEL, STATE_LABEL
+from policy.models import Action, GpuReading, NodeReadings, Verdict
+from policy.rules import evaluate_node, is_thermal_recovered
+from workflows.models import (
+    AdmissionReport,
+    FleetObservation,
+    NodeHealth,
+    NodeHealthInput,
+    NodeState,
+    NodeStatus,
+    ObserveInput,
+    ThermalWatchInput,
+    ThermalWatchResult,
+)
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class ExporterSettings:
+    """Where each node's dcgm-exporter is."""
+
+    mode: Literal["template", "discover"] = "discover"
+    url_template: str = "http://{node}:9400/metrics"
+    namespace: str = "gpu-operator"
+    label_selector: str = "app=nvidia-dcgm-exporter"
+    port: int = 9400
+    path: str = "/metrics"
+    timeout_seconds: float = 5.0
+    max_bytes: int = 16 * 1024 * 1024
+    concurrency: int = 64
+
+
+class ScrapeError(Exception):
+    pass
+
+
+@dataclass
+class GpuNode:
+    name: str
+    state: NodeState
+    workflow_id: str
+    acknowledged: dict[str, int]
+
+
+def _state(value: str | None) -> NodeState:
+    try:
+        return NodeState(value) if value else NodeState.HEALTHY
+    except ValueError:
+        return NodeState.HEALTHY
+
+
+def _acknowledged(text: str | None) -> dict[str, int]:
+    try:
+        raw = json.loads(text or "{}")
+        return {str(k): int(v) for k, v in raw.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+class FleetActivities:
+    def __init__(self, api: client.ApiClient, exporter: ExporterSettings) -> None:
+        self.core = client.CoreV1Api(api)
+        self.exporter = exporter
+
+    # ------------------------------------------------------------ kubernetes side
+
+    def list_gpu_nodes(self) -> list[GpuNode]:
+        """Nodes with GPU capacity that have not opted out."""
+        try:
+            items = self.core.list_node(_request_timeout=REQUEST_TIMEOUT).items
+        except ApiException as err:
+            raise_typed(err, "list nodes")
+        nodes = []
+        for n in items:
+            labels = meta_dict(n, "labels")
+            if labels.get(EXCLUDE_LABEL) == "true":
+                continue
+            capacity = (n.status.capacity or {}) if n.status else {}
+            if str(capacity.get(GPU_RESOURCE, "0")) in ("0", ""):
+                continue
+            ann = meta_dict(n, "annotations")
+            assert n.metadata is not None and n.metadata.name
+            nodes.append(GpuNode(n.metadata.name, _state(labels.get(STATE_LABEL)),
+                                 ann.get(A_WORKFLOW, ""), _acknowledged(ann.get(A_ACK_XIDS))))
+        return nodes
+
+    def endpoints(self, nodes: list[str]) -> dict[str, str]:
+        if self.exporter.mode == "template":
+            return {n: self.exporter.url_template.format(node=n) for n in nodes}
+        try:
+            pods = self.core.list_namespaced_pod(
+                self.exporter.namespace, label_selector=self.exporter.label_selector,
+                _request_timeout=REQUEST_TIMEOUT,
+            ).items
+        except ApiException as err:
+            raise_typed(err, "list dcgm-exporter pods")
+        wanted = set(nodes)
+        found: dict[str, str] = {}
+        for pod in pods:
+            node = pod.spec.node_name if pod.spec else None
+            ip = pod.status.pod_ip if pod.status else None
+            phase = pod.status.phase if pod.status else None
+            if node in wanted and ip and phase == "Running":
+                host = f"[{ip}]" if ":" in ip else ip
+                found[node] = f"http://{host}:{self.exporter.port}{self.exporter.path}"
+        return found
+
+    # ------------------------------------------------------------ exporter side
+
+    async def scrape(self, http: httpx.AsyncClient, node: str, url: str) -> NodeReadings:
+        try:
+            async with http.stream("GET", url) as resp:
+                if resp.status_code != 200:
+                    raise ScrapeError(f"HTTP {resp.status_code}")
+                chunks, size = [], 0
+                async for chunk in resp.aiter_bytes():
+                    size += len(chunk)
+                    if size > self.exporter.max_bytes:
+                        raise ScrapeError(f"larger than {self.exporter.max_bytes} bytes")
+                    chunks.append(chunk)
+        except httpx.TimeoutException as err:
+            raise ScrapeError("timed out") from err
+        except httpx.HTTPError as err:
+            raise ScrapeError(f"{type(err).__name__}: {err}") from err
+        text = b"".join(chunks).decode("utf-8", errors="replace")
+        try:
+            parsed = parse_exposition(text, default_node=node)
+        except ExpositionError as err:
+            raise ScrapeError(str(err)) from err
+        # The endpoint belongs to the node: its Hostname label may be the exporter
+        # pod's hostname rather than the node name, so the endpoint decides.
+        gpus: dict[str, GpuReading] = {}
+        for readings in parsed.nodes:
+            for g in readings.gpus:
+                gpus[g.uuid or g.gpu] = g
+        if not gpus:
+            raise ScrapeError("no GPU series in the exposition")
+        return NodeReadings(node=node, gpus=list(gpus.values()))
+
+    async def scrape_many(self, targets: dict[str, str]) -> tuple[dict[str, NodeReadings],
+                                                                   dict[str, str]]:
+        limits = httpx.Limits(max_connections=self.exporter.concurrency,
+                              max_keepalive_connections=self.exporter.concurrency)
+        timeout = httpx.Timeout(self.exporter.timeout_seconds)
+        sem = asyncio.Semaphore(self.exporter.concurrency)
+        readings: dict[str, NodeReadings] = {}
+        errors: dict[str, str] = {}
+        done = 0
+
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+            async def one(node: str, url: str) -> None:
+                nonlocal done
+                async with sem:
+                    try:
+                        readings[node] = await self.scrape(http, node, url)
+                    except ScrapeError as err:
+                        errors[node] = f"{node}: {url}: {err}"
+                        metrics.SCRAPE_ERRORS.labels(_reason(str(err))).inc()
+                done += 1
+                if done % 500 == 0:
+                    activity.heartbeat(done)
+
+            await asyncio.gather(*(one(n, u) for n, u in targets.items()))
+        return readings, errors
+
+    # ------------------------------------------------------------ activities
+
+    @activity.defn
+    async def observe_fleet(self, inp: ObserveInput) -> FleetObservation:
+        started = time.monotonic()
+        nodes = await asyncio.to_thread(self.list_gpu_nodes)
+        names = [n.name for n in nodes]
+        targets = await asyncio.to_thread(self.endpoints, names)
+        readings, errors = await self.scrape_many(targets)
+        for n in names:
+            if n not in targets:
+                errors[n] = f"{n}: no dcgm-exporter endpoint found"
+        verdicts: list[Verdict] = []
+        for node in nodes:
+            r = readings.get(node.name)
+            if r is None:
+                continue
+            verdict = evaluate_node(r, inp.policy, acknowledged_xids=node.acknowledged)
+            if verdict.action not in (Action.NONE, Action.APP):
+                verdicts.append(verdict)
+        remediating = [NodeStatus(node=n.name, state=n.state, workflow_id=n.workflow_id)
+                       for n in nodes if n.state != NodeState.HEALTHY]
+        for state in NodeState:
+            metrics.NODES_BY_STATE.labels(state.value).set(
+                sum(1 for n in nodes if n.state == state))
+        metrics.FLAGGED.set(len(verdicts))
+        metrics.UNREADABLE.set(len(errors))
+        metrics.TICK_SECONDS.observe(time.monotonic() - started)
+        return FleetObservation(
+            managed_nodes=len(nodes), readable_nodes=len(readings),
+            verdicts=sorted(verdicts, key=lambda v: v.node), remediating=remediating,
+            errors=sorted(errors.values())[:50],
+        )
+
+    @activity.defn
+    async def read_node_health(self, inp: NodeHealthInput) -> NodeHealth:
+        """One node's verdict now, for the thermal watch and post-repair checks."""
+        targets = await asyncio.to_thread(self.endpoints, [inp.node])
+        if inp.node not in targets:
+            return NodeHealth(readable=False, thermal_recovered=False,
+                              message="no dcgm-exporter endpoint found")
+        readings, errors = await self.scrape_many(targets)
+        r = readings.get(inp.node)
+        if r is None:
+            return NodeHealth(readable=False, thermal_recovered=False,
+                              message=errors.get(inp.node, "unreadable"))
+        return NodeHealth(readable=True, thermal_recovered=is_thermal_recovered(r, inp.policy),
+                          verdict=evaluate_node(r, inp.policy))
+
+    @activity.defn
+    async def watch_thermal(self, inp: ThermalWatchInput) -> ThermalWatchResult:
+        """Poll one node until it has stayed cool for ``hold``, shows a non-thermal
+        fault, or ``give_up_after`` passes. Polling here, heartbeating, keeps the
+        workflow's history from growing with every sample."""
+        started = time.monotonic()
+        cool_since: float | None = None
+        last = "no reading yet"
+        while True:
+            health = await self.read_node_health(
+                NodeHealthInput(node=inp.node, policy=inp.policy))
+            now = time.monotonic()
+            if health.readable and health.verdict is not None:
+                worse = health.verdict.action in (Action.RESET, Action.REBOOT, Action.QUARANTINE)
+                if worse:
+                    return ThermalWatchResult(outcome="fault", verdict=health.verdict,
+                                              message=health.verdict.summary)
+                if health.thermal_recovered:
+                    cool_since = cool_since if cool_since is not None else now
+                    last = f"cool for {now - cool_since:.0f}s"
+                    if now - cool_since >= inp.hold.total_seconds():
+                        return ThermalWatchResult(outcome="recovered", message=last)
+                else:
+                    cool_since = None
+                    last = health.verdict.summary
+            else:
+                # No data is not evidence of cooling: the hold restarts.
+                cool_since = None
+                last = f"unreadable: {health.message}"
+            activity.heartbeat(last)
+            if now - started >= inp.give_up_after.total_seconds():
+                return ThermalWatchResult(outcome="hot", message=last)
+            await asyncio.sleep(inp.poll_interval.total_seconds())
+
+
+@activity.defn
+def report_admission(report: AdmissionReport) -> None:
+    """Publish the detector's admission figures as metrics (workflows never touch metrics)."""
+    metrics.BUDGET.set(report.budget)
+    metrics.BUDGET_IN_USE.set(report.in_use)
+    metrics.WAITING.set(report.waiting)
+    metrics.BREAKER_OPEN.set(1 if report.breaker_open else 0)
+    metrics.PAUSED.set(1 if report.paused else 0)
+    if report.breaker_open:
+        log.warning("circuit breaker open: %s", report.breaker_reason)
+
+
+def _reason(message: str) -> str:
+    for word in ("timed out", "HTTP", "ConnectError", "larger", "no GPU"):
+        if word in message:
+            return word.lower().replace(" ", "_")
+    return "unparsable"
+
+

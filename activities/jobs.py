@@ -1,0 +1,129 @@
+"""Jobs pinned to a node: validation (all its GPUs), GPU reset and reboot.
+
+Job names are deterministic per workflow run and attempt, so a retried activity
+adopts the Job it already created instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from temporalio import activity
+
+from activities import metrics
+from activities.kube import REQUEST_TIMEOUT, raise_typed
+from activities.node_keys import JOB_LABEL, NODE_LABEL
+from workflows.models import NodeJobInput, NodeJobResult
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 1.0
+
+
+def job_manifest(inp: NodeJobInput) -> dict[str, Any]:
+    """The Job: pinned by nodeName (so cordon and taints do not stop it), tolerating
+    everything, requesting all the node's GPUs for validation (exclusive access)."""
+    labels = {JOB_LABEL: inp.kind, NODE_LABEL: inp.node,
+              "app.kubernetes.io/managed-by": "gpu-remediate"}
+    container: dict[str, Any] = {
+        "name": inp.kind,
+        "image": inp.job.image,
+        "command": list(inp.job.command),
+        "env": [{"name": "NODE_NAME", "value": inp.node}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if inp.gpu_index is not None:
+        container["env"].append({"name": "GPU_INDEX", "value": inp.gpu_index})
+    if inp.kind == "validate" and inp.gpus > 0:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(inp.gpus)}}
+    pod_spec: dict[str, Any] = {
+        "nodeName": inp.node,
+        "restartPolicy": "Never",
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [container],
+    }
+    if inp.job.privileged:
+        container["securityContext"] = {"privileged": True}
+        pod_spec["hostPID"] = True
+        pod_spec["volumes"] = [{"name": "host", "hostPath": {"path": "/"}}]
+        container["volumeMounts"] = [{"name": "host", "mountPath": "/host"}]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": inp.name, "namespace": inp.namespace, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": int(inp.job.deadline.total_seconds()),
+            "ttlSecondsAfterFinished": 86400,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def _condition(job: Any, kind: str) -> Any | None:
+    for cond in (job.status.conditions or []) if job.status else []:
+        if cond.type == kind and cond.status == "True":
+            return cond
+    return None
+
+
+class JobActivities:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.batch = client.BatchV1Api(api)
+        self.core = client.CoreV1Api(api)
+
+    def _ensure(self, inp: NodeJobInput) -> None:
+        try:
+            self.batch.create_namespaced_job(
+                inp.namespace, client.V1Job.model_validate(job_manifest(inp)),
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        except ApiException as err:
+            if err.status != 409:  # a retry adopts the Job it created before
+                raise_typed(err, f"create job {inp.namespace}/{inp.name}")
+
+    def _failure_message(self, inp: NodeJobInput, job: Any) -> str:
+        cond = _condition(job, "Failed")
+        parts = [f"{cond.reason}: {cond.message}" if cond else "failed"]
+        try:
+            pods = self.core.list_namespaced_pod(
+                inp.namespace, label_selector=f"job-name={inp.name}",
+                _request_timeout=REQUEST_TIMEOUT,
+            ).items
+        except ApiException:
+            pods = []
+        for pod in pods:
+            for cs in (pod.status.container_statuses or []) if pod.status else []:
+                term = cs.state.terminated if cs.state else None
+                if term and term.message:
+                    parts.append(term.message.strip()[:500])
+        return "; ".join(parts)
+
+    @activity.defn
+    def run_node_job(self, inp: NodeJobInput) -> NodeJobResult:
+        if inp.dry_run:
+            return NodeJobResult(succeeded=True, job_name=inp.name,
+                                 message=f"would run {inp.kind} Job {inp.name} on {inp.node}")
+        self._ensure(inp)
+        while True:
+            try:
+                job = self.batch.read_namespaced_job_status(
+                    inp.name, inp.namespace, _request_timeout=REQUEST_TIMEOUT
+                )
+            except ApiException as err:
+                raise_typed(err, f"read job {inp.namespace}/{inp.name}")
+            if _condition(job, "Complete"):
+                metrics.JOBS.labels(inp.kind, "succeeded").inc()
+                return NodeJobResult(succeeded=True, job_name=inp.name,
+                                     message=f"{inp.kind} job {inp.name} succeeded")
+            if _condition(job, "Failed"):
+                metrics.JOBS.labels(inp.kind, "failed").inc()
+                return NodeJobResult(succeeded=False, job_name=inp.name,
+                                     message=self._failure_message(inp, job))
+            status = job.status
+            activity.heartbeat({"active": getattr(status, "active", None) or 0})
+            time.sleep(POLL_SECONDS)

@@ -1,0 +1,65 @@
+"""The Kubernetes client: one ApiClient per worker process, bounded calls, typed errors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from temporalio.exceptions import ApplicationError
+
+# (connect, read) seconds for every call: a hung API server must not hang an activity
+# past its heartbeat timeout.
+REQUEST_TIMEOUT = (5.0, 20.0)
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    kubeconfig: str | None = None
+    context: str | None = None
+    in_cluster: bool = False
+
+
+def make_api_client(settings: KubeSettings) -> client.ApiClient:
+    """An ApiClient from in-cluster config or a kubeconfig file (KUBECONFIG by default)."""
+    if settings.in_cluster:
+        config.load_incluster_config()
+        return client.ApiClient()
+    return config.new_client_from_config(
+        config_file=settings.kubeconfig, context=settings.context, persist_config=False
+    )
+
+
+def status_message(err: ApiException) -> str:
+    """The ``message`` of a Kubernetes Status body, or the HTTP reason."""
+    try:
+        body = json.loads(err.body or "{}")
+        return str(body.get("message") or err.reason or err.status)
+    except (ValueError, TypeError):
+        return str(err.reason or err.status)
+
+
+def raise_typed(err: ApiException, what: str) -> NoReturn:
+    """Map an ApiException to an ApplicationError Temporal can reason about."""
+    msg = f"{what}: {err.status} {status_message(err)}"
+    if err.status == 404:
+        raise ApplicationError(msg, type="NotFound", non_retryable=True) from err
+    if err.status in (401, 403):
+        # Missing RBAC does not fix itself by retrying fast; retry slowly so a fixed
+        # ClusterRole resumes the remediation without operator action.
+        raise ApplicationError(msg, type="Forbidden") from err
+    if err.status == 422 or err.status == 400:
+        raise ApplicationError(msg, type="Invalid", non_retryable=True) from err
+    raise ApplicationError(msg, type=f"Http{err.status}") from err
+
+
+def is_status(err: BaseException, code: int) -> bool:
+    return isinstance(err, ApiException) and err.status == code
+
+
+def meta_dict(obj: Any, field: str) -> dict[str, str]:
+    """Labels or annotations of a typed object as a plain dict (never None)."""
+    value = getattr(obj.metadata, field, None)
+    return dict(value or {})

@@ -1,0 +1,41 @@
+"""Prometheus metrics written by activities (never by workflow code: replay would double count).
+
+The worker process serves them on its metrics port; docs/metrics.md lists them.
+"""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+NODES_BY_STATE = Gauge(
+    "gpu_remediate_nodes", "Managed GPU nodes by remediation state (last tick).", ["state"]
+)
+REMEDIATION_TRANSITIONS = Counter(
+    "gpu_remediate_transitions_total", "State transitions written to nodes.", ["state", "dry_run"]
+)
+REMEDIATIONS_FINISHED = Counter(
+    "gpu_remediate_remediations_finished_total",
+    "Remediations that released their node, by outcome.",
+    ["outcome", "dry_run"],
+)
+EVICTIONS = Counter(
+    "gpu_remediate_evictions_total", "Eviction requests by result.", ["result"]
+)
+DRAIN_BLOCKED = Gauge(
+    "gpu_remediate_drain_blocked", "1 while a node's drain is blocked by a PDB.", ["node", "pdb"]
+)
+JOBS = Counter("gpu_remediate_jobs_total", "Node Jobs finished, by kind and result.",
+               ["kind", "result"])
+SCRAPE_ERRORS = Counter(
+    "gpu_remediate_scrape_errors_total", "Exporter scrapes that failed, by reason.", ["reason"]
+)
+TICK_SECONDS = Histogram(
+    "gpu_remediate_observe_seconds",
+    "Time to list nodes, scrape every exporter and evaluate the fleet.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+)
+FLAGGED = Gauge("gpu_remediate_nodes_flagged", "Nodes whose verdict needs a node action.")
+UNREADABLE = Gauge("gpu_remediate_nodes_unreadable", "Nodes whose exporter could not be read.")
+BUDGET = Gauge("gpu_remediate_budget_slots", "Nodes the budget lets out of service at once.")
+BUDGET_IN_USE = Gauge("gpu_remediate_budget_in_use", "Budget slots held by nodes out of service.")
+WAITING = Gauge("gpu_remediate_nodes_waiting", "Flagged nodes waiting for admission.")
+BREAKER_OPEN = Gauge("gpu_remediate_breaker_open", "1 while the circuit breaker stops admissions.")
+PAUSED = Gauge("gpu_remediate_detector_paused", "1 while an operator has paused admissions.")

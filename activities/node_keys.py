@@ -1,0 +1,33 @@
+"""The label, annotation and taint keys this controller writes on nodes.
+
+Everything durable about a remediation lives on the node under one prefix, so
+``kubectl get nodes -L gpu-remediate.io/state`` shows the fleet's state and a
+crash of every worker loses nothing.
+"""
+
+PREFIX = "gpu-remediate.io"
+
+STATE_LABEL = f"{PREFIX}/state"
+EXCLUDE_LABEL = f"{PREFIX}/exclude"
+TAINT_KEY = f"{PREFIX}/remediation"
+JOB_LABEL = f"{PREFIX}/job"
+NODE_LABEL = f"{PREFIX}/node"
+
+A_REASON = f"{PREFIX}/reason"
+A_ACTION = f"{PREFIX}/action"
+A_STEP = f"{PREFIX}/step"
+A_WORKFLOW = f"{PREFIX}/workflow-id"
+A_RUN = f"{PREFIX}/run-id"
+A_SINCE = f"{PREFIX}/since"
+A_ATTEMPT = f"{PREFIX}/attempt"
+A_TRANSITION = f"{PREFIX}/last-transition"
+A_HISTORY = f"{PREFIX}/history"
+A_PRECORDONED = f"{PREFIX}/pre-cordoned"
+A_ACK_XIDS = f"{PREFIX}/acknowledged-xids"
+A_ORPHAN = f"{PREFIX}/orphaned"
+
+# Annotations that describe an in-flight remediation; removed on release.
+IN_FLIGHT_ANNOTATIONS = (A_REASON, A_ACTION, A_STEP, A_WORKFLOW, A_RUN, A_SINCE, A_ATTEMPT,
+                         A_PRECORDONED, A_ORPHAN)
+
+HISTORY_LIMIT = 20

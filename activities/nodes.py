@@ -1,0 +1,236 @@
+"""Activities that write a remediation's state onto its node.
+
+Every write is one PATCH guarded by the node's resourceVersion, so a concurrent
+change by someone else (an admin's cordon, another controller's taint) is never
+overwritten: a 409 re-reads and re-applies. All of them are idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from pydantic import TypeAdapter, ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import metrics
+from activities.events import record_node_event
+from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
+from activities.node_keys import (
+    A_ACK_XIDS,
+    A_ACTION,
+    A_ATTEMPT,
+    A_HISTORY,
+    A_PRECORDONED,
+    A_REASON,
+    A_RUN,
+    A_SINCE,
+    A_STEP,
+    A_TRANSITION,
+    A_WORKFLOW,
+    HISTORY_LIMIT,
+    IN_FLIGHT_ANNOTATIONS,
+    STATE_LABEL,
+    TAINT_KEY,
+)
+from workflows.models import (
+    ClaimInput,
+    ClaimResult,
+    HistoryEntry,
+    NodeState,
+    ReleaseInput,
+    StateInput,
+)
+
+log = logging.getLogger(__name__)
+
+_HISTORY = TypeAdapter(list[HistoryEntry])
+MERGE_PATCH = "application/merge-patch+json"
+CONFLICT_RETRIES = 8
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+
+
+def parse_history(text: str | None) -> list[HistoryEntry]:
+    """The node's remediation history; a damaged annotation reads as empty, never fails."""
+    if not text:
+        return []
+    try:
+        return _HISTORY.validate_json(text)
+    except ValidationError:
+        log.warning("ignoring unreadable %s annotation", A_HISTORY)
+        return []
+
+
+def our_taint() -> dict[str, str]:
+    return {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+
+
+def _taints_without_ours(node: Any) -> list[dict[str, Any]]:
+    kept = []
+    for t in node.spec.taints or []:
+        if t.key == TAINT_KEY:
+            continue
+        entry = {"key": t.key, "effect": t.effect}
+        if t.value is not None:
+            entry["value"] = t.value
+        if getattr(t, "time_added", None) is not None:
+            entry["timeAdded"] = t.time_added.strftime("%Y-%m-%dT%H:%M:%SZ")
+        kept.append(entry)
+    return kept
+
+
+class NodeActivities:
+    """Claim, state changes and release of a node (sync: run in the worker's thread pool)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+
+    # A JSON merge patch replaces the taint list whole, so it is always sent with the
+    # resourceVersion it was computed from: someone else's concurrent taint makes it 409.
+    def _patch_guarded(self, name: str, build: Callable[[Any], dict[str, Any] | None]) -> Any:
+        for _ in range(CONFLICT_RETRIES):
+            try:
+                node = self.core.read_node(name, _request_timeout=REQUEST_TIMEOUT)
+            except ApiException as err:
+                raise_typed(err, f"read node {name}")
+            body = build(node)
+            if body is None:
+                return node
+            assert node.metadata is not None
+            body.setdefault("metadata", {})["resourceVersion"] = node.metadata.resource_version
+            try:
+                return self.core.patch_node(
+                    name, body, _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT
+                )
+            except ApiException as err:
+                if err.status == 409:
+                    continue
+                raise_typed(err, f"patch node {name}")
+        raise ApplicationError(f"node {name} kept changing under us", type="Conflict")
+
+    @activity.defn
+    def claim_node(self, inp: ClaimInput) -> ClaimResult:
+        """Cordon, taint, label and annotate the node in one guarded patch."""
+        seen: dict[str, Any] = {}
+
+        def build(node: Any) -> dict[str, Any] | None:
+            ann = meta_dict(node, "annotations")
+            mine = ann.get(A_WORKFLOW) == inp.workflow_id
+            # A retry of our own claim must not mistake our cordon for an admin's.
+            pre = ann.get(A_PRECORDONED) == "true" if mine else bool(node.spec.unschedulable)
+            seen["pre"] = pre
+            seen["history"] = parse_history(ann.get(A_HISTORY))
+            capacity = (node.status.capacity or {}) if node.status else {}
+            seen["gpus"] = int(str(capacity.get("nvidia.com/gpu", "0")) or 0)
+            if inp.dry_run:
+                return None
+            now = inp.now.isoformat()
+            return {
+                "metadata": {
+                    "labels": {STATE_LABEL: inp.state.value},
+                    "annotations": {
+                        A_REASON: inp.reason,
+                        A_ACTION: inp.action.value,
+                        A_STEP: "claim",
+                        A_WORKFLOW: inp.workflow_id,
+                        A_RUN: inp.run_id,
+                        A_SINCE: ann.get(A_SINCE) if mine and ann.get(A_SINCE) else now,
+                        A_TRANSITION: now,
+                        A_ATTEMPT: "0",
+                        A_PRECORDONED: "true" if pre else "false",
+                    },
+                },
+                "spec": {"unschedulable": True,
+                         "taints": [*_taints_without_ours(node), our_taint()]},
+            }
+
+        node = self._patch_guarded(inp.node, build)
+        metrics.REMEDIATION_TRANSITIONS.labels(inp.state.value, str(inp.dry_run).lower()).inc()
+        record_node_event(
+            self.core, inp.node,
+            reason="RemediationPlanned" if inp.dry_run else "RemediationStarted",
+            message=(("[dry-run] would cordon and taint: " if inp.dry_run else "cordoned: ")
+                     + f"{inp.action.value} ({inp.reason}); workflow {inp.workflow_id}"),
+            event_type="Warning", node_uid=node.metadata.uid,
+        )
+        return ClaimResult(
+            previously_cordoned=seen["pre"], recent_remediations=len(seen["history"]),
+            gpus=seen["gpus"], history=seen["history"],
+        )
+
+    @activity.defn
+    def set_node_state(self, inp: StateInput) -> None:
+        """Write a state transition: label, annotations and an Event."""
+        if not inp.dry_run:
+            def build(node: Any) -> dict[str, Any]:
+                return {"metadata": {
+                    "labels": {STATE_LABEL: inp.state.value},
+                    "annotations": {A_STEP: inp.step, A_REASON: inp.reason,
+                                    A_ATTEMPT: str(inp.attempt),
+                                    A_TRANSITION: inp.now.isoformat()},
+                }}
+
+            self._patch_guarded(inp.node, build)
+        metrics.REMEDIATION_TRANSITIONS.labels(inp.state.value, str(inp.dry_run).lower()).inc()
+        record_node_event(
+            self.core, inp.node, reason=inp.event_reason,
+            message=("[dry-run] " if inp.dry_run else "") + inp.event_message,
+            event_type=inp.event_type,
+        )
+
+    @activity.defn
+    def release_node(self, inp: ReleaseInput) -> None:
+        """End a remediation: record history, then return the node or keep it quarantined.
+
+        A node that was cordoned before we claimed it stays cordoned (``uncordon`` is
+        false then); our taint goes unless the node stays quarantined.
+        """
+        if not inp.dry_run:
+            def build(node: Any) -> dict[str, Any]:
+                ann = meta_dict(node, "annotations")
+                history = [h for h in parse_history(ann.get(A_HISTORY))
+                           if h.workflow_id != inp.history.workflow_id
+                           or h.started != inp.history.started]
+                history = [*history, inp.history][-HISTORY_LIMIT:]
+                annotations: dict[str, str | None] = {
+                    A_HISTORY: _HISTORY.dump_json(history).decode(),
+                    A_TRANSITION: (inp.history.finished or inp.history.started).isoformat(),
+                }
+                if inp.acknowledged_xids:
+                    acked = json.loads(ann.get(A_ACK_XIDS) or "{}")
+                    acked.update(inp.acknowledged_xids)
+                    annotations[A_ACK_XIDS] = json.dumps(acked, sort_keys=True)
+                spec: dict[str, Any] = {}
+                if inp.outcome == "quarantined":
+                    state = NodeState.QUARANTINED.value
+                    annotations[A_STEP] = "quarantined"
+                else:
+                    state = NodeState.HEALTHY.value
+                    if not inp.keep_workflow_annotations:
+                        for key in IN_FLIGHT_ANNOTATIONS:
+                            annotations[key] = None
+                    taints = _taints_without_ours(node)
+                    if inp.uncordon:
+                        spec["unschedulable"] = None
+                        # The node controller owns this taint; leaving it would keep the
+                        # node unschedulable until the controller notices the uncordon.
+                        taints = [t for t in taints if t["key"] != UNSCHEDULABLE_TAINT]
+                    spec["taints"] = taints or None
+                body: dict[str, Any] = {"metadata": {"labels": {STATE_LABEL: state},
+                                                     "annotations": annotations}}
+                if spec:
+                    body["spec"] = spec
+                return body
+
+            self._patch_guarded(inp.node, build)
+        metrics.REMEDIATIONS_FINISHED.labels(inp.outcome, str(inp.dry_run).lower()).inc()
+        record_node_event(
+            self.core, inp.node, reason=inp.event_reason,
+            message=("[dry-run] " if inp.dry_run else "") + inp.event_message,
+            event_type="Warning" if inp.outcome == "quarantined" else "Normal",
+        )

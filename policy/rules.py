@@ -1,0 +1,279 @@
+"""The health rules: one scrape of a node in, a verdict with evidence out.
+
+Pure functions over pydantic models, so the detector workflow can call them inside the Temporal
+sandbox and replay them deterministically.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+from policy.config import CLOCK_REASON_BITS, PolicyConfig
+from policy.models import (
+    SEVERITY,
+    Action,
+    Finding,
+    GpuReading,
+    NodeReadings,
+    Verdict,
+    most_severe,
+)
+
+SIG_XID = "DCGM_FI_DEV_XID_ERRORS"
+SIG_GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"
+SIG_MEMORY_TEMP = "DCGM_FI_DEV_MEMORY_TEMP"
+SIG_ECC_DBE_VOL = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
+SIG_ROW_REMAP_PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"
+SIG_ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+SIG_UNC_REMAPPED_ROWS = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
+SIG_CLOCK_EVENTS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
+SIG_RECOVERY_ACTION = "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"
+
+SENTINEL_FLOOR = 9.2e18
+"""Old exporters leaked DCGM's int64 "blank/not supported" sentinels (~9.22e18) as values."""
+
+_XID_48_COMPANIONS = (63, 64)
+"""Row-remap XIDs that turn a 48 into NVIDIA's drain-and-reset case."""
+
+
+def usable(value: float | None) -> float | None:
+    """The value, or None when it is no data: absent, NaN, infinite, or a DCGM sentinel."""
+    if value is None:
+        return None
+    value = float(value)
+    if not math.isfinite(value) or value >= SENTINEL_FLOOR:
+        return None
+    return value
+
+
+def gpu_key(gpu: GpuReading) -> str:
+    """How a GPU is keyed in acknowledgements and XID history: its UUID, which survives
+    re-enumeration; the index only when the exporter gave no UUID."""
+    return gpu.uuid or f"index:{gpu.gpu}"
+
+
+class XidSighting(BaseModel):
+    """One time the detector saw an XID appear (a new value of the gauge) on one GPU."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    """``gpu_key`` of the GPU."""
+    xid: int
+    at_s: float
+    """Seconds since the epoch (``workflow.now().timestamp()`` inside a workflow)."""
+
+
+def xid_repeat_counts(
+    sightings: Iterable[XidSighting], *, now_s: float, config: PolicyConfig
+) -> dict[str, dict[int, int]]:
+    """Count sightings per GPU and XID inside the app-XID escalation window, in the shape
+    ``evaluate_node(xid_repeats=...)`` takes."""
+    since = now_s - config.app_xid_escalation.window_s
+    counts: Counter[tuple[str, int]] = Counter(
+        (s.gpu, s.xid) for s in sightings if since <= s.at_s <= now_s
+    )
+    out: dict[str, dict[int, int]] = {}
+    for (gpu, xid), n in counts.items():
+        out.setdefault(gpu, {})[xid] = n
+    return out
+
+
+def _fmt(threshold: float) -> str:
+    return str(int(threshold)) if float(threshold).is_integer() else f"{threshold:g}"
+
+
+def _xid_finding(
+    gpu: GpuReading,
+    xid: int,
+    config: PolicyConfig,
+    repeats: Mapping[int, int],
+    remap_pending: bool,
+) -> Finding:
+    def finding(rule: str, action: Action) -> Finding:
+        return Finding(
+            gpu=gpu.gpu, uuid=gpu.uuid, signal=SIG_XID, value=float(xid), rule=rule, action=action
+        )
+
+    row = config.xid_rule(xid)
+    if row is None:
+        return finding(f"xid-{xid}-unknown", config.unknown_xid_action)
+    if xid in config.xid_overrides:
+        return finding(f"xid-{xid}-override", row.action)
+
+    if xid == 154:
+        code = usable(gpu.recovery_action)
+        recovery = config.recovery_action(int(code)) if code is not None else None
+        if recovery is None:
+            # 154 says "the required recovery changed" but we cannot read to what: the catalog
+            # fallback (reset) is the cheapest action that the driver could have asked for.
+            return finding("xid-154-recovery-unreadable", row.action)
+        return finding(f"xid-154-{recovery.slug}", recovery.action)
+
+    if xid == 48 and (remap_pending or any(repeats.get(x, 0) > 0 for x in _XID_48_COMPANIONS)):
+        return finding("xid-48-drain-and-reset", row.action)
+
+    escalation = config.app_xid_escalation
+    if (
+        row.action == Action.APP
+        and escalation.enabled
+        and repeats.get(xid, 0) >= escalation.threshold_for(xid)
+    ):
+        return finding(f"xid-{xid}-repeated", escalation.action)
+    return finding(row.rule_id, row.action)
+
+
+def _gpu_findings(
+    gpu: GpuReading,
+    config: PolicyConfig,
+    acknowledged_xids: Mapping[str, int],
+    xid_repeats: Mapping[str, Mapping[int, int]],
+) -> list[Finding]:
+    findings: list[Finding] = []
+
+    def add(signal: str, value: float, rule: str, action: Action) -> None:
+        findings.append(
+            Finding(
+                gpu=gpu.gpu, uuid=gpu.uuid, signal=signal, value=value, rule=rule, action=action
+            )
+        )
+
+    key = gpu_key(gpu)
+    remap_pending = (usable(gpu.row_remap_pending) or 0) > 0
+
+    xid_value = usable(gpu.xid)
+    # 0 is the exporter's "no XID yet"; negative values are not XIDs.
+    if xid_value is not None and xid_value >= 1:
+        xid = int(xid_value)
+        # The gauge keeps the last XID until the exporter restarts: a value we already
+        # remediated is history, a different value is a new event.
+        if acknowledged_xids.get(key) != xid:
+            findings.append(_xid_finding(gpu, xid, config, xid_repeats.get(key, {}), remap_pending))
+
+    dbe = usable(gpu.ecc_dbe_volatile)
+    if dbe is not None and dbe > 0:
+        add(SIG_ECC_DBE_VOL, dbe, "ecc-dbe-volatile", config.ecc_dbe_action)
+
+    failure = usable(gpu.row_remap_failure)
+    if failure is not None and failure > 0:
+        add(SIG_ROW_REMAP_FAILURE, failure, "row-remap-failure", config.row_remap_failure_action)
+
+    if remap_pending:
+        add(
+            SIG_ROW_REMAP_PENDING,
+            usable(gpu.row_remap_pending) or 1.0,
+            "row-remap-pending",
+            config.row_remap_pending_action,
+        )
+
+    unc_rows = usable(gpu.uncorrectable_remapped_rows)
+    if unc_rows is not None and unc_rows >= config.uncorrectable_remap_limit:
+        add(
+            SIG_UNC_REMAPPED_ROWS,
+            unc_rows,
+            "uncorrectable-remap-limit",
+            config.uncorrectable_remap_limit_action,
+        )
+
+    gpu_limit, memory_limit = config.thermal.limits_for(gpu.model_name)
+    gpu_temp = usable(gpu.gpu_temp)
+    if gpu_temp is not None and gpu_temp >= gpu_limit:
+        add(SIG_GPU_TEMP, gpu_temp, f"gpu-temp-over-{_fmt(gpu_limit)}", Action.THERMAL)
+    memory_temp = usable(gpu.memory_temp)
+    if memory_temp is not None and memory_temp >= memory_limit:
+        add(SIG_MEMORY_TEMP, memory_temp, f"memory-temp-over-{_fmt(memory_limit)}", Action.THERMAL)
+
+    reasons = usable(gpu.clock_event_reasons)
+    if reasons is not None and reasons >= 0:
+        mask = int(reasons)
+        for name in config.thermal.clock_reasons:
+            if mask & CLOCK_REASON_BITS[name]:
+                add(
+                    SIG_CLOCK_EVENTS, float(mask), f"clock-{name.replace('_', '-')}", Action.THERMAL
+                )
+
+    code = usable(gpu.recovery_action)
+    if config.follow_recovery_action and code is not None and code > 0:
+        recovery = config.recovery_action(int(code))
+        if recovery is None:
+            add(
+                SIG_RECOVERY_ACTION,
+                code,
+                f"recovery-action-code-{int(code)}",
+                config.unknown_xid_action,
+            )
+        else:
+            add(SIG_RECOVERY_ACTION, code, f"recovery-action-{recovery.slug}", recovery.action)
+
+    return findings
+
+
+def _gpu_order(gpu: str) -> tuple[int, str]:
+    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+
+
+def evaluate_node(
+    readings: NodeReadings,
+    config: PolicyConfig,
+    *,
+    acknowledged_xids: Mapping[str, int] | None = None,
+    xid_repeats: Mapping[str, Mapping[int, int]] | None = None,
+) -> Verdict:
+    """What one node needs, with the evidence.
+
+    ``acknowledged_xids``: GPU key (UUID) -> XID value already handled by a past remediation;
+    that exact value no longer triggers. ``xid_repeats``: GPU key -> XID -> sightings in the
+    escalation window, including the current one (see ``xid_repeat_counts``).
+    """
+    acked = acknowledged_xids or {}
+    repeats = xid_repeats or {}
+    findings: list[Finding] = []
+    for gpu in readings.gpus:
+        findings.extend(_gpu_findings(gpu, config, acked, repeats))
+    # Strongest evidence first; then by GPU so output is stable between scrapes.
+    findings.sort(key=lambda f: (-SEVERITY[f.action], _gpu_order(f.gpu), f.uuid, f.rule))
+    return Verdict(
+        node=readings.node,
+        action=most_severe([f.action for f in findings]),
+        findings=findings,
+    )
+
+
+def evaluate_fleet(
+    readings: list[NodeReadings],
+    config: PolicyConfig,
+    *,
+    acknowledged_xids: Mapping[str, int] | None = None,
+    xid_repeats: Mapping[str, Mapping[int, int]] | None = None,
+) -> list[Verdict]:
+    """``evaluate_node`` for every node; GPU UUIDs are fleet-unique, so the maps are flat."""
+    return [
+        evaluate_node(r, config, acknowledged_xids=acknowledged_xids, xid_repeats=xid_repeats)
+        for r in readings
+    ]
+
+
+def is_thermal_recovered(readings: NodeReadings, config: PolicyConfig) -> bool:
+    """True once a cordoned hot node has cooled: every GPU reports a core temperature at least
+    the recovery margin below its threshold (memory too, where reported) and no thermal clock
+    reason is active. Missing data is not recovery: no data, no action."""
+    if not readings.gpus:
+        return False
+    margin = config.thermal.recovery_margin_c
+    mask = config.thermal.clock_mask
+    for gpu in readings.gpus:
+        gpu_limit, memory_limit = config.thermal.limits_for(gpu.model_name)
+        gpu_temp = usable(gpu.gpu_temp)
+        if gpu_temp is None or gpu_temp >= gpu_limit - margin:
+            return False
+        memory_temp = usable(gpu.memory_temp)
+        if memory_temp is not None and memory_temp >= memory_limit - margin:
+            return False
+        reasons = usable(gpu.clock_event_reasons)
+        if reasons is not None and int(reasons) & mask:
+            return False
+    return True

@@ -1,0 +1,100 @@
+"""kube-controller-manager, scheduler and kubelets in one asyncio task.
+
+Every controller is level-triggered: a tick lists what it owns and converges
+it, so controllers never depend on catching an event, exactly like the real
+ones after a resync. Ticks are short (50 ms) so tests do not wait on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Protocol
+
+from sim.cluster import clock, disruption
+from sim.cluster import resources as r
+from sim.cluster.gc import GarbageCollector
+from sim.cluster.gpulink import GpuLink
+from sim.cluster.jobs import JobController, JobPrograms, JobTiming
+from sim.cluster.kubelet import Kubelet
+from sim.cluster.nodelifecycle import NodeLifecycle
+from sim.cluster.scheduler import Scheduler
+from sim.cluster.store import Store
+from sim.cluster.workloads import DaemonSets, ReplicaSets, StatefulSets
+
+log = logging.getLogger(__name__)
+TICK_SECONDS = 0.05
+_SCALED = {"ReplicaSet": r.REPLICASETS, "StatefulSet": r.STATEFULSETS}
+
+
+class Controller(Protocol):
+    def reconcile(self, now: float) -> None: ...
+
+
+class DisruptionController:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _scale(self, namespace: str, ref: dict[str, object]) -> int | None:
+        rt = _SCALED.get(str(ref.get("kind")))
+        if rt is None:
+            return None
+        owner = self.store.find(rt, namespace, str(ref.get("name")))
+        if owner is None:
+            return None
+        return int(owner["spec"].get("replicas", 1))
+
+    def reconcile(self, now: float) -> None:
+        pods = self.store.list(r.PODS)
+        for pdb in self.store.list(r.PDBS):
+            status = disruption.compute_status(pdb, pods, self._scale, now)
+            if status != pdb.get("status"):
+                pdb["status"] = status
+                self.store.put_internal(r.PDBS, pdb)
+
+
+class ControllerManager:
+    def __init__(self, store: Store, nodes: list[str], gpu: GpuLink, timing: JobTiming) -> None:
+        self.store = store
+        self.gpu = gpu
+        self.programs = JobPrograms(gpu, timing, None)
+        self.kubelet = Kubelet(store, nodes, self.programs.run)
+        self.programs.kubelet = self.kubelet
+        # Order matters only for latency: status flows kubelet -> workloads -> PDBs.
+        self.controllers: list[Controller] = [
+            NodeLifecycle(store),
+            GarbageCollector(store),
+            ReplicaSets(store),
+            StatefulSets(store),
+            DaemonSets(store),
+            JobController(store),
+            Scheduler(store),
+            self.kubelet,
+            DisruptionController(store),
+        ]
+        self._task: asyncio.Task[None] | None = None
+
+    def tick(self) -> None:
+        now = clock.now()
+        for c in self.controllers:
+            try:
+                c.reconcile(now)
+            except Exception:
+                # One controller's bug must not stop the others; it is logged, not hidden.
+                log.exception("controller %s failed", type(c).__name__)
+
+    async def _run(self) -> None:
+        while True:
+            self.tick()
+            await asyncio.sleep(TICK_SECONDS)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.gpu.aclose()

@@ -1,0 +1,97 @@
+"""Discovery documents (/api, /apis, /api/v1, /apis/<g>/<v>, /version).
+
+Clients such as kubectl and dynamic clients read these before anything else;
+the official Python client's typed APIs do not, but serving them keeps
+generic tooling working against the simulator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.cluster import resources as r
+
+GIT_VERSION = "v1.33.1"
+_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+def version() -> dict[str, Any]:
+    return {
+        "major": "1",
+        "minor": "33",
+        "gitVersion": GIT_VERSION,
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean",
+        "buildDate": "2025-05-15T00:00:00Z",
+        "goVersion": "go1.24.2",
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    }
+
+
+def api_versions(server_address: str) -> dict[str, Any]:
+    return {
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}
+        ],
+    }
+
+
+def api_groups() -> dict[str, Any]:
+    groups = []
+    for gv in r.group_versions():
+        if "/" not in gv:
+            continue
+        group, version_ = gv.split("/")
+        entry = {"groupVersion": gv, "version": version_}
+        groups.append({"name": group, "versions": [entry], "preferredVersion": entry})
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
+
+def resource_list(group_version: str) -> dict[str, Any] | None:
+    rts = r.group_versions().get(group_version)
+    if rts is None:
+        return None
+    out: list[dict[str, Any]] = []
+    for rt in rts:
+        verbs = ["get", "list", "watch"] if rt.read_only else list(_VERBS)
+        out.append(
+            {
+                "name": rt.plural,
+                "singularName": rt.kind.lower(),
+                "namespaced": rt.namespaced,
+                "kind": rt.kind,
+                "verbs": verbs,
+                **({"shortNames": list(rt.short_names)} if rt.short_names else {}),
+            }
+        )
+        if rt.has_status:
+            out.append(
+                {
+                    "name": f"{rt.plural}/status",
+                    "singularName": "",
+                    "namespaced": rt.namespaced,
+                    "kind": rt.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
+        for sub in r.EXTRA_SUBRESOURCES.get(rt.key, ()):
+            out.append(
+                {
+                    "name": f"{rt.plural}/{sub}",
+                    "singularName": "",
+                    "namespaced": rt.namespaced,
+                    "group": "policy",
+                    "version": "v1",
+                    "kind": "Eviction",
+                    "verbs": ["create"],
+                }
+            )
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": out,
+    }

@@ -1,0 +1,263 @@
+"""Seed the store from a scenario: nodes, namespaces, workload owners, PDBs.
+
+Workloads become ReplicaSets/StatefulSets/DaemonSets/Jobs/Pods objects and
+the controllers create their pods, so scenario workloads and ones created
+through the API behave the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.cluster import clock, defaults, objects
+from sim.cluster import resources as r
+from sim.cluster.store import Obj, Store
+from sim.scenario import Pool, Scenario, Workload
+
+POOL_LABEL = "sim.gpu-remediate.io/pool"
+DCGM_NAMESPACE = "gpu-operator"
+DCGM_PORT = 9400
+BASE_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease", DCGM_NAMESPACE)
+_INSTANCE_TYPES = {"H100": "p5.48xlarge", "A100": "p4d.24xlarge", "L40S": "g6e.48xlarge"}
+
+
+def node_ip(index: int) -> str:
+    return f"10.0.{index // 250}.{index % 250 + 2}"
+
+
+def _instance_type(pool: Pool) -> str:
+    for key, value in _INSTANCE_TYPES.items():
+        if key in pool.model:
+            return value
+    return "gpu-standard"
+
+
+def node_object(name: str, pool: Pool, index: int) -> Obj:
+    gpus = str(pool.gpus)
+    ts = clock.rfc3339()
+    labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "node.kubernetes.io/instance-type": _instance_type(pool),
+        "nvidia.com/gpu.count": gpus,
+        POOL_LABEL: pool.name,
+        **pool.labels,
+    }
+    capacity = {
+        "cpu": "192",
+        "memory": "2113645480Ki",
+        "pods": "110",
+        "ephemeral-storage": "3750000000Ki",
+        "nvidia.com/gpu": gpus,
+    }
+    allocatable = {**capacity, "cpu": "191", "memory": "2111548328Ki"}
+    conds = [
+        {
+            "type": t,
+            "status": "False",
+            "reason": f"KubeletHas{reason}",
+            "message": msg,
+            "lastHeartbeatTime": ts,
+            "lastTransitionTime": ts,
+        }
+        for t, reason, msg in (
+            ("MemoryPressure", "SufficientMemory", "kubelet has sufficient memory available"),
+            ("DiskPressure", "NoDiskPressure", "kubelet has no disk pressure"),
+            ("PIDPressure", "SufficientPID", "kubelet has sufficient PID available"),
+        )
+    ]
+    conds.append(
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "kubelet is posting ready status",
+            "lastHeartbeatTime": ts,
+            "lastTransitionTime": ts,
+        }
+    )
+    return {
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "nvidia.com/gpu.driver": pool.driver,
+                "nvidia.com/gpu.product": pool.model,
+            },
+        },
+        "spec": {
+            "providerID": f"sim://{pool.name}/{name}",
+            "podCIDR": f"10.244.{index}.0/24",
+            "podCIDRs": [f"10.244.{index}.0/24"],
+        },
+        "status": {
+            "capacity": capacity,
+            "allocatable": allocatable,
+            "conditions": conds,
+            "addresses": [
+                {"type": "InternalIP", "address": node_ip(index)},
+                {"type": "Hostname", "address": name},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {
+                "machineID": objects.suffix(32),
+                "systemUUID": objects.suffix(32),
+                "bootID": objects.suffix(32),
+                "kernelVersion": "6.8.0-1015-nvidia",
+                "osImage": "Ubuntu 22.04.5 LTS",
+                "containerRuntimeVersion": "containerd://1.7.27",
+                "kubeletVersion": "v1.33.1",
+                "kubeProxyVersion": "",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+        },
+    }
+
+
+def _template(w: Workload, pools: dict[str, Pool], job: bool) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/name": w.name, **w.labels}
+    container: dict[str, Any] = {"name": "main", "image": f"registry.sim.local/{w.name}:latest"}
+    if w.gpus_per_pod:
+        n = str(w.gpus_per_pod)
+        container["resources"] = {
+            "limits": {"nvidia.com/gpu": n},
+            "requests": {"nvidia.com/gpu": n},
+        }
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": w.termination_grace_seconds,
+        "restartPolicy": "Never" if job else "Always",
+    }
+    if w.pool and w.pool in pools:
+        spec["nodeSelector"] = {POOL_LABEL: w.pool}
+    if w.kind == "DaemonSet":
+        # Node agents run everywhere, cordoned or tainted.
+        spec["tolerations"] = [{"operator": "Exists"}]
+    annotations = {objects.READINESS_DELAY: str(w.readiness_delay_seconds)}
+    if job:
+        # Scenario Jobs are long-running training; only remediation Jobs finish on their own.
+        annotations[objects.RUN_FOREVER] = "true"
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
+
+
+def _pdb(w: Workload, labels: dict[str, str]) -> Obj:
+    assert w.pdb is not None
+    spec: dict[str, Any] = {"selector": {"matchLabels": labels}}
+    if w.pdb.min_available is not None:
+        spec["minAvailable"] = w.pdb.min_available
+    else:
+        spec["maxUnavailable"] = w.pdb.max_unavailable
+    return {"metadata": {"name": w.name, "namespace": w.namespace}, "spec": spec}
+
+
+def _dcgm_daemonset() -> Obj:
+    labels = {"app": "nvidia-dcgm-exporter"}
+    return {
+        "metadata": {"name": "nvidia-dcgm-exporter", "namespace": DCGM_NAMESPACE, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {objects.POD_IP: "127.0.0.1", objects.READINESS_DELAY: "0"},
+                },
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "nvidia-dcgm-exporter",
+                            "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04",
+                            "ports": [
+                                {"name": "metrics", "containerPort": DCGM_PORT, "protocol": "TCP"}
+                            ],
+                        }
+                    ],
+                    "tolerations": [{"operator": "Exists"}],
+                    "terminationGracePeriodSeconds": 1,
+                },
+            },
+        },
+    }
+
+
+def _create(store: Store, rt: r.ResourceType, obj: Obj) -> Obj:
+    created = store.create(rt, defaults.on_create(rt, obj))
+    if rt is r.JOBS:
+        defaults.job_selector(created)
+        created = store.put_internal(rt, created)
+    return created
+
+
+def seed(store: Store, scenario: Scenario) -> list[str]:
+    """Create the scenario's objects; returns the names of nodes the kubelet runs."""
+    namespaces = list(BASE_NAMESPACES) + [w.namespace for w in scenario.workloads]
+    for ns in dict.fromkeys(namespaces):
+        _create(store, r.NAMESPACES, {"metadata": {"name": ns}})
+    names: list[str] = []
+    for index, (name, pool) in enumerate(scenario.nodes()):
+        _create(store, r.NODES, node_object(name, pool, index))
+        names.append(name)
+    pools = {p.name: p for p in scenario.pools}
+    for w in scenario.workloads:
+        template = _template(w, pools, job=w.kind == "Job")
+        selector = {"matchLabels": template["metadata"]["labels"]}
+        meta = {"name": w.name, "namespace": w.namespace, "labels": dict(w.labels)}
+        if w.kind == "ReplicaSet":
+            _create(
+                store,
+                r.REPLICASETS,
+                {
+                    "metadata": meta,
+                    "spec": {"replicas": w.replicas, "selector": selector, "template": template},
+                },
+            )
+        elif w.kind == "StatefulSet":
+            _create(
+                store,
+                r.STATEFULSETS,
+                {
+                    "metadata": meta,
+                    "spec": {
+                        "replicas": w.replicas,
+                        "selector": selector,
+                        "template": template,
+                        "serviceName": w.name,
+                        "podManagementPolicy": "Parallel",
+                    },
+                },
+            )
+        elif w.kind == "DaemonSet":
+            _create(
+                store,
+                r.DAEMONSETS,
+                {"metadata": meta, "spec": {"selector": selector, "template": template}},
+            )
+        elif w.kind == "Job":
+            _create(
+                store,
+                r.JOBS,
+                {
+                    "metadata": meta,
+                    "spec": {
+                        "parallelism": w.replicas,
+                        "completions": w.replicas,
+                        "template": template,
+                    },
+                },
+            )
+        else:
+            for i in range(w.replicas):
+                pod = objects.pod_from_template(
+                    template,
+                    w.namespace,
+                    w.name if w.replicas == 1 else f"{w.name}-{i}",
+                    None,
+                    None,
+                )
+                store.create(r.PODS, pod)
+        if w.pdb is not None:
+            _create(store, r.PDBS, _pdb(w, template["metadata"]["labels"]))
+    _create(store, r.DAEMONSETS, _dcgm_daemonset())
+    return names

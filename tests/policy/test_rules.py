@@ -1,0 +1,408 @@
+"""Non-XID signals, severity, acknowledgements, bad values, thermal handling, evidence."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from policy.config import PolicyConfig
+from policy.models import Action, GpuReading, NodeReadings, Verdict
+from policy.rules import (
+    XidSighting,
+    evaluate_fleet,
+    evaluate_node,
+    is_thermal_recovered,
+    xid_repeat_counts,
+)
+
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-80GB"
+SENTINEL = 9223372036854775794.0
+
+
+def gpu(index: str = "0", **fields: object) -> GpuReading:
+    fields.setdefault("model_name", H100)
+    return GpuReading(gpu=index, uuid=f"GPU-{index}", **fields)  # type: ignore[arg-type]
+
+
+def node(*gpus: GpuReading, name: str = "n1") -> NodeReadings:
+    return NodeReadings(node=name, gpus=list(gpus))
+
+
+def evaluate(*gpus: GpuReading, config: PolicyConfig | None = None, **kw: object) -> Verdict:
+    return evaluate_node(node(*gpus), config or PolicyConfig(), **kw)  # type: ignore[arg-type]
+
+
+def rules(verdict: Verdict) -> list[tuple[str, Action]]:
+    return [(f.rule, f.action) for f in verdict.findings]
+
+
+def test_healthy_gpu_has_no_findings() -> None:
+    verdict = evaluate(
+        gpu(
+            xid=0,
+            gpu_temp=45,
+            memory_temp=50,
+            ecc_dbe_volatile=0,
+            ecc_sbe_volatile=12,
+            row_remap_pending=0,
+            row_remap_failure=0,
+            uncorrectable_remapped_rows=3,
+            clock_event_reasons=0x1 | 0x4,
+            recovery_action=0,
+        )
+    )
+    assert verdict.action == Action.NONE
+    assert verdict.findings == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "signal", "rule", "action"),
+    [
+        ({"ecc_dbe_volatile": 2}, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc-dbe-volatile", "reset"),
+        ({"row_remap_pending": 1}, "DCGM_FI_DEV_ROW_REMAP_PENDING", "row-remap-pending", "reset"),
+        (
+            {"row_remap_failure": 1},
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+            "row-remap-failure",
+            "quarantine",
+        ),
+        (
+            {"uncorrectable_remapped_rows": 512},
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+            "uncorrectable-remap-limit",
+            "quarantine",
+        ),
+        ({"gpu_temp": 87}, "DCGM_FI_DEV_GPU_TEMP", "gpu-temp-over-87", "thermal"),
+        ({"memory_temp": 96}, "DCGM_FI_DEV_MEMORY_TEMP", "memory-temp-over-95", "thermal"),
+        (
+            {"clock_event_reasons": 0x40},
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+            "clock-hw-thermal",
+            "thermal",
+        ),
+        (
+            {"clock_event_reasons": 0x8},
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+            "clock-hw-slowdown",
+            "thermal",
+        ),
+        (
+            {"clock_event_reasons": 0x20},
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+            "clock-sw-thermal",
+            "thermal",
+        ),
+        (
+            {"clock_event_reasons": 0x80},
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+            "clock-hw-power-brake",
+            "thermal",
+        ),
+        (
+            {"recovery_action": 2},
+            "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
+            "recovery-action-node-reboot",
+            "reboot",
+        ),
+        (
+            {"recovery_action": 4},
+            "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
+            "recovery-action-drain-and-reset",
+            "reset",
+        ),
+    ],
+)
+def test_signal(fields: dict[str, float], signal: str, rule: str, action: str) -> None:
+    verdict = evaluate(gpu("3", **fields))
+    (finding,) = verdict.findings
+    assert verdict.action == Action(action)
+    assert finding.rule == rule
+    assert finding.signal == signal
+    assert finding.value == float(next(iter(fields.values())))
+    assert (finding.gpu, finding.uuid, finding.action) == ("3", "GPU-3", Action(action))
+
+
+def test_thresholds_are_inclusive_and_exact() -> None:
+    assert evaluate(gpu(gpu_temp=86.9)).action == Action.NONE
+    assert evaluate(gpu(memory_temp=94.9)).action == Action.NONE
+    assert evaluate(gpu(uncorrectable_remapped_rows=511)).action == Action.NONE
+    assert evaluate(gpu(uncorrectable_remapped_rows=511)).findings == []
+
+
+def test_normal_clock_reasons_are_not_thermal() -> None:
+    # idle, app clocks, SW power cap, sync boost, display clocks
+    assert evaluate(gpu(clock_event_reasons=0x1 | 0x2 | 0x4 | 0x10 | 0x100)).findings == []
+
+
+def test_several_clock_reasons_give_one_finding_each() -> None:
+    verdict = evaluate(gpu(clock_event_reasons=0x40 | 0x8))
+    assert [f.rule for f in verdict.findings] == ["clock-hw-slowdown", "clock-hw-thermal"]
+    assert all(f.value == 0x48 for f in verdict.findings)
+
+
+def test_configured_actions() -> None:
+    config = PolicyConfig(
+        ecc_dbe_action=Action.REBOOT,
+        row_remap_pending_action=Action.REBOOT,
+        row_remap_failure_action=Action.REBOOT,
+        uncorrectable_remap_limit=100,
+        uncorrectable_remap_limit_action=Action.RESET,
+    )
+    assert evaluate(gpu(ecc_dbe_volatile=1), config=config).action == Action.REBOOT
+    assert evaluate(gpu(row_remap_pending=1), config=config).action == Action.REBOOT
+    assert evaluate(gpu(row_remap_failure=1), config=config).action == Action.REBOOT
+    assert evaluate(gpu(uncorrectable_remapped_rows=100), config=config).action == Action.RESET
+
+
+def test_severity_ordering_across_gpus() -> None:
+    verdict = evaluate(
+        gpu("0", xid=13),  # app
+        gpu("1", gpu_temp=95),  # thermal
+        gpu("2", xid=46),  # reset
+        gpu("3", xid=79),  # reboot
+        gpu("4", row_remap_failure=1),  # quarantine
+        gpu("5", xid=43),  # none
+    )
+    assert verdict.action == Action.QUARANTINE
+    assert [f.action for f in verdict.findings] == [
+        Action.QUARANTINE,
+        Action.REBOOT,
+        Action.RESET,
+        Action.THERMAL,
+        Action.APP,
+        Action.NONE,
+    ]
+    assert verdict.summary == "quarantine: row-remap-failure on GPU 4 (+5 more)"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "expected"),
+    [
+        ([gpu("0", xid=13), gpu("1", gpu_temp=90)], Action.THERMAL),
+        ([gpu("0", gpu_temp=90), gpu("1", ecc_dbe_volatile=1)], Action.RESET),
+        ([gpu("0", row_remap_pending=1), gpu("1", xid=79)], Action.REBOOT),
+        ([gpu("0", xid=79), gpu("1", uncorrectable_remapped_rows=600)], Action.QUARANTINE),
+        ([gpu("0", xid=31), gpu("1", xid=45)], Action.APP),
+    ],
+)
+def test_node_action_is_most_severe(gpus: list[GpuReading], expected: Action) -> None:
+    assert evaluate(*gpus).action == expected
+
+
+def test_acknowledged_xid_does_not_trigger_again() -> None:
+    reading = gpu("0", xid=79)
+    assert evaluate(reading).action == Action.REBOOT
+    verdict = evaluate(reading, acknowledged_xids={"GPU-0": 79})
+    assert verdict.action == Action.NONE and verdict.findings == []
+
+
+def test_different_xid_after_acknowledgement_is_new() -> None:
+    verdict = evaluate(gpu("0", xid=48), acknowledged_xids={"GPU-0": 79})
+    assert rules(verdict) == [("xid-48-workflow-xid-48", Action.RESET)]
+
+
+def test_acknowledgement_is_per_gpu() -> None:
+    verdict = evaluate(gpu("0", xid=79), gpu("1", xid=79), acknowledged_xids={"GPU-0": 79})
+    assert [(f.gpu, f.rule) for f in verdict.findings] == [("1", "xid-79-restart-bm")]
+
+
+def test_acknowledgement_keeps_other_signals() -> None:
+    verdict = evaluate(gpu("0", xid=48, ecc_dbe_volatile=1), acknowledged_xids={"GPU-0": 48})
+    assert rules(verdict) == [("ecc-dbe-volatile", Action.RESET)]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, SENTINEL, 9.3e18])
+def test_sentinel_and_nan_are_no_data(bad: float) -> None:
+    verdict = evaluate(
+        gpu(
+            gpu_temp=bad,
+            memory_temp=bad,
+            ecc_dbe_volatile=bad,
+            row_remap_pending=bad,
+            row_remap_failure=bad,
+            uncorrectable_remapped_rows=bad,
+        )
+    )
+    assert verdict.action == Action.NONE
+    assert verdict.findings == []
+
+
+def test_sentinel_in_integer_fields_is_no_data() -> None:
+    big = 9223372036854775794
+    verdict = evaluate(gpu(xid=big, clock_event_reasons=big, recovery_action=big))
+    assert verdict.findings == []
+
+
+def test_per_model_thresholds() -> None:
+    # A100's Max Operating is 85 °C, H100's 87 °C.
+    a100 = gpu("0", model_name=A100, gpu_temp=86)
+    h100 = gpu("1", model_name=H100, gpu_temp=86)
+    verdict = evaluate(a100, h100)
+    assert rules(verdict) == [("gpu-temp-over-85", Action.THERMAL)]
+    assert verdict.findings[0].gpu == "0"
+
+
+def test_per_model_override_from_config_longest_match_wins() -> None:
+    config = PolicyConfig.model_validate(
+        {
+            "thermal": {
+                "per_model": {
+                    "h100": {"gpu_temp_c": 80},
+                    "H100 80GB HBM3": {"memory_temp_c": 90},
+                }
+            }
+        }
+    )
+    # The longer key wins and only overrides memory; GPU temp falls back to the global 87.
+    verdict = evaluate(gpu(gpu_temp=84, memory_temp=91), config=config)
+    assert rules(verdict) == [("memory-temp-over-90", Action.THERMAL)]
+    nvl = gpu(model_name="NVIDIA H100 NVL", gpu_temp=81)
+    assert rules(evaluate(nvl, config=config)) == [("gpu-temp-over-80", Action.THERMAL)]
+
+
+def test_fractional_threshold_in_rule_id() -> None:
+    config = PolicyConfig.model_validate({"thermal": {"gpu_temp_c": 82.5}})
+    assert rules(evaluate(gpu(gpu_temp=83), config=config)) == [
+        ("gpu-temp-over-82.5", Action.THERMAL)
+    ]
+
+
+def test_thermal_recovery() -> None:
+    config = PolicyConfig()
+    assert is_thermal_recovered(node(gpu("0", gpu_temp=81), gpu("1", gpu_temp=70)), config)
+    # 82 is not 5 °C below 87: still hot enough to flap.
+    assert not is_thermal_recovered(node(gpu("0", gpu_temp=82)), config)
+    assert not is_thermal_recovered(node(gpu("0", gpu_temp=60, memory_temp=91)), config)
+    assert not is_thermal_recovered(node(gpu("0", gpu_temp=60, clock_event_reasons=0x40)), config)
+    # Idle and power cap are normal.
+    assert is_thermal_recovered(node(gpu("0", gpu_temp=60, clock_event_reasons=0x5)), config)
+    # A100 threshold is 85: 80 is at the margin, 79 below it.
+    assert not is_thermal_recovered(node(gpu("0", model_name=A100, gpu_temp=80)), config)
+    assert is_thermal_recovered(node(gpu("0", model_name=A100, gpu_temp=79)), config)
+
+
+def test_thermal_recovery_needs_data() -> None:
+    config = PolicyConfig()
+    assert not is_thermal_recovered(node(), config)
+    assert not is_thermal_recovered(node(gpu("0")), config)
+    assert not is_thermal_recovered(node(gpu("0", gpu_temp=math.nan)), config)
+    assert not is_thermal_recovered(node(gpu("0", gpu_temp=SENTINEL)), config)
+
+
+def test_thermal_recovery_margin_is_configurable() -> None:
+    config = PolicyConfig.model_validate({"thermal": {"recovery_margin_c": 0}})
+    assert is_thermal_recovered(node(gpu("0", gpu_temp=86)), config)
+
+
+def test_xid_48_with_remap_pending_is_drain_and_reset() -> None:
+    verdict = evaluate(gpu("0", xid=48, row_remap_pending=1))
+    assert rules(verdict) == [
+        ("row-remap-pending", Action.RESET),
+        ("xid-48-drain-and-reset", Action.RESET),
+    ]
+
+
+def test_xid_48_with_recent_63_is_drain_and_reset() -> None:
+    verdict = evaluate(gpu("0", xid=48), xid_repeats={"GPU-0": {63: 1, 48: 1}})
+    assert rules(verdict) == [("xid-48-drain-and-reset", Action.RESET)]
+
+
+def test_repeated_app_xid_escalates() -> None:
+    reading = gpu("0", xid=13)
+    assert evaluate(reading, xid_repeats={"GPU-0": {13: 4}}).action == Action.APP
+    verdict = evaluate(reading, xid_repeats={"GPU-0": {13: 5}})
+    assert rules(verdict) == [("xid-13-repeated", Action.RESET)]
+    # XID 31 escalates at two sightings.
+    assert rules(evaluate(gpu("0", xid=31), xid_repeats={"GPU-0": {31: 2}})) == [
+        ("xid-31-repeated", Action.RESET)
+    ]
+    # Repeats on another GPU do not count.
+    assert evaluate(reading, xid_repeats={"GPU-1": {13: 9}}).action == Action.APP
+
+
+def test_app_escalation_can_be_disabled() -> None:
+    config = PolicyConfig.model_validate({"app_xid_escalation": {"enabled": False}})
+    verdict = evaluate(gpu("0", xid=31), config=config, xid_repeats={"GPU-0": {31: 50}})
+    assert verdict.action == Action.APP
+
+
+def test_repeats_never_escalate_hardware_xids() -> None:
+    verdict = evaluate(gpu("0", xid=79), xid_repeats={"GPU-0": {79: 50}})
+    assert rules(verdict) == [("xid-79-restart-bm", Action.REBOOT)]
+
+
+def test_xid_repeat_counts_window() -> None:
+    day = 86400.0
+    sightings = [
+        XidSighting(gpu="GPU-0", xid=31, at_s=999.0),  # just outside 24 h
+        XidSighting(gpu="GPU-0", xid=31, at_s=day + 500.0),
+        XidSighting(gpu="GPU-0", xid=31, at_s=day + 900.0),
+        XidSighting(gpu="GPU-1", xid=13, at_s=day + 900.0),
+    ]
+    counts = xid_repeat_counts(sightings, now_s=day + 1000.0, config=PolicyConfig())
+    assert counts == {"GPU-0": {31: 2}, "GPU-1": {13: 1}}
+
+
+def test_recovery_action_can_be_ignored_without_xid_154() -> None:
+    config = PolicyConfig(follow_recovery_action=False)
+    assert evaluate(gpu(recovery_action=2), config=config).findings == []
+
+
+def test_unknown_recovery_code_uses_unknown_action() -> None:
+    verdict = evaluate(gpu(recovery_action=42))
+    assert rules(verdict) == [("recovery-action-code-42", Action.RESET)]
+
+
+def test_gpu_without_uuid_is_keyed_by_index_for_acks() -> None:
+    reading = GpuReading(gpu="2", xid=79)
+    verdict = evaluate_node(node(reading), PolicyConfig(), acknowledged_xids={"index:2": 79})
+    assert verdict.findings == []
+
+
+def test_evaluate_fleet() -> None:
+    fleet = [node(gpu("0", xid=79), name="a"), node(gpu("0"), name="b")]
+    verdicts = evaluate_fleet(fleet, PolicyConfig())
+    assert [(v.node, v.action) for v in verdicts] == [("a", Action.REBOOT), ("b", Action.NONE)]
+
+
+def test_config_rejects_unknown_fields_by_name() -> None:
+    with pytest.raises(ValidationError) as err:
+        PolicyConfig.model_validate({"thermal": {"gpu_temp": 90}})
+    assert err.value.errors()[0]["loc"] == ("thermal", "gpu_temp")
+
+
+def test_config_rejects_bad_clock_reason() -> None:
+    with pytest.raises(ValidationError) as err:
+        PolicyConfig.model_validate({"thermal": {"clock_reasons": ["hot"]}})
+    assert err.value.errors()[0]["loc"][:2] == ("thermal", "clock_reasons")
+
+
+def test_config_survives_json_round_trip() -> None:
+    # The config travels inside workflow inputs through the pydantic data converter.
+    config = PolicyConfig(xid_overrides={74: Action.REBOOT})
+    assert PolicyConfig.model_validate_json(config.model_dump_json()) == config
+
+
+def test_from_mapping_accepts_both_shapes() -> None:
+    section = {"unknown_xid_action": "quarantine"}
+    assert PolicyConfig.from_mapping(section).unknown_xid_action == Action.QUARANTINE
+    whole = {"policy": section}
+    assert PolicyConfig.from_mapping(whole).unknown_xid_action == Action.QUARANTINE
+    assert PolicyConfig.from_mapping(None) == PolicyConfig()
+    assert PolicyConfig.from_mapping({"policy": None}) == PolicyConfig()
+
+
+def test_policy_imports_nothing_with_io() -> None:
+    """The policy runs inside the Temporal workflow sandbox: no network or cluster clients."""
+    code = (
+        "import sys, policy, policy.rules, policy.config, policy.xid;"
+        "print(','.join(m for m in ('httpx', 'kubernetes', 'prometheus_client', 'aiohttp',"
+        " 'yaml', 'activities', 'worker') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

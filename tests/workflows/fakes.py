@@ -1,0 +1,186 @@
+"""In-memory stand-ins for the cluster activities, registered under the real names.
+
+They keep a small model of each node (cordon, taint, label, history) so workflow
+tests can assert what a remediation would leave behind, and they record every
+call so a test can assert order and the absence of mutations.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio import activity
+
+from policy.models import Action, Finding, Verdict
+from workflows.models import (
+    AdmissionReport,
+    ClaimInput,
+    ClaimResult,
+    DrainInput,
+    DrainResult,
+    FleetObservation,
+    HistoryEntry,
+    NodeHealth,
+    NodeHealthInput,
+    NodeJobInput,
+    NodeJobResult,
+    NodeState,
+    NodeStatus,
+    ObserveInput,
+    ReleaseInput,
+    StateInput,
+    ThermalWatchInput,
+    ThermalWatchResult,
+)
+
+
+@dataclass
+class FakeNode:
+    name: str
+    gpus: int = 8
+    cordoned: bool = False
+    tainted: bool = False
+    state: NodeState = NodeState.HEALTHY
+    history: list[HistoryEntry] = field(default_factory=list)
+    acked: dict[str, int] = field(default_factory=dict)
+    pre_cordoned: bool = False
+    states_seen: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FakeCluster:
+    nodes: dict[str, FakeNode] = field(default_factory=dict)
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    mutations: list[str] = field(default_factory=list)
+    # Scripted outcomes, consumed in order; the last one repeats.
+    job_results: dict[str, list[bool]] = field(default_factory=dict)
+    drain_results: list[DrainResult] = field(default_factory=list)
+    thermal_results: list[ThermalWatchResult] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    observe_error: str | None = None
+    reports: list[AdmissionReport] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def node(self, name: str) -> FakeNode:
+        return self.nodes.setdefault(name, FakeNode(name))
+
+    def _next(self, script: list[Any], default: Any) -> Any:
+        if not script:
+            return default
+        return script.pop(0) if len(script) > 1 else script[0]
+
+    def jobs_run(self) -> list[str]:
+        return [c[1].kind for c in self.calls if c[0] == "run_node_job"]
+
+    def activities(self) -> list[Any]:
+        cluster = self
+
+        @activity.defn(name="claim_node")
+        def claim_node(inp: ClaimInput) -> ClaimResult:
+            with cluster.lock:
+                cluster.calls.append(("claim_node", inp))
+                n = cluster.node(inp.node)
+                mine = n.state != NodeState.HEALTHY
+                pre = n.pre_cordoned if mine else n.cordoned
+                if not inp.dry_run:
+                    cluster.mutations.append(f"claim {inp.node}")
+                    n.pre_cordoned = pre
+                    n.cordoned = n.tainted = True
+                    n.state = inp.state
+                    n.states_seen.append(inp.state.value)
+                return ClaimResult(previously_cordoned=pre, recent_remediations=len(n.history),
+                                   gpus=n.gpus, history=list(n.history))
+
+        @activity.defn(name="set_node_state")
+        def set_node_state(inp: StateInput) -> None:
+            with cluster.lock:
+                cluster.calls.append(("set_node_state", inp))
+                if not inp.dry_run:
+                    cluster.mutations.append(f"state {inp.node} {inp.state.value}")
+                    n = cluster.node(inp.node)
+                    n.state = inp.state
+                    n.states_seen.append(inp.state.value)
+
+        @activity.defn(name="release_node")
+        def release_node(inp: ReleaseInput) -> None:
+            with cluster.lock:
+                cluster.calls.append(("release_node", inp))
+                if inp.dry_run:
+                    return
+                cluster.mutations.append(f"release {inp.node} {inp.outcome}")
+                n = cluster.node(inp.node)
+                n.history = [h for h in n.history if h.workflow_id != inp.history.workflow_id
+                             or h.started != inp.history.started] + [inp.history]
+                n.acked.update(inp.acknowledged_xids)
+                if inp.outcome == "quarantined":
+                    n.state = NodeState.QUARANTINED
+                else:
+                    n.state = NodeState.HEALTHY
+                    n.tainted = False
+                    if inp.uncordon:
+                        n.cordoned = False
+                n.states_seen.append(n.state.value)
+
+        @activity.defn(name="drain_node")
+        def drain_node(inp: DrainInput) -> DrainResult:
+            with cluster.lock:
+                cluster.calls.append(("drain_node", inp))
+                if inp.dry_run:
+                    return DrainResult(outcome="planned", remaining=["team-a/trainer-1"])
+                if inp.force:
+                    return DrainResult(outcome="drained", forced=["team-a/trainer-1"])
+                return cluster._next(cluster.drain_results,
+                                     DrainResult(outcome="drained", evicted=["team-a/trainer-1"]))
+
+        @activity.defn(name="run_node_job")
+        def run_node_job(inp: NodeJobInput) -> NodeJobResult:
+            with cluster.lock:
+                cluster.calls.append(("run_node_job", inp))
+                if inp.dry_run:
+                    return NodeJobResult(succeeded=True, message="planned", job_name=inp.name)
+                cluster.mutations.append(f"job {inp.kind} {inp.node}")
+                ok = cluster._next(cluster.job_results.get(inp.kind, []), True)
+                return NodeJobResult(succeeded=ok, message="ok" if ok else "diag failed",
+                                     job_name=inp.name)
+
+        @activity.defn(name="watch_thermal")
+        def watch_thermal(inp: ThermalWatchInput) -> ThermalWatchResult:
+            with cluster.lock:
+                cluster.calls.append(("watch_thermal", inp))
+                return cluster._next(cluster.thermal_results,
+                                     ThermalWatchResult(outcome="recovered", message="cool"))
+
+        @activity.defn(name="read_node_health")
+        def read_node_health(inp: NodeHealthInput) -> NodeHealth:
+            return NodeHealth(readable=True, thermal_recovered=True)
+
+        @activity.defn(name="observe_fleet")
+        def observe_fleet(inp: ObserveInput) -> FleetObservation:
+            with cluster.lock:
+                cluster.calls.append(("observe_fleet", inp))
+                if cluster.observe_error:
+                    raise RuntimeError(cluster.observe_error)
+                remediating = [NodeStatus(node=n.name, state=n.state)
+                               for n in cluster.nodes.values() if n.state != NodeState.HEALTHY]
+                busy = {r.node for r in remediating}
+                return FleetObservation(
+                    managed_nodes=len(cluster.nodes), readable_nodes=len(cluster.nodes),
+                    verdicts=[v for v in cluster.verdicts if v.node not in busy
+                              and cluster.node(v.node).acked == {}],
+                    remediating=remediating)
+
+        @activity.defn(name="report_admission")
+        def report_admission(report: AdmissionReport) -> None:
+            with cluster.lock:
+                cluster.reports.append(report)
+
+        return [claim_node, set_node_state, release_node, drain_node, run_node_job,
+                watch_thermal, read_node_health, observe_fleet, report_admission]
+
+
+def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:
+    return Verdict(node=node, action=action, findings=[Finding(
+        gpu="0", uuid=f"GPU-{node}-0", signal="DCGM_FI_DEV_XID_ERRORS", value=xid,
+        rule=f"xid-{xid}", action=action)])

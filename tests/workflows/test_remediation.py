@@ -1,0 +1,252 @@
+"""RemediationWorkflow on the time-skipping test server, with in-memory activities."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from datetime import timedelta
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from policy.models import Action
+from tests.workflows.fakes import FakeCluster, xid_verdict
+from workflows.detector import DetectorWorkflow
+from workflows.models import (
+    ApprovalSettings,
+    DrainResult,
+    DrainSettings,
+    HistoryEntry,
+    NodeState,
+    RemediationInput,
+    RemediationResult,
+    RemediationSettings,
+    ThermalSettings,
+    ThermalWatchResult,
+)
+from workflows.remediation import RemediationWorkflow
+
+
+@asynccontextmanager
+async def running(client: Client, cluster: FakeCluster) -> AsyncIterator[str]:
+    queue = f"tq-{uuid.uuid4()}"
+    with ThreadPoolExecutor(8) as pool:
+        async with Worker(client, task_queue=queue,
+                          workflows=[RemediationWorkflow, DetectorWorkflow],
+                          activities=cluster.activities(), activity_executor=pool):
+            yield queue
+
+
+async def remediate(env: WorkflowEnvironment, cluster: FakeCluster, inp: RemediationInput,
+                    ) -> RemediationResult:
+    async with running(env.client, cluster) as queue:
+        return await env.client.execute_workflow(
+            RemediationWorkflow.run, inp, id=f"remediation-{inp.node}-{uuid.uuid4()}",
+            task_queue=queue)
+
+
+async def test_xid79_reboots_validates_and_returns_node_to_service(time_skipping_env):
+    cluster = FakeCluster()
+    result = await remediate(time_skipping_env, cluster,
+                             RemediationInput(node="n1", verdict=xid_verdict("n1")))
+    node = cluster.nodes["n1"]
+    assert result.outcome == NodeState.HEALTHY
+    assert cluster.jobs_run() == ["reboot", "validate"]
+    assert node.states_seen == ["draining", "repairing", "validating", "healthy"]
+    assert not node.cordoned and not node.tainted
+    assert node.acked == {"GPU-n1-0": 79}
+    assert len(node.history) == 1 and node.history[0].outcome.startswith("healthy")
+    validate = [c[1] for c in cluster.calls if c[0] == "run_node_job"][-1]
+    assert validate.gpus == 8
+
+
+async def test_failed_gpu_reset_escalates_to_reboot(time_skipping_env):
+    cluster = FakeCluster(job_results={"gpu-reset": [False]})
+    result = await remediate(time_skipping_env, cluster, RemediationInput(
+        node="n2", verdict=xid_verdict("n2", 48, Action.RESET)))
+    assert result.outcome == NodeState.HEALTHY
+    assert cluster.jobs_run() == ["gpu-reset", "reboot", "validate"]
+
+
+async def test_failed_reboot_quarantines(time_skipping_env):
+    cluster = FakeCluster(job_results={"reboot": [False]})
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, RemediationInput(node="n3", verdict=xid_verdict("n3")),
+            id=f"remediation-n3-{uuid.uuid4()}", task_queue=queue)
+        await _until(lambda: cluster.nodes.get("n3") is not None
+                     and cluster.nodes["n3"].state == NodeState.QUARANTINED)
+        view = await handle.query(RemediationWorkflow.view_state)
+        assert view.state == NodeState.QUARANTINED
+        assert cluster.jobs_run() == ["reboot"]
+        assert cluster.nodes["n3"].cordoned and cluster.nodes["n3"].tainted
+        await handle.terminate("test over")
+
+
+async def test_validation_failures_retry_then_quarantine(time_skipping_env):
+    cluster = FakeCluster(job_results={"validate": [False]})
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, RemediationInput(
+                node="n4", verdict=xid_verdict("n4", 48, Action.RESET),
+                settings=RemediationSettings(max_repair_attempts=2)),
+            id=f"remediation-n4-{uuid.uuid4()}", task_queue=queue)
+        await _until(lambda: cluster.nodes.get("n4") is not None
+                     and cluster.nodes["n4"].state == NodeState.QUARANTINED)
+        # Round one resets, round two escalates to a reboot; both fail validation.
+        assert cluster.jobs_run() == ["gpu-reset", "validate", "reboot", "validate"]
+        assert "validation failed 2 times" in cluster.nodes["n4"].history[-1].outcome
+        await handle.terminate("test over")
+
+
+async def test_node_cordoned_by_admin_stays_cordoned(time_skipping_env):
+    cluster = FakeCluster()
+    cluster.node("n5").cordoned = True
+    result = await remediate(time_skipping_env, cluster,
+                             RemediationInput(node="n5", verdict=xid_verdict("n5")))
+    assert result.outcome == NodeState.HEALTHY
+    node = cluster.nodes["n5"]
+    assert node.cordoned, "an admin's cordon must survive our release"
+    assert not node.tainted
+
+
+async def test_repeat_offender_goes_straight_to_quarantine(time_skipping_env):
+    cluster = FakeCluster()
+    now = await time_skipping_env.get_current_time()
+    cluster.node("n6").history = [
+        HistoryEntry(started=now - timedelta(days=d), action="reboot", reason="xid 79",
+                     outcome="healthy", workflow_id=f"old-{d}") for d in (1, 2, 3)]
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, RemediationInput(node="n6", verdict=xid_verdict("n6")),
+            id=f"remediation-n6-{uuid.uuid4()}", task_queue=queue)
+        await _until(lambda: cluster.nodes["n6"].state == NodeState.QUARANTINED)
+        assert cluster.jobs_run() == [], "a repeat offender is not repaired again"
+        assert "repeat offender" in cluster.nodes["n6"].history[-1].outcome
+        await handle.terminate("test over")
+
+
+async def test_old_remediations_outside_window_do_not_count(time_skipping_env):
+    cluster = FakeCluster()
+    now = await time_skipping_env.get_current_time()
+    cluster.node("n7").history = [
+        HistoryEntry(started=now - timedelta(days=30 + d), action="reboot", reason="xid 79",
+                     outcome="healthy", workflow_id=f"old-{d}") for d in (1, 2, 3)]
+    result = await remediate(time_skipping_env, cluster,
+                             RemediationInput(node="n7", verdict=xid_verdict("n7")))
+    assert result.outcome == NodeState.HEALTHY
+
+
+async def test_dry_run_plans_everything_and_mutates_nothing(time_skipping_env):
+    cluster = FakeCluster()
+    result = await remediate(time_skipping_env, cluster, RemediationInput(
+        node="n8", verdict=xid_verdict("n8"), dry_run=True))
+    assert result.outcome == NodeState.HEALTHY
+    assert cluster.mutations == []
+    kinds = [c[1].kind for c in cluster.calls if c[0] == "run_node_job"]
+    assert kinds == ["reboot", "validate"], "the plan still covers repair and validation"
+
+
+async def test_drain_deadline_force_deletes_remaining_pods(time_skipping_env):
+    blocked = DrainResult(outcome="blocked", remaining=["team-a/trainer-1"],
+                          blocking_pdb="team-a/trainer")
+    cluster = FakeCluster(drain_results=[blocked])
+    settings = RemediationSettings(drain=DrainSettings(deadline=timedelta(minutes=3),
+                                                       deadline_policy="force"))
+    result = await remediate(time_skipping_env, cluster, RemediationInput(
+        node="n9", verdict=xid_verdict("n9"), settings=settings))
+    assert result.outcome == NodeState.HEALTHY
+    drains = [c[1] for c in cluster.calls if c[0] == "drain_node"]
+    assert drains[-1].force and not drains[0].force
+
+
+async def test_drain_deadline_release_gives_node_back_untouched(time_skipping_env):
+    blocked = DrainResult(outcome="blocked", remaining=["team-a/trainer-1"],
+                          blocking_pdb="team-a/trainer")
+    cluster = FakeCluster(drain_results=[blocked])
+    settings = RemediationSettings(drain=DrainSettings(deadline=timedelta(minutes=3),
+                                                       deadline_policy="release"))
+    result = await remediate(time_skipping_env, cluster, RemediationInput(
+        node="n10", verdict=xid_verdict("n10"), settings=settings))
+    assert result.outcome == "released"
+    assert "team-a/trainer" in result.message
+    assert cluster.jobs_run() == []
+    assert not cluster.nodes["n10"].cordoned and not cluster.nodes["n10"].tainted
+
+
+async def test_approval_timeout_rejects_by_default(time_skipping_env):
+    cluster = FakeCluster()
+    settings = RemediationSettings(approval=ApprovalSettings(
+        required_for=[Action.REBOOT], timeout=timedelta(hours=4)))
+    result = await remediate(time_skipping_env, cluster, RemediationInput(
+        node="n11", verdict=xid_verdict("n11"), settings=settings))
+    assert result.outcome == "released"
+    assert cluster.jobs_run() == []
+    assert cluster.nodes["n11"].states_seen[0] == "awaiting-approval"
+    assert not cluster.nodes["n11"].cordoned
+
+
+async def test_thermal_cordons_without_drain_and_returns_when_cool(time_skipping_env):
+    cluster = FakeCluster()
+    result = await remediate(time_skipping_env, cluster, RemediationInput(
+        node="n12", verdict=xid_verdict("n12", 0, Action.THERMAL)))
+    assert result.outcome == NodeState.HEALTHY
+    assert [c[0] for c in cluster.calls if c[0] == "drain_node"] == []
+    assert cluster.nodes["n12"].states_seen == ["cordoned", "healthy"]
+
+
+async def test_thermal_that_stays_hot_escalates_to_drain_and_quarantine(time_skipping_env):
+    cluster = FakeCluster(thermal_results=[ThermalWatchResult(outcome="hot", message="91 C")])
+    settings = RemediationSettings(thermal=ThermalSettings(escalate_after=timedelta(minutes=30)))
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, RemediationInput(
+                node="n13", verdict=xid_verdict("n13", 0, Action.THERMAL), settings=settings),
+            id=f"remediation-n13-{uuid.uuid4()}", task_queue=queue)
+        await time_skipping_env.sleep(timedelta(minutes=45))
+        await _until(lambda: cluster.nodes.get("n13") is not None
+                     and cluster.nodes["n13"].state == NodeState.QUARANTINED)
+        assert any(c[0] == "drain_node" for c in cluster.calls)
+        assert "still hot" in cluster.nodes["n13"].history[-1].outcome
+        await handle.terminate("test over")
+
+
+async def test_hardware_fault_while_cordoned_for_heat_escalates_to_repair(time_skipping_env):
+    fault = ThermalWatchResult(outcome="fault", verdict=xid_verdict("n14", 79))
+    cluster = FakeCluster(thermal_results=[fault])
+    result = await remediate(time_skipping_env, cluster, RemediationInput(
+        node="n14", verdict=xid_verdict("n14", 0, Action.THERMAL)))
+    assert result.outcome == NodeState.HEALTHY
+    assert cluster.jobs_run() == ["reboot", "validate"]
+
+
+async def test_cancellation_cleans_up_our_cordon(time_skipping_env):
+    blocked = DrainResult(outcome="blocked", remaining=["team-a/trainer-1"],
+                          blocking_pdb="team-a/trainer")
+    cluster = FakeCluster(drain_results=[blocked])
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, RemediationInput(node="n15", verdict=xid_verdict("n15")),
+            id=f"remediation-n15-{uuid.uuid4()}", task_queue=queue)
+        await _until(lambda: any(c[0] == "drain_node" for c in cluster.calls))
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+    node = cluster.nodes["n15"]
+    assert node.state == NodeState.HEALTHY
+    assert not node.cordoned and not node.tainted
+    assert node.history[-1].outcome.startswith("aborted")
+
+
+async def _until(check, timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not check():
+        if loop.time() > end:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)

@@ -1,0 +1,160 @@
+"""Service configuration: one YAML file, overridable by GPU_REMEDIATE_* environment variables.
+
+Every section forbids unknown fields, so a typo fails at start with the field's
+dotted name instead of silently running on defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from policy.config import PolicyConfig
+from workflows.models import TASK_QUEUE, DetectorSettings, RemediationSettings
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TlsConfig(_Section):
+    enabled: bool = False
+    client_cert: Path | None = Field(default=None, description="PEM client certificate (mTLS).")
+    client_key: Path | None = None
+    server_ca: Path | None = Field(default=None, description="PEM CA that signed the server.")
+    server_name: str | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError("client_cert and client_key go together")
+        return self
+
+
+class TemporalConfig(_Section):
+    address: str = "localhost:7233"
+    namespace: str = "default"
+    task_queue: str = TASK_QUEUE
+    tls: TlsConfig = Field(default_factory=TlsConfig)
+    api_key: str | None = Field(default=None, description="Temporal Cloud API key (prefer env).",
+                                repr=False)
+
+
+class KubernetesConfig(_Section):
+    kubeconfig: str | None = Field(default=None, description="Path; KUBECONFIG when unset.")
+    context: str | None = None
+    in_cluster: bool = False
+
+
+class ExporterConfig(_Section):
+    mode: Literal["discover", "template"] = Field(
+        default="discover",
+        description="discover: the dcgm-exporter DaemonSet pod on each node; template: a URL "
+                    "per node from url_template.",
+    )
+    url_template: str = "http://{node}:9400/metrics"
+    namespace: str = "gpu-operator"
+    label_selector: str = "app=nvidia-dcgm-exporter"
+    port: int = Field(default=9400, ge=1, le=65535)
+    path: str = "/metrics"
+    timeout_seconds: float = Field(default=5.0, gt=0)
+    max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    concurrency: int = Field(default=64, ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _template(self) -> ExporterConfig:
+        if self.mode == "template" and "{node}" not in self.url_template:
+            raise ValueError("url_template must contain {node}")
+        return self
+
+
+class WorkerConfig(_Section):
+    metrics_port: int = Field(default=9464, ge=0, le=65535,
+                              description="Prometheus metrics of the service; 0 disables.")
+    sdk_metrics_port: int = Field(default=9465, ge=0, le=65535,
+                                  description="Temporal SDK metrics; 0 disables.")
+    health_port: int = Field(default=8080, ge=0, le=65535,
+                             description="/healthz and /readyz; 0 disables.")
+    bind: str = "0.0.0.0"
+    max_concurrent_activities: int = Field(default=64, ge=1)
+    graceful_shutdown_seconds: float = Field(default=30, ge=0)
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class Settings(BaseSettings):
+    """The whole configuration. Nested env overrides use '__':
+    GPU_REMEDIATE_TEMPORAL__ADDRESS=temporal:7233."""
+
+    model_config = SettingsConfigDict(env_prefix="GPU_REMEDIATE_", env_nested_delimiter="__",
+                                      extra="forbid")
+
+    temporal: TemporalConfig = Field(default_factory=TemporalConfig)
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    exporter: ExporterConfig = Field(default_factory=ExporterConfig)
+    detector: DetectorSettings = Field(default_factory=DetectorSettings)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    remediation: RemediationSettings = Field(default_factory=RemediationSettings)
+    worker: WorkerConfig = Field(default_factory=WorkerConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nested_policy(cls, data: Any) -> Any:
+        detector = data.get("detector") if isinstance(data, dict) else None
+        if isinstance(detector, dict):
+            for key in ("policy", "remediation"):
+                if key in detector:
+                    raise ValueError(f"detector.{key}: set it at the top level as '{key}:'")
+        return data
+
+    def detector_settings(self) -> DetectorSettings:
+        """What the detector workflow runs with: its section plus policy and remediation."""
+        return self.detector.model_copy(update={"policy": self.policy,
+                                                "remediation": self.remediation})
+
+
+class ConfigError(Exception):
+    """Bad configuration; the message names the file and every bad field."""
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    data: dict[str, Any] = {}
+    source = "configuration"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except OSError as err:
+            raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        data = loaded
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        cursor = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            cursor = cursor.setdefault(p, {})
+        cursor[leaf] = value
+    try:
+        return Settings(**data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: " + format_errors(err)) from err
+    except ValueError as err:
+        raise ConfigError(f"{source}: {err}") from err
+
+
+def format_errors(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)

@@ -1,0 +1,236 @@
+"""``gpu-remediate evaluate``: run the health policy over dcgm-exporter payloads, offline.
+
+Other tools script against this command, so its JSON output is a contract:
+
+    {"nodes": [{"node", "action", "findings": [{"gpu", "uuid", "signal", "value", "rule",
+                                                "action"}]}],
+     "errors": [{"source", "message"}]}
+
+Exit codes: 0 every source was evaluated, 1 at least one source failed (it is listed in
+``errors`` and contributes no node), 2 bad usage (no source, bad config file).
+
+A source either counts whole or not at all: one unparsable line, unlabelled series or an empty
+payload fails the source, because a half-read payload could hide the sick GPU, and "no data"
+must never read as "healthy".
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import httpx
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from activities.exposition import ExpositionError, ParseResult, parse_exposition
+from policy.config import PolicyConfig
+from policy.models import GpuReading, NodeReadings, Verdict
+from policy.rules import evaluate_fleet
+
+MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+"""A fleet-wide federation payload is tens of MiB; more than this is not a metrics endpoint."""
+
+
+class SourceError(BaseModel):
+    """A source that could not be evaluated, and why."""
+
+    source: str
+    message: str
+
+
+class EvaluationReport(BaseModel):
+    """The JSON document ``evaluate --output json`` prints."""
+
+    nodes: list[Verdict] = Field(default_factory=list)
+    errors: list[SourceError] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+class ConfigError(Exception):
+    """The config file cannot be used; the message names the file and the field."""
+
+
+class _SourceFailed(Exception):
+    pass
+
+
+def load_policy_config(path: Path) -> PolicyConfig:
+    """Read the policy from a YAML file: a whole service config with a ``policy:`` key, or just
+    the policy section."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping at the top level")
+    prefix = "policy." if isinstance(data, dict) and "policy" in data else ""
+    try:
+        return PolicyConfig.from_mapping(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{prefix}{'.'.join(str(p) for p in err['loc']) or '(policy)'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"invalid config file {path}: {problems}") from exc
+
+
+def _read_limited(stream: Any) -> bytes:
+    data: bytes = stream.read(MAX_PAYLOAD_BYTES + 1)
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise _SourceFailed(f"payload larger than {MAX_PAYLOAD_BYTES // (1024 * 1024)} MiB")
+    return data
+
+
+def _fetch(url: str, timeout_s: float) -> bytes:
+    try:
+        with (
+            httpx.Client(timeout=timeout_s, follow_redirects=True) as client,
+            client.stream("GET", url, headers={"Accept": "text/plain"}) as response,
+        ):
+            if response.status_code != 200:
+                raise _SourceFailed(f"HTTP {response.status_code} from {url}")
+            chunks: list[bytes] = []
+            size = 0
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > MAX_PAYLOAD_BYTES:
+                    raise _SourceFailed(
+                        f"payload larger than {MAX_PAYLOAD_BYTES // (1024 * 1024)} MiB"
+                    )
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except httpx.TimeoutException as exc:
+        raise _SourceFailed(f"timed out after {timeout_s:g} s fetching {url}") from exc
+    except httpx.HTTPError as exc:
+        raise _SourceFailed(f"cannot fetch {url}: {exc}") from exc
+
+
+def _read_source(source: str, timeout_s: float) -> str:
+    if source == "-":
+        raw = _read_limited(sys.stdin.buffer)
+    elif source.startswith(("http://", "https://")):
+        raw = _fetch(source, timeout_s)
+    else:
+        try:
+            with open(source, "rb") as handle:
+                raw = _read_limited(handle)
+        except OSError as exc:
+            raise _SourceFailed(f"cannot read file: {exc.strerror or exc}") from exc
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _SourceFailed("payload is not UTF-8 text (binary?)") from exc
+
+
+def _parse_source(text: str, node: str | None) -> ParseResult:
+    try:
+        result = parse_exposition(text, default_node=node)
+    except ExpositionError as exc:
+        raise _SourceFailed(str(exc)) from exc
+    if result.bad_lines:
+        raise _SourceFailed(
+            f"{result.bad_lines} health metric line(s) did not parse; first: {result.examples[0]}"
+        )
+    if result.unlabelled:
+        raise _SourceFailed(
+            f"{result.unlabelled} sample(s) carry no Hostname/hostname label; "
+            "name the node with --node"
+        )
+    if result.empty:
+        raise _SourceFailed("no DCGM health samples in the payload (empty scrape?)")
+    return result
+
+
+def _merge(nodes: list[NodeReadings]) -> list[NodeReadings]:
+    """One entry per node name; a GPU seen in two sources keeps the first source's reading."""
+    merged: dict[str, dict[str, GpuReading]] = {}
+    for readings in nodes:
+        gpus = merged.setdefault(readings.node, {})
+        for gpu in readings.gpus:
+            gpus.setdefault(gpu.uuid or f"index:{gpu.gpu}", gpu)
+    return [NodeReadings(node=n, gpus=list(g.values())) for n, g in sorted(merged.items())]
+
+
+def evaluate_sources(
+    sources: list[str], *, node: str | None, config: PolicyConfig, timeout_s: float = 10
+) -> EvaluationReport:
+    """Read, parse and evaluate every source; failures are collected, never raised."""
+    report = EvaluationReport()
+    readings: list[NodeReadings] = []
+    for source in sources:
+        try:
+            result = _parse_source(_read_source(source, timeout_s), node)
+        except _SourceFailed as exc:
+            report.errors.append(SourceError(source=source, message=str(exc)))
+            continue
+        readings.extend(result.nodes)
+    report.nodes = evaluate_fleet(_merge(readings), config)
+    return report
+
+
+def _print_table(report: EvaluationReport, out: TextIO) -> None:
+    # Piped output has no terminal width; rich would squeeze it to 80 columns and split rule ids
+    # across lines, which breaks grep.
+    width = None if getattr(out, "isatty", lambda: False)() else 200
+    console = Console(file=out, width=width)
+    table = Table(title="GPU node health")
+    for column in ("Node", "Action", "GPU", "UUID", "Rule", "Signal", "Value", "Finding action"):
+        table.add_column(column, no_wrap=column in ("Node", "UUID", "Rule", "Signal"))
+    for verdict in report.nodes:
+        if not verdict.findings:
+            table.add_row(verdict.node, verdict.action.value, "", "", "", "", "", "")
+        for i, f in enumerate(verdict.findings):
+            table.add_row(
+                verdict.node if i == 0 else "",
+                verdict.action.value if i == 0 else "",
+                f.gpu,
+                f.uuid,
+                f.rule,
+                f.signal,
+                f"{f.value:g}",
+                f.action.value,
+            )
+    console.print(table)
+    if report.errors:
+        errors = Table(title="Sources that failed")
+        errors.add_column("Source")
+        errors.add_column("Message")
+        for e in report.errors:
+            errors.add_row(e.source, e.message)
+        console.print(errors)
+
+
+def run_evaluate(
+    sources: list[str],
+    node: str | None,
+    config_path: Path | None,
+    output: Literal["json", "table"],
+) -> int:
+    """The ``evaluate`` command: prints the report to stdout and returns the exit code."""
+    if not sources:
+        print("error: give at least one metrics source (file, '-' or http(s) URL)", file=sys.stderr)
+        return 2
+    if output not in ("json", "table"):
+        print(f"error: --output must be 'json' or 'table', not {output!r}", file=sys.stderr)
+        return 2
+    try:
+        config = load_policy_config(config_path) if config_path else PolicyConfig()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    report = evaluate_sources(sources, node=node, config=config)
+    if output == "json":
+        sys.stdout.write(report.model_dump_json() + "\n")
+    else:
+        _print_table(report, sys.stdout)
+    sys.stdout.flush()
+    return 0 if report.ok else 1

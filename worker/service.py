@@ -1,0 +1,116 @@
+"""The worker process: Temporal worker, metrics and health endpoints, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import start_http_server
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.worker import Worker
+
+from activities.drain import DrainActivities
+from activities.fleet import ExporterSettings, FleetActivities, report_admission
+from activities.jobs import JobActivities
+from activities.kube import KubeSettings, make_api_client
+from activities.nodes import NodeActivities
+from worker.config import Settings
+from worker.temporal_client import connect
+from workflows.detector import DetectorWorkflow
+from workflows.remediation import RemediationWorkflow
+
+log = logging.getLogger("gpu_remediate.worker")
+
+
+def build_activities(settings: Settings) -> list[Callable[..., Any]]:
+    k = settings.kubernetes
+    api = make_api_client(KubeSettings(kubeconfig=k.kubeconfig, context=k.context,
+                                       in_cluster=k.in_cluster))
+    e = settings.exporter
+    exporter = ExporterSettings(mode=e.mode, url_template=e.url_template, namespace=e.namespace,
+                                label_selector=e.label_selector, port=e.port, path=e.path,
+                                timeout_seconds=e.timeout_seconds, max_bytes=e.max_bytes,
+                                concurrency=e.concurrency)
+    nodes, drain, jobs = NodeActivities(api), DrainActivities(api), JobActivities(api)
+    fleet = FleetActivities(api, exporter)
+    return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,
+            jobs.run_node_job, fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
+            report_admission]
+
+
+class Health:
+    """Liveness: the worker loop runs. Readiness: connected and polling."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.worker: Worker | None = None
+
+    async def live(self, _: web.Request) -> web.Response:
+        ok = self.worker is None or self.worker.is_running or not self.ready
+        return web.json_response({"live": ok}, status=200 if ok else 503)
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        ok = self.ready and self.worker is not None and self.worker.is_running
+        return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+    async def serve(self, bind: str, port: int) -> web.AppRunner:
+        app = web.Application()
+        app.router.add_get("/healthz", self.live)
+        app.router.add_get("/readyz", self.readyz)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, bind, port).start()
+        return runner
+
+
+async def run_worker(settings: Settings) -> None:
+    w = settings.worker
+    runtime = None
+    if w.sdk_metrics_port:
+        runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(
+            bind_address=f"{w.bind}:{w.sdk_metrics_port}")))
+    if w.metrics_port:
+        start_http_server(w.metrics_port, addr=w.bind)
+    health = Health()
+    runner = await health.serve(w.bind, w.health_port) if w.health_port else None
+    client = await connect(settings.temporal, runtime=runtime)
+    activities = build_activities(settings)
+    with ThreadPoolExecutor(max_workers=w.max_concurrent_activities) as pool:
+        worker = Worker(
+            client, task_queue=settings.temporal.task_queue,
+            workflows=[RemediationWorkflow, DetectorWorkflow], activities=activities,
+            activity_executor=pool, max_concurrent_activities=w.max_concurrent_activities,
+            graceful_shutdown_timeout=timedelta(seconds=w.graceful_shutdown_seconds),
+        )
+        health.worker = worker
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.Event()
+
+        def _stop(signame: str) -> None:
+            if not stopping.is_set():
+                log.info("received %s: finishing running activities, then exiting", signame)
+                stopping.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, _stop, sig.name)
+        run = asyncio.create_task(worker.run())
+        health.ready = True
+        log.info("worker polling task queue %s on %s (namespace %s)",
+                 settings.temporal.task_queue, settings.temporal.address,
+                 settings.temporal.namespace)
+        stop_wait = asyncio.create_task(stopping.wait())
+        await asyncio.wait({run, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        health.ready = False
+        if not run.done():
+            await worker.shutdown()
+        stop_wait.cancel()
+        await run
+    if runner is not None:
+        await runner.cleanup()
+    log.info("worker stopped")

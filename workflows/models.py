@@ -1,0 +1,441 @@
+"""Messages of the workflows and activities: one pydantic model in, one out.
+
+No I/O imports: workflow code imports this module through the sandbox.
+Durations are ``timedelta``; fields only ever get added with defaults so that
+in-flight workflows keep decoding their history after an upgrade.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from policy.config import PolicyConfig
+from policy.models import Action, Verdict
+
+TASK_QUEUE = "gpu-remediate"
+DETECTOR_WORKFLOW_ID = "gpu-remediate-detector"
+
+
+def remediation_workflow_id(node: str) -> str:
+    return f"remediation-{node}"
+
+
+class NodeState(StrEnum):
+    """The node's remediation state, written to the node's state label."""
+
+    HEALTHY = "healthy"
+    AWAITING_APPROVAL = "awaiting-approval"
+    DRAINING = "draining"
+    REPAIRING = "repairing"
+    VALIDATING = "validating"
+    CORDONED = "cordoned"
+    QUARANTINED = "quarantined"
+
+
+# States that hold a budget slot. Cordoned is added per configuration.
+OUT_OF_SERVICE_STATES = frozenset(
+    {NodeState.AWAITING_APPROVAL, NodeState.DRAINING, NodeState.REPAIRING, NodeState.VALIDATING}
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- settings
+
+
+class DrainSettings(_Model):
+    deadline: timedelta = Field(
+        default=timedelta(minutes=30), description="How long evictions may be refused by PDBs."
+    )
+    deadline_policy: Literal["wait", "force", "release"] = Field(
+        default="wait",
+        description=(
+            "At the deadline: wait (keep trying and alert), force (delete the remaining pods "
+            "with their grace period) or release (give up and return the node untouched)."
+        ),
+    )
+    gpu_pods_only: bool = Field(default=False, description="Evict only pods that request GPUs.")
+    retry_interval: timedelta = Field(
+        default=timedelta(seconds=5), description="Pause between eviction rounds."
+    )
+
+
+class JobSettings(_Model):
+    image: str
+    command: list[str]
+    deadline: timedelta
+    privileged: bool = False
+
+
+def _default_validation() -> JobSettings:
+    return JobSettings(
+        image="nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
+        command=["dcgmi", "diag", "-r", "2"],
+        deadline=timedelta(minutes=20),
+    )
+
+
+def _default_reset() -> JobSettings:
+    return JobSettings(
+        image="nvcr.io/nvidia/cuda:12.8.0-base-ubuntu22.04",
+        command=["nvidia-smi", "--gpu-reset"],
+        deadline=timedelta(minutes=10),
+        privileged=True,
+    )
+
+
+def _default_reboot() -> JobSettings:
+    return JobSettings(
+        image="busybox:1.37",
+        command=["chroot", "/host", "systemctl", "reboot"],
+        deadline=timedelta(minutes=30),
+        privileged=True,
+    )
+
+
+class ApprovalSettings(_Model):
+    required_for: list[Action] = Field(
+        default_factory=list,
+        description="Actions that wait for an operator's approve before draining (supervised).",
+    )
+    timeout: timedelta = Field(default=timedelta(hours=24))
+    on_timeout: Literal["reject", "approve"] = "reject"
+
+
+class ThermalSettings(_Model):
+    poll_interval: timedelta = timedelta(seconds=30)
+    hold: timedelta = Field(
+        default=timedelta(minutes=10),
+        description="How long temperatures must stay below recovery before uncordoning.",
+    )
+    escalate_after: timedelta | None = Field(
+        default=timedelta(hours=1),
+        description="Drain and repair a node still hot after this long; null never escalates.",
+    )
+
+
+class RemediationSettings(_Model):
+    job_namespace: str = "gpu-remediate-jobs"
+    drain: DrainSettings = Field(default_factory=DrainSettings)
+    validation: JobSettings = Field(default_factory=_default_validation)
+    gpu_reset: JobSettings = Field(default_factory=_default_reset)
+    reboot: JobSettings = Field(default_factory=_default_reboot)
+    max_repair_attempts: int = Field(
+        default=2, ge=1, description="Repair + validation rounds before quarantine."
+    )
+    repeat_offender_count: int = Field(
+        default=3, ge=1, description="Remediations within the window that mean quarantine."
+    )
+    repeat_offender_window: timedelta = timedelta(days=7)
+    approval: ApprovalSettings = Field(default_factory=ApprovalSettings)
+    thermal: ThermalSettings = Field(default_factory=ThermalSettings)
+
+
+# ---------------------------------------------------------------- remediation
+
+
+class RemediationInput(_Model):
+    node: str
+    verdict: Verdict
+    settings: RemediationSettings = Field(default_factory=RemediationSettings)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    dry_run: bool = False
+    requested_by: str = "detector"
+    reason: str = ""
+
+
+class HistoryEntry(_Model):
+    started: datetime
+    finished: datetime | None = None
+    action: str
+    reason: str
+    outcome: str
+    workflow_id: str = ""
+    by: str = ""
+
+
+class Transition(_Model):
+    at: datetime
+    state: NodeState
+    step: str
+    note: str = ""
+
+
+class RemediationView(_Model):
+    """Everything an operator needs about one remediation (the ``view`` query)."""
+
+    node: str
+    state: NodeState
+    step: str
+    action: Action
+    reason: str
+    dry_run: bool
+    attempt: int = 0
+    since: datetime | None = None
+    pods_left: int = 0
+    blocking_pdb: str = ""
+    blocked_since: datetime | None = None
+    previously_cordoned: bool = False
+    plan: list[str] = Field(default_factory=list)
+    transitions: list[Transition] = Field(default_factory=list)
+
+
+class RemediationResult(_Model):
+    node: str
+    outcome: NodeState | Literal["released", "aborted"]
+    attempts: int
+    message: str
+
+
+class OperatorCommand(_Model):
+    """Payload of every operator update: who, and why."""
+
+    operator: str = Field(min_length=1)
+    reason: str = ""
+
+
+class OperatorAck(_Model):
+    accepted: bool = True
+    state: NodeState
+    message: str
+
+
+# ---------------------------------------------------------------- activities
+
+
+class ClaimInput(_Model):
+    node: str
+    state: NodeState
+    reason: str
+    action: Action
+    workflow_id: str
+    run_id: str
+    now: datetime
+    dry_run: bool = False
+
+
+class ClaimResult(_Model):
+    previously_cordoned: bool
+    recent_remediations: int
+    gpus: int
+    history: list[HistoryEntry] = Field(default_factory=list)
+
+
+class StateInput(_Model):
+    node: str
+    state: NodeState
+    reason: str
+    step: str
+    now: datetime
+    attempt: int = 0
+    event_reason: str
+    event_message: str
+    event_type: Literal["Normal", "Warning"] = "Normal"
+    dry_run: bool = False
+
+
+class ReleaseInput(_Model):
+    node: str
+    outcome: Literal["healthy", "quarantined", "released", "aborted"]
+    uncordon: bool
+    history: HistoryEntry
+    acknowledged_xids: dict[str, int] = Field(default_factory=dict)
+    event_reason: str
+    event_message: str
+    dry_run: bool = False
+    keep_workflow_annotations: bool = False
+
+
+class DrainInput(_Model):
+    node: str
+    settings: DrainSettings
+    force: bool = Field(default=False, description="Delete what eviction could not move.")
+    report_after: timedelta = Field(
+        default=timedelta(seconds=60),
+        description="Return 'blocked' after this long so the workflow can show progress.",
+    )
+    dry_run: bool = False
+
+
+class DrainResult(_Model):
+    outcome: Literal["drained", "blocked", "planned"]
+    evicted: list[str] = Field(default_factory=list)
+    remaining: list[str] = Field(default_factory=list)
+    skipped: list[str] = Field(default_factory=list)
+    forced: list[str] = Field(default_factory=list)
+    blocking_pdb: str = ""
+    message: str = ""
+
+
+class NodeJobInput(_Model):
+    node: str
+    kind: Literal["validate", "gpu-reset", "reboot"]
+    name: str
+    namespace: str
+    job: JobSettings
+    gpus: int
+    gpu_index: str | None = None
+    dry_run: bool = False
+
+
+class NodeJobResult(_Model):
+    succeeded: bool
+    message: str
+    job_name: str
+
+
+class NodeHealthInput(_Model):
+    node: str
+    policy: PolicyConfig
+
+
+class NodeHealth(_Model):
+    readable: bool
+    thermal_recovered: bool
+    verdict: Verdict | None = None
+    message: str = ""
+
+
+class ThermalWatchInput(_Model):
+    node: str
+    policy: PolicyConfig
+    hold: timedelta
+    poll_interval: timedelta
+    give_up_after: timedelta = Field(description="Return 'hot' after watching this long.")
+
+
+class ThermalWatchResult(_Model):
+    outcome: Literal["recovered", "hot", "fault"]
+    verdict: Verdict | None = None
+    message: str = ""
+
+
+# ---------------------------------------------------------------- detector
+
+
+class DetectorSettings(_Model):
+    interval: timedelta = timedelta(seconds=30)
+    max_unavailable: int | str = Field(
+        default=1, description="Nodes out of service at once: a count or a percent like '10%'."
+    )
+    cordoned_counts_against_budget: bool = True
+    dry_run: bool = False
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    remediation: RemediationSettings = Field(default_factory=RemediationSettings)
+    breaker_max_flagged_percent: float = Field(default=20.0, gt=0, le=100)
+    breaker_max_flagged_nodes: int = Field(default=50, ge=1)
+    breaker_min_flagged_nodes: int = Field(
+        default=3, ge=1, description="Fewer newly flagged nodes than this never trip the breaker."
+    )
+    observe_timeout: timedelta = timedelta(minutes=5)
+    ticks_per_run: int = Field(
+        default=500, ge=1, description="Continue-as-new after this many ticks at the latest."
+    )
+
+    @field_validator("max_unavailable")
+    @classmethod
+    def _budget(cls, v: int | str) -> int | str:
+        if isinstance(v, int):
+            if v < 0:
+                raise ValueError("must be >= 0")
+            return v
+        text = v.strip()
+        if text.endswith("%") and text[:-1].isdigit() and 0 <= int(text[:-1]) <= 100:
+            return text
+        if text.isdigit():
+            return int(text)
+        raise ValueError("must be a count like 2 or a percent like '10%'")
+
+    def budget_for(self, managed_nodes: int) -> int:
+        """The slot count for a fleet of ``managed_nodes``; a percent rounds down, min 1."""
+        if isinstance(self.max_unavailable, int):
+            return self.max_unavailable
+        pct = int(self.max_unavailable[:-1])
+        if pct == 0:
+            return 0
+        return max(1, managed_nodes * pct // 100)
+
+
+class ManualRemediation(_Model):
+    node: str = Field(min_length=1)
+    action: Action
+    operator: str = Field(min_length=1)
+    reason: str = Field(min_length=1)
+
+
+class PendingStart(_Model):
+    node: str
+    at: datetime
+
+
+class DetectorState(_Model):
+    """Carried across continue-as-new. Budget truth is on the nodes, not here."""
+
+    paused: bool = False
+    paused_by: str = ""
+    breaker_open: bool = False
+    breaker_reason: str = ""
+    pending: list[PendingStart] = Field(default_factory=list)
+    manual: list[ManualRemediation] = Field(default_factory=list)
+    planned: dict[str, Action] = Field(
+        default_factory=dict, description="Dry-run: nodes already planned, so plans don't repeat."
+    )
+    first_seen: dict[str, datetime] = Field(
+        default_factory=dict, description="When each waiting node was first flagged."
+    )
+    ticks_total: int = 0
+    started_total: int = 0
+
+
+class DetectorInput(_Model):
+    settings: DetectorSettings = Field(default_factory=DetectorSettings)
+    state: DetectorState = Field(default_factory=DetectorState)
+
+
+class ObserveInput(_Model):
+    policy: PolicyConfig
+
+
+class NodeStatus(_Model):
+    node: str
+    state: NodeState
+    workflow_id: str = ""
+    excluded: bool = False
+
+
+class FleetObservation(_Model):
+    """One tick's view of the fleet, kept small: only nodes that need attention."""
+
+    managed_nodes: int
+    readable_nodes: int
+    verdicts: list[Verdict] = Field(default_factory=list)
+    remediating: list[NodeStatus] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+
+
+class DetectorView(_Model):
+    paused: bool
+    breaker_open: bool
+    breaker_reason: str
+    budget: int
+    in_flight: list[str]
+    waiting: list[str]
+    last_tick: datetime | None
+    last_errors: list[str]
+    ticks_total: int
+    started_total: int
+
+
+class AdmissionReport(_Model):
+    budget: int
+    in_use: int
+    waiting: int
+    breaker_open: bool
+    paused: bool
+    breaker_reason: str = ""
