@@ -1,8 +1,8 @@
 """dcgm-exporter text exposition -> ``NodeReadings``.
 
 A dcgm-exporter scrape of a large fleet (or a Prometheus federation of one) is tens of MB, of which
-the policy needs a handful of families. So the text is first narrowed to the health families with
-C-speed substring search, and only those lines are parsed.
+the policy needs a handful of families. So the text is first narrowed to the health families by
+one regex scan that runs in C, and only those lines are parsed.
 
 Two parsers give one result: ``parse_exposition`` (hand-written, the one production uses) and
 ``parse_exposition_reference`` (prometheus_client's parser on the same lines), kept so that tests
@@ -10,8 +10,9 @@ can prove the fast one reads exactly what the official one reads.
 
 Garbage never makes a node sick: a line that does not parse is counted, never guessed at; text that
 is not exposition at all raises ``ExpositionError``; sentinel, NaN and infinite values become "no
-data"; and a payload with no health samples is reported as empty for the caller to treat as an
-error of that source.
+data"; duplicate series of one GPU (MIG instances, per-pod copies) merge by UUID, keeping the
+worse reading; and a payload with no health samples is reported as empty, for the caller to treat
+as an error of that source.
 """
 
 from __future__ import annotations
