@@ -154,6 +154,14 @@ class RemediationWorkflow:
         except NodeGone:
             return RemediationResult(node=inp.node, outcome="released", attempts=self.view.attempt,
                                      message="node deleted during remediation")
+        except ActivityError as err:
+            if not self.claimed:
+                raise
+            # A step failed in a way retries cannot fix (bad config, missing namespace,
+            # invalid object): hold the node for a human rather than fail the workflow,
+            # which would leave it cordoned with nobody watching.
+            return await self._quarantine(
+                f"step {self.view.step} failed: {_cause(err)}", self._acknowledged_xids())
         except asyncio.CancelledError:
             await self._abort_cleanup()
             raise
@@ -523,6 +531,12 @@ class RemediationWorkflow:
 
 class _GiveUp(Exception):
     pass
+
+
+def _cause(err: BaseException) -> str:
+    while getattr(err, "cause", None) is not None:
+        err = err.cause  # type: ignore[attr-defined]
+    return str(err)
 
 
 def _minutes(delta: timedelta) -> str:

@@ -7,14 +7,23 @@ call so a test can assert order and the absence of mutations.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio import activity
+from temporalio.client import Client
+from temporalio.worker import Worker
 
 from policy.models import Action, Finding, Verdict
 from workflows.models import (
+    OUT_OF_SERVICE_STATES,
     AdmissionReport,
     ClaimInput,
     ClaimResult,
@@ -62,6 +71,17 @@ class FakeCluster:
     observe_error: str | None = None
     reports: list[AdmissionReport] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Each node's first N eviction rounds are refused by a PDB (0: use drain_results).
+    drain_blocked_rounds: int = 0
+    drain_rounds: dict[str, int] = field(default_factory=dict)
+    # A Job of this kind (or a claim of this node) waits until its event is set.
+    job_gates: dict[str, threading.Event] = field(default_factory=dict)
+    claim_gates: dict[str, threading.Event] = field(default_factory=dict)
+    report_error: str | None = None
+    # Out-of-service counts (AwaitingApproval/Draining/Repairing/Validating, and Cordoned)
+    # sampled at every observe_fleet call and after every node mutation.
+    oos_samples: list[tuple[int, int]] = field(default_factory=list)
+    claimed: list[str] = field(default_factory=list)
 
     def node(self, name: str) -> FakeNode:
         return self.nodes.setdefault(name, FakeNode(name))
@@ -71,6 +91,20 @@ class FakeCluster:
             return default
         return script.pop(0) if len(script) > 1 else script[0]
 
+    def _sample(self) -> None:
+        states = [n.state for n in self.nodes.values() if n.state != NodeState.HEALTHY]
+        oos = sum(1 for st in states if st in OUT_OF_SERVICE_STATES)
+        self.oos_samples.append((oos, sum(1 for st in states if st == NodeState.CORDONED)))
+
+    def max_out_of_service(self, cordoned_counts: bool = True) -> int:
+        with self.lock:
+            return max((o + (c if cordoned_counts else 0) for o, c in self.oos_samples),
+                       default=0)
+
+    def release_gates(self) -> None:
+        for gate in [*self.job_gates.values(), *self.claim_gates.values()]:
+            gate.set()
+
     def jobs_run(self) -> list[str]:
         return [c[1].kind for c in self.calls if c[0] == "run_node_job"]
 
@@ -79,6 +113,9 @@ class FakeCluster:
 
         @activity.defn(name="claim_node")
         def claim_node(inp: ClaimInput) -> ClaimResult:
+            gate = cluster.claim_gates.get(inp.node)
+            if gate is not None:
+                gate.wait(30)
             with cluster.lock:
                 cluster.calls.append(("claim_node", inp))
                 n = cluster.node(inp.node)
@@ -90,6 +127,8 @@ class FakeCluster:
                     n.cordoned = n.tainted = True
                     n.state = inp.state
                     n.states_seen.append(inp.state.value)
+                    cluster.claimed.append(inp.node)
+                    cluster._sample()
                 return ClaimResult(previously_cordoned=pre, recent_remediations=len(n.history),
                                    gpus=n.gpus, history=list(n.history))
 
@@ -102,6 +141,7 @@ class FakeCluster:
                     n = cluster.node(inp.node)
                     n.state = inp.state
                     n.states_seen.append(inp.state.value)
+                    cluster._sample()
 
         @activity.defn(name="release_node")
         def release_node(inp: ReleaseInput) -> None:
@@ -122,6 +162,7 @@ class FakeCluster:
                     if inp.uncordon:
                         n.cordoned = False
                 n.states_seen.append(n.state.value)
+                cluster._sample()
 
         @activity.defn(name="drain_node")
         def drain_node(inp: DrainInput) -> DrainResult:
@@ -131,11 +172,20 @@ class FakeCluster:
                     return DrainResult(outcome="planned", remaining=["team-a/trainer-1"])
                 if inp.force:
                     return DrainResult(outcome="drained", forced=["team-a/trainer-1"])
+                if cluster.drain_blocked_rounds:
+                    rounds = cluster.drain_rounds[inp.node] = \
+                        cluster.drain_rounds.get(inp.node, 0) + 1
+                    if rounds <= cluster.drain_blocked_rounds:
+                        return DrainResult(outcome="blocked", remaining=["team-a/trainer-1"],
+                                           blocking_pdb="team-a/trainer")
                 return cluster._next(cluster.drain_results,
                                      DrainResult(outcome="drained", evicted=["team-a/trainer-1"]))
 
         @activity.defn(name="run_node_job")
         def run_node_job(inp: NodeJobInput) -> NodeJobResult:
+            gate = cluster.job_gates.get(inp.kind)
+            if gate is not None and not inp.dry_run:
+                gate.wait(30)
             with cluster.lock:
                 cluster.calls.append(("run_node_job", inp))
                 if inp.dry_run:
@@ -162,6 +212,7 @@ class FakeCluster:
                 cluster.calls.append(("observe_fleet", inp))
                 if cluster.observe_error:
                     raise RuntimeError(cluster.observe_error)
+                cluster._sample()
                 remediating = [NodeStatus(node=n.name, state=n.state)
                                for n in cluster.nodes.values() if n.state != NodeState.HEALTHY]
                 busy = {r.node for r in remediating}
@@ -174,6 +225,8 @@ class FakeCluster:
         @activity.defn(name="report_admission")
         def report_admission(report: AdmissionReport) -> None:
             with cluster.lock:
+                if cluster.report_error:
+                    raise RuntimeError(cluster.report_error)
                 cluster.reports.append(report)
 
         return [claim_node, set_node_state, release_node, drain_node, run_node_job,
@@ -184,3 +237,37 @@ def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Ver
     return Verdict(node=node, action=action, findings=[Finding(
         gpu="0", uuid=f"GPU-{node}-0", signal="DCGM_FI_DEV_XID_ERRORS", value=xid,
         rule=f"xid-{xid}", action=action)])
+
+
+@asynccontextmanager
+async def worker_for(client: Client, cluster: FakeCluster) -> AsyncIterator[str]:
+    """A worker with both workflows and the fake activities on a fresh task queue."""
+    from workflows.detector import DetectorWorkflow
+    from workflows.remediation import RemediationWorkflow
+
+    queue = f"tq-{uuid.uuid4()}"
+    with ThreadPoolExecutor(16) as pool:
+        async with Worker(client, task_queue=queue,
+                          workflows=[RemediationWorkflow, DetectorWorkflow],
+                          activities=cluster.activities(), activity_executor=pool):
+            try:
+                yield queue
+            finally:
+                # Let gated activities finish so the worker can shut down.
+                cluster.release_gates()
+
+
+async def until(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition",
+                ) -> None:
+    """Poll ``check`` (sync or async) until it is truthy."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return
+        if loop.time() > end:
+            raise AssertionError(f"{what} not reached in {timeout} s")
+        await asyncio.sleep(0.05)

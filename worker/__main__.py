@@ -1,0 +1,3 @@
+from worker.cli import app
+
+app(prog_name="gpu-remediate")

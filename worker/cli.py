@@ -1,0 +1,412 @@
+"""The `gpu-remediate` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError
+
+from policy.models import Action
+from sim.cluster.cli import cluster_app
+from sim.gpu.cli import gpu_app
+from worker import operator as ops
+from worker.config import ConfigError, Settings, load_settings
+from worker.logs import configure_logging
+from worker.temporal_client import connect
+from workflows.detector import DetectorWorkflow
+from workflows.models import (
+    DETECTOR_WORKFLOW_ID,
+    DetectorInput,
+    ManualRemediation,
+    OperatorCommand,
+    RemediationView,
+)
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="gpu-remediate",
+    help="Detect sick GPU nodes from DCGM metrics and remediate them with Temporal workflows.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+detector_app = typer.Typer(help="Start, stop, pause and inspect the detector.",
+                           no_args_is_help=True)
+sim_app = typer.Typer(help="Simulators for laptops and tests: a GPU fleet and a cluster.",
+                      no_args_is_help=True)
+sim_app.add_typer(gpu_app, name="gpu")
+sim_app.add_typer(cluster_app, name="cluster")
+app.add_typer(detector_app, name="detector")
+app.add_typer(sim_app, name="sim")
+
+out = Console()
+err = Console(stderr=True)
+
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", "-c", envvar="GPU_REMEDIATE_CONFIG", help="Service config file (YAML).",
+    exists=False)]
+ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="Why: recorded on the node.")]
+OperatorOpt = Annotated[str | None, typer.Option(
+    "--operator", help="Who: defaults to $GPU_REMEDIATE_OPERATOR or the login name.")]
+NodeArg = Annotated[str, typer.Argument(help="Kubernetes node name.")]
+OutputOpt = Annotated[Literal["table", "json"], typer.Option("--output", "-o")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+def settings_from(config: Path | None) -> Settings:
+    try:
+        return load_settings(config)
+    except ConfigError as e:
+        fail(str(e), 2)
+
+
+def with_client(config: Path | None, work: Callable[[Client], Awaitable[T]]) -> T:
+    settings = settings_from(config)
+
+    async def go() -> T:
+        try:
+            client = await connect(settings.temporal)
+        except RuntimeError as e:
+            fail(f"cannot reach Temporal at {settings.temporal.address}: {e}")
+        return await work(client)
+
+    try:
+        return asyncio.run(go())
+    except ops.OperatorError as e:
+        fail(str(e))
+    except RPCError as e:
+        fail(f"Temporal: {e.message}")
+
+
+# ---------------------------------------------------------------- services
+
+
+@app.command()
+def worker(config: ConfigOpt = None) -> None:
+    """Run the worker: remediation and detector workflows and their activities.
+
+    Example: `gpu-remediate worker --config /etc/gpu-remediate/config.yaml`
+    """
+    from worker.service import run_worker
+
+    settings = settings_from(config)
+    configure_logging(settings.worker.log_format, settings.worker.log_level)
+    try:
+        asyncio.run(run_worker(settings))
+    except RuntimeError as e:
+        fail(f"worker: {e}")
+
+
+@app.command()
+def up(
+    scenario: Annotated[str, typer.Option(help="small|training|inference or a YAML file.")] = (
+        "small"),
+    config: ConfigOpt = None,
+    data_dir: Annotated[Path, typer.Option(help="Temporal database, kubeconfig and logs.")] = (
+        Path(".gpu-remediate")),
+    dry_run: Annotated[bool, typer.Option(help="Plan only: change nothing in the cluster.")] = (
+        False),
+    max_unavailable: Annotated[str, typer.Option(help="Budget: a count or a percent.")] = "1",
+    interval: Annotated[float, typer.Option(help="Seconds between fleet observations.")] = 5.0,
+    fresh: Annotated[bool, typer.Option(help="Forget remediations of earlier runs.")] = False,
+) -> None:
+    """Run everything locally: Temporal dev server (UI on :8233), GPU and cluster
+    simulators, the worker and the detector. Ctrl-C stops it all.
+
+    Example: `gpu-remediate up --scenario training --max-unavailable 2`
+    """
+    from worker.stack import LocalStack, StackError
+
+    if fresh:
+        (data_dir / "temporal.db").unlink(missing_ok=True)
+    stack = LocalStack(data_dir=data_dir.resolve(), scenario=scenario, config_path=config,
+                       overrides={"detector.dry_run": dry_run,
+                                  "detector.max_unavailable": max_unavailable,
+                                  "detector.interval": f"PT{interval}S",
+                                  "remediation.thermal.hold": "PT60S",
+                                  "remediation.thermal.poll_interval": "PT5S"})
+    # SIGTERM (from `timeout`, a service manager, a closed terminal) stops the stack
+    # as cleanly as Ctrl-C does, rather than orphaning its processes.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
+    with out.status("starting Temporal, simulators, worker and detector…"):
+        try:
+            stack.start()
+        except StackError as e:
+            fail(str(e))
+    p = stack.ports
+    out.print(f"""
+[bold green]gpu-remediate is running[/bold green] ({'dry-run' if dry_run else 'remediating'})
+
+  Temporal UI     http://localhost:{p.ui}   (search: RemediationState="draining")
+  metrics         http://localhost:{p.metrics}/metrics
+  kubeconfig      {stack.kubeconfig}
+  logs            {stack.data_dir / 'logs'}
+
+Break a GPU and watch it get fixed, in another terminal:
+  gpu-remediate sim gpu inject gpu-node-02 --gpu 3 --kind xid --value 79
+  gpu-remediate status --watch
+  KUBECONFIG={stack.kubeconfig} kubectl get nodes -L gpu-remediate.io/state
+
+Ctrl-C stops everything.""")
+    try:
+        while all(part.proc.poll() is None for part in stack.parts):
+            time.sleep(1)
+        dead = [part for part in stack.parts if part.proc.poll() is not None]
+        err.print(f"[red]{', '.join(p.name for p in dead)} stopped; see {dead[0].log}[/red]")
+    except KeyboardInterrupt:
+        out.print("stopping…")
+    finally:
+        stack.stop()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+# ---------------------------------------------------------------- detector
+
+
+@detector_app.command("start")
+def detector_start(config: ConfigOpt = None) -> None:
+    """Start the singleton detector with the config's detector, policy and remediation
+    sections (does nothing if it is already running).
+
+    Example: `gpu-remediate detector start -c config.yaml`
+    """
+    settings = settings_from(config)
+
+    async def go(client: Client) -> str:
+        handle = await client.start_workflow(
+            DetectorWorkflow.run, DetectorInput(settings=settings.detector_settings()),
+            id=DETECTOR_WORKFLOW_ID, task_queue=settings.temporal.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary="GPU fleet detector",
+        )
+        return handle.result_run_id or ""
+
+    run_id = with_client(config, go)
+    out.print(f"detector running: workflow {DETECTOR_WORKFLOW_ID} (run {run_id})")
+
+
+@detector_app.command("stop")
+def detector_stop(config: ConfigOpt = None, reason: ReasonOpt = "stopped by operator") -> None:
+    """Stop the detector. Running remediations continue (they are not its children
+    in life: ParentClosePolicy ABANDON)."""
+    async def go(client: Client) -> None:
+        await client.get_workflow_handle(DETECTOR_WORKFLOW_ID).terminate(reason)
+
+    with_client(config, go)
+    out.print("detector stopped; remediations in flight continue")
+
+
+@detector_app.command("pause")
+def detector_pause(config: ConfigOpt = None, reason: ReasonOpt = "",
+                   operator: OperatorOpt = None) -> None:
+    """Stop admitting new remediations; running ones continue."""
+    cmd = OperatorCommand(operator=ops.operator_identity(operator), reason=reason)
+    ack = with_client(config, lambda c: ops.detector_update(c, "pause", cmd))
+    out.print(ack.message)
+
+
+@detector_app.command("resume")
+def detector_resume(config: ConfigOpt = None, reason: ReasonOpt = "",
+                    operator: OperatorOpt = None) -> None:
+    """Resume admissions after a pause or a tripped circuit breaker."""
+    cmd = OperatorCommand(operator=ops.operator_identity(operator), reason=reason)
+    ack = with_client(config, lambda c: ops.detector_update(c, "resume", cmd))
+    out.print(ack.message)
+
+
+@detector_app.command("status")
+def detector_status(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
+    """Budget, in-flight and waiting nodes, breaker and pause state."""
+    view = with_client(config, ops.detector_view)
+    if output == "json":
+        print(view.model_dump_json(indent=2))
+        return
+    table = Table(show_header=False, box=None)
+    table.add_row("budget", f"{len(view.in_flight)}/{view.budget} in use")
+    table.add_row("in flight", ", ".join(view.in_flight) or "-")
+    table.add_row("waiting", ", ".join(view.waiting) or "-")
+    table.add_row("paused", "yes" if view.paused else "no")
+    table.add_row("breaker", f"[red]open[/red]: {view.breaker_reason}" if view.breaker_open
+                  else "closed")
+    table.add_row("last tick", str(view.last_tick or "-"))
+    table.add_row("ticks / started", f"{view.ticks_total} / {view.started_total}")
+    for e in view.last_errors[:5]:
+        table.add_row("error", e)
+    out.print(table)
+
+
+# ---------------------------------------------------------------- operator actions
+
+
+def _node_action(verb: ops.RemediationVerb, node: str, reason: str, operator: str | None,
+                 config: Path | None) -> None:
+    cmd = OperatorCommand(operator=ops.operator_identity(operator), reason=reason)
+    ack = with_client(config, lambda c: ops.remediation_update(c, node, verb, cmd))
+    out.print(f"{node}: {ack.message}")
+
+
+@app.command()
+def approve(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
+            config: ConfigOpt = None) -> None:
+    """Approve a remediation waiting for approval. Example: `gpu-remediate approve gpu-node-02`"""
+    _node_action("approve", node, reason, operator, config)
+
+
+@app.command()
+def reject(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
+           config: ConfigOpt = None) -> None:
+    """Reject a remediation waiting for approval; the node is released untouched."""
+    _node_action("reject", node, reason, operator, config)
+
+
+@app.command()
+def quarantine(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
+               config: ConfigOpt = None) -> None:
+    """Quarantine a node in remediation: it stays cordoned until released.
+    Example: `gpu-remediate quarantine gpu-node-02 -r "RMA ticket 4411"`"""
+    _node_action("quarantine", node, reason, operator, config)
+
+
+@app.command()
+def release(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
+            config: ConfigOpt = None) -> None:
+    """Release a quarantined node: validate it and return it to service if it passes.
+    Example: `gpu-remediate release gpu-node-02 -r "GPU swapped"`"""
+    _node_action("release", node, reason, operator, config)
+
+
+@app.command()
+def abort(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
+          config: ConfigOpt = None) -> None:
+    """Abort a remediation: uncordon if we cordoned, remove our taint and label."""
+    cmd = OperatorCommand(operator=ops.operator_identity(operator), reason=reason)
+    out.print(with_client(config, lambda c: ops.abort(c, node, cmd)))
+
+
+@app.command()
+def remediate(
+    node: NodeArg,
+    action: Annotated[Action, typer.Option(help="thermal, reset, reboot or quarantine.")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="Why (required).")],
+    operator: OperatorOpt = None, config: ConfigOpt = None,
+) -> None:
+    """Ask the detector to remediate a node now; it goes through the same budget.
+    Example: `gpu-remediate remediate gpu-node-03 --action reboot -r "hung NCCL"`"""
+    req = ManualRemediation(node=node, action=action, operator=ops.operator_identity(operator),
+                            reason=reason)
+    ack = with_client(config, lambda c: ops.manual_remediation(c, req))
+    out.print(ack.message)
+
+
+# ---------------------------------------------------------------- status
+
+
+def _status_table(views: list[RemediationView | dict[str, str]]) -> Table:
+    table = Table(title="remediations in flight")
+    for col in ("node", "state", "action", "step", "since", "attempt", "pods left",
+                "blocked by", "reason"):
+        table.add_column(col)
+    for v in views:
+        if isinstance(v, dict):
+            table.add_row(v["node"], v["state"], "?", "(no worker answering)", "", "", "", "", "")
+            continue
+        table.add_row(v.node, v.state.value, v.action.value, v.step,
+                      f"{v.since:%H:%M:%S}" if v.since else "", str(v.attempt),
+                      str(v.pods_left), v.blocking_pdb, v.reason[:60])
+    return table
+
+
+@app.command()
+def status(
+    node: Annotated[str | None, typer.Argument(help="Show one node in full.")] = None,
+    output: OutputOpt = "table",
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh every 2 s.")] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """In-flight remediations, or one node's full view with its transitions.
+
+    Examples: `gpu-remediate status --watch`, `gpu-remediate status gpu-node-02 -o json`
+    """
+    if node is not None:
+        view = with_client(config, lambda c: ops.remediation_view(c, node))
+        if output == "json":
+            print(view.model_dump_json(indent=2))
+            return
+        out.print(_status_table([view]))
+        for t in view.transitions:
+            out.print(f"  {t.at:%Y-%m-%d %H:%M:%S}  {t.state.value:<18} {t.step}")
+        if view.plan:
+            out.print("plan:")
+            for line in view.plan:
+                out.print(f"  - {line}")
+        return
+    if output == "json":
+        views = with_client(config, ops.remediation_views)
+        print(json.dumps([v if isinstance(v, dict) else v.model_dump(mode="json")
+                          for v in views], indent=2))
+        return
+    if not watch:
+        out.print(_status_table(with_client(config, ops.remediation_views)))
+        return
+    settings = settings_from(config)
+
+    async def loop() -> None:
+        client = await connect(settings.temporal)
+        with Live(_status_table([]), console=out, refresh_per_second=1) as live:
+            while True:
+                live.update(_status_table(await ops.remediation_views(client)))
+                await asyncio.sleep(2)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(loop())
+
+
+# ---------------------------------------------------------------- offline tools
+
+
+@app.command()
+def evaluate(
+    metrics: Annotated[list[str], typer.Option(
+        "--metrics", "-m", help="A file, '-' for stdin, or an http(s) dcgm-exporter URL.")],
+    node: Annotated[str | None, typer.Option(help="Node name for sources without one.")] = None,
+    config: ConfigOpt = None,
+    output: OutputOpt = "table",
+) -> None:
+    """Evaluate dcgm-exporter metrics offline and print each node's verdict.
+    Exit 0: all sources read; 1: a source failed; 2: bad usage.
+
+    Example: `curl -s node:9400/metrics | gpu-remediate evaluate -m - -o json`
+    """
+    from worker.evaluate import run_evaluate
+
+    raise typer.Exit(run_evaluate(metrics, node, config, output))
+
+
+def main() -> Any:
+    return app(prog_name="gpu-remediate")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

