@@ -54,6 +54,11 @@ class DetectorWorkflow:
         self.last_errors: list[str] = []
         self.last_report: AdmissionReport | None = None
         self.wake = False
+        # Nodes in remediation (label state, or "starting" for a pending start), for the
+        # remediate validator.
+        self.busy: dict[str, str] = {}
+        # Children started by this run; a closed one no longer needs its pending slot.
+        self.children: dict[str, workflow.ChildWorkflowHandle] = {}
 
     # ------------------------------------------------------------ operator messages
 
@@ -108,8 +113,10 @@ class DetectorWorkflow:
                 f"{', '.join(a.value for a in NODE_ACTIONS)}", type="Rejected")
         if any(m.node == req.node for m in self.state.manual):
             raise ApplicationError(f"{req.node} is already queued", type="Rejected")
-        if req.node in self.in_flight:
-            raise ApplicationError(f"{req.node} is already in remediation", type="Rejected")
+        if req.node in self.in_flight or req.node in self.busy:
+            state = self.busy.get(req.node, "in flight")
+            raise ApplicationError(f"{req.node} is already in remediation ({state})",
+                                   type="Rejected")
 
     def _ack(self, message: str) -> OperatorAck:
         return OperatorAck(state=NodeState.HEALTHY, message=message)
@@ -120,12 +127,15 @@ class DetectorWorkflow:
     async def run(self, inp: DetectorInput) -> None:
         ticks = 0
         while True:
+            # An update that arrives during this tick wakes the next one at once.
+            self.wake = False
+            # Children known closed before the observation: their labels in it are the truth.
+            closed = self._closed_children()
             obs = await self._observe()
             if obs is not None:
-                await self._admit(obs)
+                await self._admit(obs, closed)
             ticks += 1
             self.state.ticks_total += 1
-            self.wake = False
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(lambda: self.wake, timeout=self.settings.interval,
                                               timeout_summary="next fleet observation")
@@ -149,29 +159,46 @@ class DetectorWorkflow:
             workflow.set_current_details(f"**observation failed**: {err.cause or err}")
             return None
 
-    async def _admit(self, obs: FleetObservation) -> None:
+    def _closed_children(self) -> set[str]:
+        closed = {n for n, h in self.children.items() if h.done()}
+        for n in sorted(closed):
+            handle = self.children.pop(n)
+            if not handle.cancelled():
+                handle.exception()  # retrieved: a failed child is not an error of ours
+        return closed
+
+    async def _admit(self, obs: FleetObservation, closed: set[str] | None = None) -> None:
         s, st = self.settings, self.state
         now = workflow.now()
+        closed = closed or set()
         self.last_tick = now
         self.last_errors = obs.errors[:10]
         labelled = {n.node: n for n in obs.remediating}
-        st.pending = [p for p in st.pending
-                      if p.node not in labelled and now - p.at < PENDING_GRACE]
+        # A pending start holds its slot until its label shows, its child is known to
+        # have closed before this observation, or the grace period passes.
+        st.pending = [p for p in st.pending if p.node not in labelled
+                      and p.node not in closed and now - p.at < PENDING_GRACE]
         holding = set(OUT_OF_SERVICE_STATES)
         if s.cordoned_counts_against_budget:
             holding.add(NodeState.CORDONED)
         in_use = sorted({n for n, st_ in labelled.items() if st_.state in holding}
                         | {p.node for p in st.pending})
         busy = set(labelled) | {p.node for p in st.pending}
+        self.busy = {**{p.node: "starting" for p in st.pending},
+                     **{n: ns.state.value for n, ns in labelled.items()}}
         self.budget = s.budget_for(obs.managed_nodes)
         self.in_flight = in_use
 
-        verdicts = {v.node: v for v in obs.verdicts if v.node not in busy}
+        flagged = {v.node: v for v in obs.verdicts}
         if s.dry_run:
+            # Forget a plan only when the node is no longer flagged for that action, not
+            # merely while its (dry-run) child is still pending.
             st.planned = {n: a for n, a in st.planned.items()
-                          if n in verdicts and verdicts[n].action == a}
-            verdicts = {n: v for n, v in verdicts.items() if n not in st.planned}
-        self._check_breaker(obs, len(verdicts))
+                          if n in flagged and flagged[n].action == a}
+        verdicts = {n: v for n, v in flagged.items() if n not in busy and n not in st.planned}
+        # The breaker counts newly flagged nodes: the ones an operator already saw (and
+        # resumed for) or that wait for a slot do not trip it again.
+        self._check_breaker(obs, sum(1 for n in verdicts if n not in st.first_seen))
         for n in verdicts:
             st.first_seen.setdefault(n, now)
         st.first_seen = {n: t for n, t in st.first_seen.items() if n in verdicts}
@@ -206,10 +233,17 @@ class DetectorWorkflow:
                                  breaker_open=st.breaker_open, paused=st.paused,
                                  breaker_reason=st.breaker_reason)
         if report != self.last_report:
-            await workflow.execute_activity(
-                "report_admission", report, start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_attempts=3), summary="publish budget figures")
-            self.last_report = report
+            try:
+                await workflow.execute_activity(
+                    "report_admission", report, start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=RetryPolicy(maximum_attempts=3),
+                    summary="publish budget figures")
+            except ActivityError as err:
+                # Metrics are not worth the detector: log, and publish again next tick.
+                workflow.logger.warning("report_admission failed: %s", err.cause or err)
+                self.last_errors = [*self.last_errors, f"report failed: {err.cause or err}"]
+            else:
+                self.last_report = report
 
     def _check_breaker(self, obs: FleetObservation, flagged: int) -> None:
         s, st = self.settings, self.state
@@ -220,15 +254,16 @@ class DetectorWorkflow:
         pct = 100.0 * flagged / base
         if flagged > s.breaker_max_flagged_nodes or pct > s.breaker_max_flagged_percent:
             st.breaker_open = True
-            st.breaker_reason = (f"{flagged} of {obs.readable_nodes} readable nodes flagged in one "
-                                 f"tick ({pct:.0f}% > {s.breaker_max_flagged_percent:.0f}% or > "
-                                 f"{s.breaker_max_flagged_nodes}); resume after checking the fleet")
+            st.breaker_reason = (f"{flagged} of {obs.readable_nodes} readable nodes newly flagged "
+                                 f"in one tick ({pct:.0f}% > {s.breaker_max_flagged_percent:.0f}% "
+                                 f"or > {s.breaker_max_flagged_nodes}); resume after checking "
+                                 "the fleet")
 
     async def _start(self, verdict: Verdict, who: str, why: str) -> bool:
         s, st = self.settings, self.state
         node = verdict.node
         try:
-            await workflow.start_child_workflow(
+            handle = await workflow.start_child_workflow(
                 "RemediationWorkflow",
                 RemediationInput(node=node, verdict=verdict, settings=s.remediation,
                                  policy=s.policy, dry_run=s.dry_run, requested_by=who,
@@ -245,6 +280,7 @@ class DetectorWorkflow:
             )
         except WorkflowAlreadyStartedError:
             return False
+        self.children[node] = handle
         st.pending = [*st.pending, PendingStart(node=node, at=workflow.now())]
         st.started_total += 1
         if s.dry_run:

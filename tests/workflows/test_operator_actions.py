@@ -299,6 +299,7 @@ async def test_view_state_and_current_details_name_the_blocking_pdb(local_env):
 async def test_detector_child_is_findable_by_search_attributes_with_summary(local_env):
     cluster, node = FakeCluster(), node_name("sa")
     cluster.verdicts = [xid_verdict(node)]
+    cluster.node(node)
     for i in range(9):
         cluster.node(f"{node}-peer{i}")
     settings = DetectorSettings(interval=timedelta(seconds=1), remediation=SUPERVISED)

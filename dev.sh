@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One entry point for a fresh clone:
+#   ./dev.sh up     install, then run everything locally (Temporal UI on http://localhost:8233)
+#   ./dev.sh test   install, then run lint, type checks and the whole test suite
+# Extra arguments go to `gpu-remediate up` or to pytest.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+
+ensure_env() {
+  local extra=$1
+  if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "error: Python 3.11 or newer is required ($PYTHON is $("$PYTHON" -V 2>&1))" >&2
+    exit 2
+  fi
+  if [[ ! -x $VENV/bin/python ]]; then
+    echo "==> creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+  fi
+  if [[ ! -x $VENV/bin/uv ]]; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "uv==0.13.9"
+  fi
+  echo "==> installing gpu-remediate[$extra] (pinned by constraints.txt)"
+  "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" \
+    -c constraints.txt -e ".[$extra]"
+}
+
+case "${1:-}" in
+  up)
+    shift
+    ensure_env local
+    exec "$VENV/bin/gpu-remediate" up "$@"
+    ;;
+  test)
+    shift
+    ensure_env test
+    echo "==> ruff"
+    "$VENV/bin/ruff" check .
+    echo "==> mypy"
+    "$VENV/bin/mypy" policy activities workflows worker sim
+    echo "==> pytest"
+    set +e
+    "$VENV/bin/pytest" -q -p no:cacheprovider "$@"
+    status=$?
+    set -e
+    if [[ $status -eq 5 ]]; then
+      echo "error: pytest collected no tests" >&2
+      exit 1
+    fi
+    exit $status
+    ;;
+  *)
+    echo "usage: ./dev.sh up [gpu-remediate up options] | ./dev.sh test [pytest options]" >&2
+    exit 2
+    ;;
+esac

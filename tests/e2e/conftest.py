@@ -1,0 +1,34 @@
+"""End-to-end fixtures: the real dev server, both simulators and the worker as processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from worker.stack import LocalStack, Ports
+
+HERE = Path(__file__).parent
+
+
+def make_stack(tmp: Path, scenario: str, **overrides: object) -> LocalStack:
+    return LocalStack(
+        data_dir=tmp, scenario=scenario, ports=Ports.ephemeral(), headless=True,
+        persistent=True, job_seconds=1.0, reboot_seconds=2.0,
+        overrides={"detector.interval": "PT1S", "remediation.drain.retry_interval": "PT1S",
+                   **overrides},
+    )
+
+
+@pytest.fixture(scope="module")
+def pdb_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    stack = make_stack(tmp_path_factory.mktemp("stack"), str(HERE / "pdb.yaml"),
+                       **{"detector.max_unavailable": 2})
+    with stack:
+        yield stack
+
+
+def core_api(stack: LocalStack) -> client.CoreV1Api:
+    return client.CoreV1Api(config.new_client_from_config(config_file=str(stack.kubeconfig)))

@@ -1,0 +1,74 @@
+"""Bad configuration fails at start, naming the field; good configuration round-trips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from worker.cli import app
+from worker.config import ConfigError, load_settings
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("detector:\n  max_unavailabel: 3\n", "detector.max_unavailabel: unknown field"),
+    ("detector:\n  max_unavailable: ten\n", "detector.max_unavailable"),
+    ("detector:\n  max_unavailable: 120%\n", "detector.max_unavailable"),
+    ("exporter:\n  mode: template\n  url_template: http://x/metrics\n", "{node}"),
+    ("remediation:\n  drain:\n    deadline_policy: yolo\n", "remediation.drain.deadline_policy"),
+    ("temporal:\n  tls:\n    enabled: true\n    client_cert: a.pem\n", "client_key go together"),
+    ("policy:\n  thermal:\n    gpu_temp_c: -4\n", "policy.thermal.gpu_temp_c"),
+    ("detector:\n  policy: {}\n", "detector.policy: set it at the top level"),
+    ("- just\n- a list\n", "top level must be a mapping"),
+    ("detector: [unclosed\n", "not valid YAML"),
+])
+def test_bad_config_names_the_field(tmp_path: Path, text: str, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, text))
+    assert field in str(err.value)
+    assert str(tmp_path) in str(err.value), "the message names the file"
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path / "nope.yaml")
+
+
+def test_environment_overrides_nested_fields(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_REMEDIATE_TEMPORAL__ADDRESS", "temporal.example:7233")
+    monkeypatch.setenv("GPU_REMEDIATE_DETECTOR__MAX_UNAVAILABLE", "25%")
+    settings = load_settings(write(tmp_path, "temporal:\n  namespace: gpu\n"))
+    assert settings.temporal.address == "temporal.example:7233"
+    assert settings.temporal.namespace == "gpu"
+    assert settings.detector.max_unavailable == "25%"
+
+
+def test_budget_percent_rounds_down_but_never_to_zero(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "detector:\n  max_unavailable: 10%\n"))
+    assert settings.detector.budget_for(95) == 9
+    assert settings.detector.budget_for(4) == 1
+    zero = load_settings(write(tmp_path, "detector:\n  max_unavailable: 0%\n"))
+    assert zero.detector.budget_for(100) == 0
+
+
+def test_detector_settings_carry_policy_and_remediation(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "policy:\n  unknown_xid_action: quarantine\n"
+                                             "remediation:\n  max_repair_attempts: 4\n"))
+    detector = settings.detector_settings()
+    assert detector.policy.unknown_xid_action == "quarantine"
+    assert detector.remediation.max_repair_attempts == 4
+
+
+def test_cli_exits_2_with_the_field_on_bad_config(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["detector", "status", "-c",
+                                      str(write(tmp_path, "worker:\n  health_port: -1\n"))])
+    assert result.exit_code == 2
+    assert "worker.health_port" in result.output
