@@ -298,6 +298,14 @@ def release(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
 
 
 @app.command()
+def repaired(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
+             config: ConfigOpt = None) -> None:
+    """Report that an external repair of a node is done; validation follows.
+    Example: `gpu-remediate repaired gpu-node-02 -r "reseated GPU 3"`"""
+    _node_action("repaired", node, reason, operator, config)
+
+
+@app.command()
 def abort(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
           config: ConfigOpt = None) -> None:
     """Abort a remediation: uncordon if we cordoned, remove our taint and label."""

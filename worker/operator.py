@@ -40,7 +40,7 @@ def _why(err: BaseException) -> str:
     return str(getattr(cause, "message", None) or cause or err)
 
 
-RemediationVerb = Literal["approve", "reject", "quarantine", "release", "note_abort"]
+RemediationVerb = Literal["approve", "reject", "quarantine", "release", "repaired", "note_abort"]
 
 
 async def remediation_update(client: Client, node: str, verb: RemediationVerb,

@@ -126,6 +126,17 @@ class RemediationSettings(_Model):
     validation: JobSettings = Field(default_factory=_default_validation)
     gpu_reset: JobSettings = Field(default_factory=_default_reset)
     reboot: JobSettings = Field(default_factory=_default_reboot)
+    reset_method: Literal["gpu-reset", "external"] = Field(
+        default="gpu-reset",
+        description="How a GPU reset is done: a privileged Job, or handed to a human or another "
+                    "system that reports back with the `repaired` update.",
+    )
+    reboot_method: Literal["reboot", "external"] = Field(
+        default="reboot", description="How a reboot is done (see reset_method)."
+    )
+    external_timeout: timedelta | None = Field(
+        default=None, description="Quarantine if an external repair is not reported in time."
+    )
     max_repair_attempts: int = Field(
         default=2, ge=1, description="Repair + validation rounds before quarantine."
     )

@@ -70,6 +70,7 @@ class RemediationWorkflow:
         self.quarantine_order: OperatorCommand | None = None
         self.release_order: OperatorCommand | None = None
         self.abort_note: OperatorCommand | None = None
+        self.repaired_order: OperatorCommand | None = None
         self.claimed = False
         self.gpus = 0
         self.started = workflow.now()
@@ -124,6 +125,19 @@ class RemediationWorkflow:
         self._require(NodeState.QUARANTINED, "release")
         if self.release_order is not None:
             raise ApplicationError("a release is already in progress", type="Rejected")
+
+    @workflow.update(description="Report that an external repair (reset_method or "
+                                 "reboot_method 'external') is done: validation follows.")
+    async def repaired(self, cmd: OperatorCommand) -> OperatorAck:
+        self.repaired_order = cmd
+        return self._ack(f"repair reported by {cmd.operator}; validating")
+
+    @repaired.validator
+    def _check_repaired(self, cmd: OperatorCommand) -> None:
+        if self.view.step != "external":
+            raise ApplicationError(
+                f"{self.inp.node} is not waiting for an external repair (it is "
+                f"{self.view.state.value}, step {self.view.step})", type="Rejected")
 
     @workflow.update(description="Record who aborts and why; the CLI then cancels the workflow, "
                                  "which cleans up.")
@@ -348,14 +362,12 @@ class RemediationWorkflow:
         acked = self._acknowledged_xids()
         for attempt in range(1, s.max_repair_attempts + 1):
             self.view.attempt = attempt
-            await self._enter(NodeState.REPAIRING, kind, "RepairStarted",
-                              f"attempt {attempt}/{s.max_repair_attempts}: {kind}")
-            repair = await self._job(kind, attempt)
+            repair = await self._repair(kind, attempt)
             if not repair.succeeded:
                 if kind == "gpu-reset":
                     self._plan("GPU reset failed: escalate to reboot")
                     kind = "reboot"
-                    repair = await self._job(kind, attempt)
+                    repair = await self._repair(kind, attempt)
                 if not repair.succeeded:
                     return await self._quarantine(f"{kind} failed: {repair.message}", acked)
             if self.quarantine_order is not None:
@@ -372,6 +384,35 @@ class RemediationWorkflow:
                 kind = "reboot"  # the next round escalates
         return await self._quarantine(
             f"validation failed {s.max_repair_attempts} times", acked)
+
+    async def _repair(self, kind: Literal["gpu-reset", "reboot"],
+                      attempt: int) -> NodeJobResult:
+        """One repair: a Job, or a hand-off to whoever does it (`external`)."""
+        s = self.inp.settings
+        method = s.reset_method if kind == "gpu-reset" else s.reboot_method
+        if method != "external":
+            await self._enter(NodeState.REPAIRING, kind, "RepairStarted",
+                              f"attempt {attempt}/{s.max_repair_attempts}: {kind}")
+            return await self._job(kind, attempt)
+        await self._enter(NodeState.REPAIRING, "external", "ExternalRepairRequested",
+                          f"attempt {attempt}: {kind} handed off; waiting for `gpu-remediate "
+                          f"repaired {self.inp.node}`", event_type="Warning")
+        self._plan(f"wait for an external {kind} and the `repaired` update")
+        if self.inp.dry_run:
+            return NodeJobResult(succeeded=True, message="dry-run", job_name="")
+        self.repaired_order = None
+        try:
+            await workflow.wait_condition(
+                lambda: self.repaired_order is not None or self.quarantine_order is not None,
+                timeout=s.external_timeout, timeout_summary=f"external {kind}")
+        except TimeoutError:
+            return NodeJobResult(succeeded=False, job_name="",
+                                 message=f"no repair reported within {s.external_timeout}")
+        if self.repaired_order is None:
+            return NodeJobResult(succeeded=True, job_name="", message="quarantine ordered")
+        who = self.repaired_order
+        return NodeJobResult(succeeded=True, job_name="",
+                             message=f"{kind} reported done by {who.operator}: {who.reason}")
 
     async def _quarantine(self, why: str,
                           acked: dict[str, int] | None = None) -> RemediationResult:

@@ -250,3 +250,22 @@ async def _until(check, timeout: float = 20.0) -> None:
         if loop.time() > end:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.05)
+
+
+async def test_external_repair_not_reported_in_time_quarantines(time_skipping_env):
+    cluster = FakeCluster()
+    settings = RemediationSettings(reboot_method="external",
+                                   external_timeout=timedelta(hours=2))
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, RemediationInput(
+                node="n16", verdict=xid_verdict("n16"), settings=settings),
+            id=f"remediation-n16-{uuid.uuid4()}", task_queue=queue)
+        await _until(lambda: "repairing" in cluster.node("n16").states_seen)
+        view = await handle.query(RemediationWorkflow.view_state)
+        assert view.step == "external"
+        await time_skipping_env.sleep(timedelta(hours=3))
+        await _until(lambda: cluster.nodes["n16"].state == NodeState.QUARANTINED)
+        assert cluster.jobs_run() == [], "an external repair runs no Job"
+        assert "no repair reported" in cluster.nodes["n16"].history[-1].outcome
+        await handle.terminate("test over")

@@ -1,0 +1,158 @@
+"""The worker's RBAC grants exactly the Kubernetes calls activities/*.py makes.
+
+The calls are found by scanning the activities' source for kubernetes client methods;
+each method's HTTP verb and path come from the client library itself, and are turned
+into the (apiGroup, resource, verb) that RBAC checks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.deploy.conftest import ROOT
+from worker.config import load_settings
+
+ACTIVITIES = ROOT / "activities"
+CALL = re.compile(r"\.((?:read|list|patch|create|delete|replace)_[a-z0-9_]+)\(")
+SERIALIZED = re.compile(r"method='(\w+)',\s*resource_path='([^']+)'")
+SERVICE_ACCOUNT = ("gpu-remediate", "gpu-remediate")
+Permission = tuple[str, str, str]  # apiGroup, resource[/subresource], verb
+
+
+@cache
+def _api_classes() -> list[type]:
+    return [getattr(client, n) for n in dir(client)
+            if n.endswith("Api") and inspect.isclass(getattr(client, n))]
+
+
+def permission(method: str) -> Permission:
+    """The RBAC permission a kubernetes client method needs, from its HTTP request."""
+    requests = set()
+    for cls in _api_classes():
+        serialize = getattr(cls, f"_{method}_serialize", None)
+        if serialize is None:
+            continue
+        match = SERIALIZED.search(inspect.getsource(serialize))
+        assert match, f"{cls.__name__}.{method}: no request found in its source"
+        requests.add((match.group(1), match.group(2)))
+    assert len(requests) == 1, f"{method}: not exactly one client request: {requests}"
+    http, path = requests.pop()
+    parts = path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    named = len(rest) > 1
+    verb = {("GET", True): "get", ("GET", False): "list", ("POST", False): "create",
+            ("POST", True): "create", ("PATCH", True): "patch", ("PUT", True): "update",
+            ("DELETE", True): "delete", ("DELETE", False): "deletecollection"}[(http, named)]
+    return group, resource, verb
+
+
+def calls_in_activities() -> dict[str, set[str]]:
+    """Client method name -> the activities files that call it."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(ACTIVITIES.glob("*.py")):
+        for method in CALL.findall(path.read_text()):
+            found.setdefault(method, set()).add(path.name)
+    return found
+
+
+def used_permissions() -> set[Permission]:
+    return {permission(m) for m in calls_in_activities()}
+
+
+def _roles_of_worker(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    roles = {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
+             for o in objects if o["kind"] in ("ClusterRole", "Role")}
+    bound = []
+    for b in objects:
+        if b["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        subjects = {(s.get("namespace", ""), s["name"]) for s in b.get("subjects", [])
+                    if s["kind"] == "ServiceAccount"}
+        if SERVICE_ACCOUNT not in subjects:
+            continue
+        ref = b["roleRef"]
+        namespace = "" if ref["kind"] == "ClusterRole" else b["metadata"]["namespace"]
+        bound.append(roles[(ref["kind"], namespace, ref["name"])])
+    return bound
+
+
+def granted(role: dict[str, Any]) -> set[Permission]:
+    out = set()
+    for rule in role.get("rules", []):
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule, rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert "*" not in (group, resource, verb), f"wildcard in {rule}"
+                    out.add((group, resource, verb))
+    return out
+
+
+def test_client_calls_are_found() -> None:
+    calls = calls_in_activities()
+    # The scan must see the calls the design names, or it silently proves nothing.
+    for method in ("patch_node", "list_pod_for_all_namespaces", "create_namespaced_pod_eviction",
+                   "create_namespaced_job", "create_namespaced_event"):
+        assert method in calls
+
+
+def test_permission_mapping() -> None:
+    assert permission("read_node") == ("", "nodes", "get")
+    assert permission("list_pod_for_all_namespaces") == ("", "pods", "list")
+    assert permission("create_namespaced_pod_eviction") == ("", "pods/eviction", "create")
+    assert permission("read_namespaced_job_status") == ("batch", "jobs/status", "get")
+    assert permission("replace_namespaced_deployment") == ("apps", "deployments", "update")
+
+
+@pytest.mark.parametrize("name", ["base", "dry-run", "supervised", "autonomous"])
+def test_rbac_grants_exactly_what_the_code_uses(
+        name: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    roles = _roles_of_worker(rendered[name])
+    have: set[Permission] = set().union(*(granted(r) for r in roles))
+    need = used_permissions()
+    assert not need - have, f"missing permissions: {sorted(need - have)}"
+    assert not have - need, f"permissions the code never uses: {sorted(have - need)}"
+
+
+def _namespace_of_grant(roles: list[dict[str, Any]], perm: Permission) -> set[str]:
+    return {r["metadata"].get("namespace", "*") if r["kind"] == "Role" else "*"
+            for r in roles if perm in granted(r)}
+
+
+def test_namespaced_grants_are_where_the_code_calls(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    from tests.deploy.kustomize import find
+
+    events_source = (ACTIVITIES / "events.py").read_text()
+    event_namespace = re.search(r'create_namespaced_event\(\s*"([^"]+)"', events_source)
+    assert event_namespace, "activities/events.py: the Event namespace is not a literal"
+    for name, objects in rendered.items():
+        roles = _roles_of_worker(objects)
+        config = find(objects, "ConfigMap", "gpu-remediate-config")["data"]["config.yaml"]
+        settings = load_settings(_write(config))
+        job_ns = settings.remediation.job_namespace
+        assert _namespace_of_grant(roles, ("batch", "jobs", "create")) == {job_ns}, name
+        assert _namespace_of_grant(roles, ("batch", "jobs/status", "get")) == {job_ns}, name
+        assert _namespace_of_grant(roles, ("", "events", "create")) == {event_namespace.group(1)}
+        # Node, pod and eviction calls span namespaces (drain, exporter discovery).
+        for perm in (("", "nodes", "patch"), ("", "pods", "list"), ("", "pods/eviction", "create")):
+            assert _namespace_of_grant(roles, perm) == {"*"}, perm
+
+
+def _write(text: str) -> Path:
+    import tempfile
+
+    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    with handle:
+        handle.write(text)
+    return Path(handle.name)

@@ -1,0 +1,475 @@
+"""DetectorWorkflow with a scripted FakeCluster: budget, priority, breaker, operator updates,
+continue-as-new and history size.
+
+Updates and real timers run on the dev server (``local_env``); the one test that
+needs minutes of workflow time uses the time-skipping server and no updates.
+Node names carry a per-test prefix because children are `remediation-<node>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.exceptions import ApplicationError
+
+from policy.models import Action
+from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
+from workflows.detector import DetectorWorkflow
+from workflows.models import (
+    DetectorInput,
+    DetectorSettings,
+    DetectorState,
+    DetectorView,
+    DrainSettings,
+    ManualRemediation,
+    NodeState,
+    OperatorCommand,
+    RemediationSettings,
+)
+
+TICK = timedelta(milliseconds=500)
+FAST = RemediationSettings(drain=DrainSettings(retry_interval=timedelta(milliseconds=100)))
+NO_BREAKER = {"breaker_max_flagged_percent": 100.0, "breaker_max_flagged_nodes": 10_000}
+
+
+def fleet(size: int) -> tuple[FakeCluster, list[str]]:
+    prefix = f"g{uuid.uuid4().hex[:6]}"
+    cluster = FakeCluster()
+    names = [f"{prefix}-{i:04d}" for i in range(size)]
+    for name in names:
+        cluster.node(name)
+    return cluster, names
+
+
+def settings(**kw) -> DetectorSettings:
+    kw.setdefault("interval", TICK)
+    kw.setdefault("remediation", FAST)
+    return DetectorSettings(**kw)
+
+
+async def start(client: Client, queue: str, s: DetectorSettings,
+                state: DetectorState | None = None) -> WorkflowHandle:
+    return await client.start_workflow(
+        DetectorWorkflow.run, DetectorInput(settings=s, state=state or DetectorState()),
+        id=f"detector-{uuid.uuid4()}", task_queue=queue)
+
+
+async def dview(handle: WorkflowHandle) -> DetectorView:
+    return await handle.query(DetectorWorkflow.view)
+
+
+async def ticks(handle: WorkflowHandle, n: int, timeout: float = 15.0) -> DetectorView:
+    """Wait until the detector has finished ``n`` more ticks; return its view."""
+    first = (await dview(handle)).ticks_total
+
+    async def done() -> bool:
+        return (await dview(handle)).ticks_total >= first + n
+    await until(done, timeout, f"{n} ticks")
+    return await dview(handle)
+
+
+async def cleanup(client: Client, detector: WorkflowHandle, cluster: FakeCluster) -> None:
+    handles = [detector, *(client.get_workflow_handle(f"remediation-{n}")
+                           for n in set(cluster.claimed) | {v.node for v in cluster.verdicts})]
+    for h in handles:
+        try:
+            if (await h.describe()).status == WorkflowExecutionStatus.RUNNING:
+                await h.terminate("test over")
+        except Exception:
+            pass
+
+
+def started_children(cluster: FakeCluster) -> list[str]:
+    """Children in the order they claimed their node (dry-run claims included)."""
+    with cluster.lock:
+        return [c[1].node for c in cluster.calls if c[0] == "claim_node"]
+
+
+async def rejected(handle: WorkflowHandle, update, arg) -> str:
+    with pytest.raises(WorkflowUpdateFailedError) as failed:
+        await handle.execute_update(update, arg)
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "Rejected", cause
+    return cause.message
+
+
+OP = OperatorCommand(operator="alice", reason="maintenance")
+
+
+# ------------------------------------------------------------------ budget
+
+
+@pytest.mark.parametrize(("budget", "size", "flagged", "slots"), [
+    (1, 10, 4, 1), (3, 10, 6, 3), ("50%", 8, 6, 4)])
+async def test_budget_is_never_exceeded(local_env, budget, size, flagged, slots):
+    cluster, names = fleet(size)
+    # Every remediation spends a few eviction rounds draining, so several overlap.
+    cluster.drain_blocked_rounds = 4
+    cluster.verdicts = [xid_verdict(n) for n in names[:flagged]]
+    s = settings(max_unavailable=budget, **NO_BREAKER)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, s)
+        try:
+            await until(lambda: set(cluster.claimed) == set(names[:flagged])
+                        and all(cluster.nodes[n].state == NodeState.HEALTHY for n in names),
+                        timeout=40, what="every flagged node remediated")
+            view = await dview(detector)
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+    assert view.budget == slots
+    assert cluster.max_out_of_service() == slots, "the budget is used, and never exceeded"
+    assert sorted(cluster.claimed) == sorted(names[:flagged]), "each node remediated once"
+    assert view.started_total == flagged
+    assert all(r.in_use <= slots for r in cluster.reports)
+
+
+async def test_labelled_nodes_hold_slots_and_cordoned_counts_per_setting(local_env):
+    """Truth is on the nodes: slots held by labels the detector did not set count too."""
+    for counts, expect_start in ((True, False), (False, True)):
+        cluster, names = fleet(10)
+        cluster.nodes[names[0]].state = NodeState.CORDONED  # a thermal remediation
+        cluster.verdicts = [xid_verdict(names[1])]
+        s = settings(max_unavailable=1, cordoned_counts_against_budget=counts)
+        async with worker_for(local_env.client, cluster) as queue:
+            detector = await start(local_env.client, queue, s)
+            try:
+                view = await ticks(detector, 2)
+            finally:
+                await cleanup(local_env.client, detector, cluster)
+        assert (started_children(cluster) == [names[1]]) is expect_start, counts
+        if not expect_start:
+            assert view.in_flight == [names[0]]
+            assert view.waiting == [f"{names[1]} (reboot: budget full)"]
+
+
+# ------------------------------------------------------------------ priority
+
+
+async def test_most_severe_first_then_longest_waiting(local_env):
+    cluster, names = fleet(12)
+    holder, early, *rest = names
+    cluster.nodes[holder].state = NodeState.DRAINING  # the only slot is taken
+    cluster.verdicts = [xid_verdict(early, 79, Action.REBOOT)]
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, settings(max_unavailable=1,
+                                                                 **NO_BREAKER))
+        try:
+            await ticks(detector, 1)
+            thermal, reset, late, quarantine = rest[:4]
+            # Listed in the least helpful order on purpose.
+            cluster.verdicts = [xid_verdict(thermal, 0, Action.THERMAL),
+                                xid_verdict(reset, 48, Action.RESET),
+                                xid_verdict(late, 79, Action.REBOOT),
+                                xid_verdict(early, 79, Action.REBOOT),
+                                xid_verdict(quarantine, 95, Action.QUARANTINE)]
+            view = await ticks(detector, 2)
+            assert [w.split(" ")[0] for w in view.waiting] == [
+                quarantine, early, late, reset, thermal]
+            assert started_children(cluster) == []
+            cluster.nodes[holder].state = NodeState.HEALTHY  # the slot frees up
+            await until(lambda: len(set(started_children(cluster))) == 5, timeout=20,
+                        what="all five started, one at a time")
+            order = list(dict.fromkeys(started_children(cluster)))
+            assert order == [quarantine, early, late, reset, thermal]
+            assert cluster.max_out_of_service() == 1
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+
+
+# ------------------------------------------------------------------ circuit breaker
+
+
+async def test_breaker_trips_on_many_flagged_and_resume_reopens_admissions(local_env):
+    cluster, names = fleet(20)
+    flagged = names[:6]  # 30% of the fleet at once > 20%
+    cluster.verdicts = [xid_verdict(n) for n in flagged]
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, settings(max_unavailable=2))
+        try:
+            view = await ticks(detector, 2)
+            assert view.breaker_open
+            assert "6 of 20" in view.breaker_reason and "resume" in view.breaker_reason
+            assert all("breaker open" in w for w in view.waiting) and len(view.waiting) == 6
+            assert started_children(cluster) == []
+            assert cluster.reports[-1].breaker_open
+            ack = await detector.execute_update(DetectorWorkflow.resume, OP)
+            assert "breaker closed by alice" in ack.message
+            # The nodes the operator resumed for are admitted, within the budget.
+            await until(lambda: len(started_children(cluster)) >= 2, what="admissions")
+            view = await ticks(detector, 2)
+            assert not view.breaker_open, view.breaker_reason
+            assert cluster.max_out_of_service() <= 2
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+
+
+async def test_few_flagged_nodes_never_trip_the_breaker(local_env):
+    cluster, names = fleet(4)
+    cluster.verdicts = [xid_verdict(n) for n in names[:2]]  # 50%, but fewer than 3 nodes
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, settings(max_unavailable=1))
+        try:
+            view = await ticks(detector, 2)
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+    assert not view.breaker_open
+    assert len(set(started_children(cluster))) >= 1
+
+
+# ------------------------------------------------------------------ pause, resume, manual
+
+
+async def test_pause_stops_admissions_and_resume_restarts_them(local_env):
+    cluster, names = fleet(10)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, settings(max_unavailable=1))
+        try:
+            await ticks(detector, 1)
+            ack = await detector.execute_update(DetectorWorkflow.pause, OP)
+            assert "paused by alice" in ack.message
+            why = await rejected(detector, DetectorWorkflow.pause, OP)
+            assert "already paused" in why and "alice: maintenance" in why
+            cluster.verdicts = [xid_verdict(names[0])]
+            view = await ticks(detector, 2)
+            assert view.paused and view.waiting == [f"{names[0]} (reboot: paused)"]
+            assert started_children(cluster) == []
+            await detector.execute_update(DetectorWorkflow.resume, OP)
+            await until(lambda: started_children(cluster) == [names[0]], what="a start")
+            why = await rejected(detector, DetectorWorkflow.resume, OP)
+            assert "nothing to resume" in why
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+
+
+async def test_manual_remediation_goes_through_budget_and_validator(local_env):
+    cluster, names = fleet(10)
+    holder, target, quarantined = names[:3]
+    cluster.nodes[holder].state = NodeState.DRAINING
+    cluster.nodes[quarantined].state = NodeState.QUARANTINED
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, settings(max_unavailable=1))
+        try:
+            await ticks(detector, 1)
+            req = ManualRemediation(node=target, action=Action.RESET, operator="bob",
+                                    reason="user report: NaNs")
+            ack = await detector.execute_update(DetectorWorkflow.remediate, req)
+            assert f"{target} queued for reset by bob" in ack.message
+            why = await rejected(detector, DetectorWorkflow.remediate, req)
+            assert "already queued" in why
+            why = await rejected(detector, DetectorWorkflow.remediate, req.model_copy(
+                update={"node": names[5], "action": Action.APP}))
+            assert "not a node action" in why and "reboot" in why
+            why = await rejected(detector, DetectorWorkflow.remediate,
+                                 req.model_copy(update={"node": holder}))
+            assert "already in remediation (draining)" in why
+            why = await rejected(detector, DetectorWorkflow.remediate,
+                                 req.model_copy(update={"node": quarantined}))
+            assert "already in remediation (quarantined)" in why
+            view = await ticks(detector, 2)
+            assert view.waiting == [f"{target} (reset: budget full)"]
+            assert started_children(cluster) == []
+            cluster.nodes[holder].state = NodeState.HEALTHY
+            await until(lambda: started_children(cluster) == [target], what="manual start")
+            child = await local_env.client.get_workflow_handle(f"remediation-{target}").describe()
+            details = await child.static_details()
+            assert details is not None and "Requested by **bob**" in details
+            assert "user report: NaNs" in details
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+
+
+# ------------------------------------------------------------------ no data, no action
+
+
+async def test_observation_failure_admits_nothing_and_detector_keeps_ticking(local_env):
+    cluster, names = fleet(10)
+    cluster.verdicts = [xid_verdict(names[0])]
+    cluster.observe_error = "dcgm-exporter unreachable"
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, settings(max_unavailable=1))
+        try:
+            view = await ticks(detector, 2)
+            assert view.last_errors and "dcgm-exporter unreachable" in view.last_errors[0]
+            assert started_children(cluster) == []
+            assert (await detector.describe()).status == WorkflowExecutionStatus.RUNNING
+            cluster.observe_error = None
+            await until(lambda: started_children(cluster) == [names[0]], what="recovery")
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+
+
+async def test_failing_metrics_report_does_not_kill_the_detector(local_env):
+    cluster, names = fleet(10)
+    cluster.report_error = "pushgateway down"
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, settings(max_unavailable=1))
+        try:
+            view = await ticks(detector, 2, timeout=20)
+            assert any("pushgateway down" in e for e in view.last_errors)
+            assert (await detector.describe()).status == WorkflowExecutionStatus.RUNNING
+            cluster.report_error = None
+            await until(lambda: cluster.reports != [], what="a report")
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+
+
+# ------------------------------------------------------------------ continue-as-new
+
+
+async def test_continue_as_new_carries_pause_breaker_and_pending_starts(local_env):
+    cluster, names = fleet(10)
+    slow, other = names[:2]
+    gate = threading.Event()
+    cluster.claim_gates[slow] = gate  # started, but its label never shows
+    cluster.verdicts = [xid_verdict(slow)]
+    s = settings(max_unavailable=1, ticks_per_run=3)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, s)
+        try:
+            first_run = (await detector.describe()).run_id
+            await ticks(detector, 1)
+            cluster.verdicts = [xid_verdict(slow), xid_verdict(other)]
+            await detector.execute_update(DetectorWorkflow.pause, OP)
+
+            async def new_run() -> bool:
+                return (await detector.describe()).run_id != first_run
+            await until(new_run, timeout=15, what="continue-as-new")
+            view = await ticks(detector, 1)
+            assert view.paused, "pause survives continue-as-new"
+            assert view.in_flight == [slow], "the pending start still holds its slot"
+            assert view.started_total == 1 and view.ticks_total >= 3
+            await detector.execute_update(DetectorWorkflow.resume, OP)
+            await ticks(detector, 4)  # across another continue-as-new
+            assert started_children(cluster) == [], "the claim is still held"
+            with cluster.lock:
+                assert not any(n.state != NodeState.HEALTHY for n in cluster.nodes.values())
+            handle = local_env.client.get_workflow_handle(f"remediation-{other}")
+            with pytest.raises(Exception):
+                await handle.describe()  # never started: the budget was full all along
+            # The first run's history ends in continue-as-new with the state as input.
+            history = await local_env.client.get_workflow_handle(
+                detector.id, run_id=first_run).fetch_history()
+            assert history.events[-1].event_type == \
+                EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+        finally:
+            gate.set()
+            await cleanup(local_env.client, detector, cluster)
+
+
+async def test_breaker_state_survives_continue_as_new(local_env):
+    cluster, names = fleet(10)
+    cluster.verdicts = [xid_verdict(n) for n in names[:5]]
+    s = settings(max_unavailable=1, ticks_per_run=2)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, s)
+        try:
+            first_run = (await detector.describe()).run_id
+
+            async def two_runs_later() -> bool:
+                desc = await detector.describe()
+                return desc.run_id != first_run and (await dview(detector)).ticks_total >= 5
+            await until(two_runs_later, timeout=15, what="continue-as-new twice")
+            view = await dview(detector)
+            assert view.breaker_open and "5 of 10" in view.breaker_reason
+            assert started_children(cluster) == []
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+
+
+async def test_children_are_abandoned_not_terminated(local_env):
+    cluster, names = fleet(10)
+    gate = threading.Event()
+    cluster.job_gates["reboot"] = gate  # the remediation stays in repair
+    cluster.verdicts = [xid_verdict(names[0])]
+    s = settings(max_unavailable=1, ticks_per_run=2)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, s)
+        child = local_env.client.get_workflow_handle(f"remediation-{names[0]}")
+        try:
+            first_run = (await detector.describe()).run_id
+            await until(lambda: cluster.nodes[names[0]].state == NodeState.REPAIRING)
+
+            async def new_run() -> bool:
+                return (await detector.describe()).run_id != first_run
+            await until(new_run, what="continue-as-new")
+            await ticks(detector, 1)
+            assert (await child.describe()).status == WorkflowExecutionStatus.RUNNING
+            await detector.terminate("operator removed the detector")
+            await asyncio.sleep(0.3)
+            assert (await child.describe()).status == WorkflowExecutionStatus.RUNNING
+            gate.set()
+            result = await asyncio.wait_for(child.result(), 10)
+            assert result.outcome == NodeState.HEALTHY
+        finally:
+            gate.set()
+            await cleanup(local_env.client, detector, cluster)
+
+
+# ------------------------------------------------------------------ history size
+
+
+async def _first_run_history_length(client: Client, size: int, ticks_per_run: int) -> int:
+    cluster, names = fleet(size)
+    cluster.nodes[names[0]].state = NodeState.DRAINING  # budget full: a waiting node too
+    cluster.verdicts = [xid_verdict(names[1])]
+    s = settings(max_unavailable=1, ticks_per_run=ticks_per_run,
+                 interval=timedelta(milliseconds=200))
+    async with worker_for(client, cluster) as queue:
+        detector = await start(client, queue, s)
+        try:
+            first_run = (await detector.describe()).run_id
+
+            async def new_run() -> bool:
+                return (await detector.describe()).run_id != first_run
+            await until(new_run, timeout=20, what="continue-as-new")
+            history = await client.get_workflow_handle(
+                detector.id, run_id=first_run).fetch_history()
+        finally:
+            await cleanup(client, detector, cluster)
+    assert history.events[-1].event_type == \
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+    return len(history.events)
+
+
+async def test_history_events_per_tick_do_not_depend_on_fleet_size(local_env):
+    small = await _first_run_history_length(local_env.client, 10, 6)
+    large = await _first_run_history_length(local_env.client, 1000, 6)
+    assert small == large
+    longer = await _first_run_history_length(local_env.client, 10, 8)
+    per_tick = (longer - small) / 2
+    assert per_tick <= 12, f"{per_tick} events per idle tick"
+
+
+# ------------------------------------------------------------------ dry-run
+
+
+async def test_dry_run_plans_each_node_once_and_mutates_nothing(time_skipping_env):
+    """Minutes of workflow time (past the pending-start grace) on the time-skipping server."""
+    env = time_skipping_env
+    cluster, names = fleet(10)
+    cluster.verdicts = [xid_verdict(n) for n in names[:2]]
+    s = settings(max_unavailable=1, dry_run=True, interval=timedelta(seconds=30))
+    async with worker_for(env.client, cluster) as queue:
+        detector = await start(env.client, queue, s)
+        try:
+            await env.sleep(timedelta(minutes=12))
+            await until(lambda: len(started_children(cluster)) >= 2, what="both planned")
+            await env.sleep(timedelta(minutes=12))
+            view = await dview(detector)
+        finally:
+            await cleanup(env.client, detector, cluster)
+    assert sorted(started_children(cluster)) == sorted(names[:2]), "one plan per node"
+    assert cluster.mutations == []
+    assert view.ticks_total >= 30
+    assert view.started_total == 2
