@@ -19,11 +19,14 @@ import httpx
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities import metrics
+from activities.events import record_node_event
 from activities.exposition import ExpositionError, parse_exposition
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
-from activities.node_keys import A_ACK_XIDS, A_WORKFLOW, EXCLUDE_LABEL, STATE_LABEL
+from activities.node_keys import A_ACK_XIDS, A_ORPHAN, A_WORKFLOW, EXCLUDE_LABEL, STATE_LABEL
 from policy.models import Action, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_node, is_thermal_recovered
 from workflows.models import (
@@ -36,6 +39,7 @@ from workflows.models import (
     ObserveInput,
     ThermalWatchInput,
     ThermalWatchResult,
+    remediation_workflow_id,
 )
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,8 @@ class GpuNode:
     state: NodeState
     workflow_id: str
     acknowledged: dict[str, int]
+    labels: dict[str, str]
+    orphan_marked: bool = False
 
 
 def _state(value: str | None) -> NodeState:
@@ -109,7 +115,8 @@ class FleetActivities:
             ann = meta_dict(n, "annotations")
             assert n.metadata is not None and n.metadata.name
             nodes.append(GpuNode(n.metadata.name, _state(labels.get(STATE_LABEL)),
-                                 ann.get(A_WORKFLOW, ""), _acknowledged(ann.get(A_ACK_XIDS))))
+                                 ann.get(A_WORKFLOW, ""), _acknowledged(ann.get(A_ACK_XIDS)),
+                                 labels, A_ORPHAN in ann))
         return nodes
 
     def endpoints(self, nodes: list[str]) -> dict[str, str]:
@@ -155,10 +162,17 @@ class FleetActivities:
             parsed = parse_exposition(text, default_node=node)
         except ExpositionError as err:
             raise ScrapeError(str(err)) from err
-        # The endpoint belongs to the node: its Hostname label may be the exporter
-        # pod's hostname rather than the node name, so the endpoint decides.
+        # One host in the exposition: it is this node's exporter, whatever its Hostname
+        # label says (without hostNetwork that is the exporter pod's name). Several hosts
+        # (a federating endpoint): keep only this node's series.
+        hosts = parsed.nodes
+        if len(hosts) > 1:
+            hosts = [h for h in hosts if h.node == node]
+            if not hosts:
+                raise ScrapeError(f"the exposition holds {len(parsed.nodes)} hosts, none "
+                                  f"named {node}")
         gpus: dict[str, GpuReading] = {}
-        for readings in parsed.nodes:
+        for readings in hosts:
             for g in readings.gpus:
                 gpus[g.uuid or g.gpu] = g
         if not gpus:
@@ -213,6 +227,16 @@ class FleetActivities:
                 verdicts.append(verdict)
         remediating = [NodeStatus(node=n.name, state=n.state, workflow_id=n.workflow_id)
                        for n in nodes if n.state != NodeState.HEALTHY]
+        orphans = await self.find_orphans([n for n in nodes if n.state != NodeState.HEALTHY])
+        pool_of: dict[str, str] = {}
+        pool_sizes: dict[str, int] = {}
+        if inp.pool_label:
+            named = {v.node for v in verdicts} | {r.node for r in remediating}
+            for gpu_node in nodes:
+                pool = gpu_node.labels.get(inp.pool_label, "")
+                pool_sizes[pool] = pool_sizes.get(pool, 0) + 1
+                if gpu_node.name in named:
+                    pool_of[gpu_node.name] = pool
         for state in NodeState:
             metrics.NODES_BY_STATE.labels(state.value).set(
                 sum(1 for n in nodes if n.state == state))
@@ -222,8 +246,50 @@ class FleetActivities:
         return FleetObservation(
             managed_nodes=len(nodes), readable_nodes=len(readings),
             verdicts=sorted(verdicts, key=lambda v: v.node), remediating=remediating,
-            errors=sorted(errors.values())[:50],
+            errors=sorted(errors.values())[:50], orphans=orphans, pool_of=pool_of,
+            pool_sizes=pool_sizes,
         )
+
+    async def find_orphans(self, labelled: list[GpuNode]) -> list[str]:
+        """Labelled nodes whose remediation is not running (terminated, failed, gone).
+
+        They keep their slot (fail closed); the first time one is seen it gets an
+        annotation and a Warning Event so an operator can release it.
+        """
+        try:
+            client = activity.client()
+        except RuntimeError:
+            return []  # not running in a worker (offline tools)
+        orphans = []
+        for node in labelled:
+            wid = node.workflow_id or remediation_workflow_id(node.name)
+            try:
+                desc = await client.get_workflow_handle(wid).describe()
+                running = desc.status == WorkflowExecutionStatus.RUNNING
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    continue  # cannot tell: never call a node an orphan on no data
+                running = False
+            if running:
+                continue
+            orphans.append(node.name)
+            if not node.orphan_marked:
+                await asyncio.to_thread(self._mark_orphan, node.name, wid)
+        metrics.ORPHANS.set(len(orphans))
+        return sorted(orphans)
+
+    def _mark_orphan(self, node: str, workflow_id: str) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        try:
+            self.core.patch_node(node, {"metadata": {"annotations": {A_ORPHAN: now}}},
+                                 _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            log.warning("could not mark %s orphaned: %s", node, err.status)
+            return
+        record_node_event(self.core, node, reason="RemediationOrphaned", event_type="Warning",
+                          message=f"labelled in remediation but workflow {workflow_id} is not "
+                                  "running; it keeps its budget slot until released "
+                                  f"(gpu-remediate release-orphan {node})")
 
     @activity.defn
     async def read_node_health(self, inp: NodeHealthInput) -> NodeHealth:

@@ -39,3 +39,5 @@ BUDGET_IN_USE = Gauge("gpu_remediate_budget_in_use", "Budget slots held by nodes
 WAITING = Gauge("gpu_remediate_nodes_waiting", "Flagged nodes waiting for admission.")
 BREAKER_OPEN = Gauge("gpu_remediate_breaker_open", "1 while the circuit breaker stops admissions.")
 PAUSED = Gauge("gpu_remediate_detector_paused", "1 while an operator has paused admissions.")
+ORPHANS = Gauge("gpu_remediate_orphaned_nodes",
+                "Nodes labelled in remediation whose workflow is not running.")

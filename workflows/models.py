@@ -411,6 +411,7 @@ class DetectorInput(_Model):
 
 class ObserveInput(_Model):
     policy: PolicyConfig
+    pool_label: str | None = None
 
 
 class NodeStatus(_Model):
@@ -428,6 +429,15 @@ class FleetObservation(_Model):
     verdicts: list[Verdict] = Field(default_factory=list)
     remediating: list[NodeStatus] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
+    orphans: list[str] = Field(
+        default_factory=list,
+        description="Labelled nodes whose remediation workflow is not running: they keep "
+                    "their budget slot until an operator releases them.",
+    )
+    pool_of: dict[str, str] = Field(
+        default_factory=dict, description="Pool of each node named in verdicts or remediating."
+    )
+    pool_sizes: dict[str, int] = Field(default_factory=dict)
 
 
 class DetectorView(_Model):

@@ -310,7 +310,7 @@ async def test_observation_failure_admits_nothing_and_detector_keeps_ticking(loc
 
 
 async def test_failing_metrics_report_does_not_kill_the_detector(local_env):
-    cluster, names = fleet(10)
+    cluster, _names = fleet(10)
     cluster.report_error = "pushgateway down"
     async with worker_for(local_env.client, cluster) as queue:
         detector = await start(local_env.client, queue, settings(max_unavailable=1))
