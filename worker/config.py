@@ -135,20 +135,33 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         data = loaded
-    for dotted, value in overrides.items():
-        if value is None:
-            continue
-        cursor = data
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            cursor = cursor.setdefault(p, {})
-        cursor[leaf] = value
+    data = merge(data, nest({k: v for k, v in overrides.items() if v is not None}))
     try:
         return Settings(**data)
     except ValidationError as err:
         raise ConfigError(f"{source}: " + format_errors(err)) from err
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from err
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """{"a.b": 1} -> {"a": {"b": 1}}: dotted overrides as config sections."""
+    out: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        cursor = out
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            cursor = cursor.setdefault(p, {})
+        cursor[leaf] = value
+    return out
+
+
+def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge: sections merge, values in ``b`` win."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def format_errors(err: ValidationError) -> str:

@@ -43,18 +43,25 @@ def _why(err: BaseException) -> str:
 RemediationVerb = Literal["approve", "reject", "quarantine", "release", "repaired", "note_abort"]
 
 
-async def remediation_update(client: Client, node: str, verb: RemediationVerb,
-                             cmd: OperatorCommand) -> OperatorAck:
-    handle = client.get_workflow_handle(remediation_workflow_id(node))
+async def _update(client: Client, workflow_id: str, verb: str, arg: Any, *, what: str,
+                  missing: str) -> OperatorAck:
+    """Send an update; a validator's rejection or a missing workflow becomes OperatorError."""
+    handle = client.get_workflow_handle(workflow_id)
     try:
-        result: OperatorAck = await handle.execute_update(verb, cmd, result_type=OperatorAck)
+        result: OperatorAck = await handle.execute_update(verb, arg, result_type=OperatorAck)
         return result
     except WorkflowUpdateFailedError as err:
-        raise OperatorError(f"{verb} {node} rejected: {_why(err)}") from err
+        raise OperatorError(f"{what} rejected: {_why(err)}") from err
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
-            raise OperatorError(f"no remediation is running for {node}") from err
-        raise OperatorError(f"{verb} {node}: {err.message}") from err
+            raise OperatorError(missing) from err
+        raise OperatorError(f"{what}: {err.message}") from err
+
+
+async def remediation_update(client: Client, node: str, verb: RemediationVerb,
+                             cmd: OperatorCommand) -> OperatorAck:
+    return await _update(client, remediation_workflow_id(node), verb, cmd,
+                         what=f"{verb} {node}", missing=f"no remediation is running for {node}")
 
 
 async def abort(client: Client, node: str, cmd: OperatorCommand) -> str:
@@ -66,17 +73,8 @@ async def abort(client: Client, node: str, cmd: OperatorCommand) -> str:
 
 async def detector_update(client: Client, verb: Literal["pause", "resume", "remediate"],
                           arg: Any) -> OperatorAck:
-    handle = client.get_workflow_handle(DETECTOR_WORKFLOW_ID)
-    try:
-        result: OperatorAck = await handle.execute_update(verb, arg, result_type=OperatorAck)
-        return result
-    except WorkflowUpdateFailedError as err:
-        raise OperatorError(f"{verb} rejected: {_why(err)}") from err
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            raise OperatorError("the detector is not running: `gpu-remediate detector start`"
-                                ) from err
-        raise OperatorError(f"{verb}: {err.message}") from err
+    return await _update(client, DETECTOR_WORKFLOW_ID, verb, arg, what=verb,
+                         missing="the detector is not running: `gpu-remediate detector start`")
 
 
 async def manual_remediation(client: Client, req: ManualRemediation) -> OperatorAck:

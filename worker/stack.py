@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
+from worker.config import merge, nest
 from workflows.search_attributes import ALL as SEARCH_ATTRIBUTES
 
 
@@ -159,7 +160,7 @@ class LocalStack:
         """What deploy/ does in a real cluster: the namespace for repair and validation Jobs."""
         from kubernetes import client, config
 
-        namespace = str(_nest(self.overrides).get("remediation", {}).get(
+        namespace = str(nest(self.overrides).get("remediation", {}).get(
             "job_namespace", "gpu-remediate-jobs"))
         api = config.new_client_from_config(config_file=str(self.kubeconfig))
         with api:
@@ -179,7 +180,7 @@ class LocalStack:
                        "sdk_metrics_port": self.ports.sdk_metrics,
                        "health_port": self.ports.health, "bind": "127.0.0.1"},
         }
-        merged = _merge(_merge(base, stack), _nest(self.overrides))
+        merged = merge(merge(base, stack), nest(self.overrides))
         self.worker_config.write_text(yaml.safe_dump(merged, sort_keys=False))
         return self.worker_config
 
@@ -251,21 +252,3 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
-
-
-def _nest(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for dotted, value in flat.items():
-        cursor = out
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            cursor = cursor.setdefault(p, {})
-        cursor[leaf] = value
-    return out
-
-
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
