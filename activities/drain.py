@@ -60,17 +60,24 @@ def blocking_pdb(err: ApiException, namespace: str) -> str:
     return f"{namespace}/{match.group(1)}" if match else f"{namespace}/(unnamed budget)"
 
 
+# The PDB each node's drain is blocked by in this worker process: it drives the gauge,
+# and the DrainBlocked Event is sent once per blocking PDB, not once per drain_node call
+# (the workflow calls again after every "blocked" report until its deadline).
 _blocked_by: dict[str, str] = {}
 
 
-def _mark_blocked(node: str, pdb: str) -> None:
-    if _blocked_by.get(node) != pdb:
-        _clear_blocked(node)
-        _blocked_by[node] = pdb
-        metrics.DRAIN_BLOCKED.labels(node, pdb).set(1)
+def _mark_blocked(node: str, pdb: str) -> bool:
+    """Record the blocking PDB; True when it is new for this node (announce it)."""
+    if _blocked_by.get(node) == pdb:
+        return False
+    clear_blocked(node)
+    _blocked_by[node] = pdb
+    metrics.DRAIN_BLOCKED.labels(node, pdb).set(1)
+    return True
 
 
-def _clear_blocked(node: str) -> None:
+def clear_blocked(node: str) -> None:
+    """The node's drain is no longer blocked (drained, or the remediation ended)."""
     old = _blocked_by.pop(node, None)
     if old is not None:
         metrics.DRAIN_BLOCKED.remove(node, old)
@@ -122,7 +129,6 @@ class DrainActivities:
         evicted: set[str] = set()
         forced: set[str] = set()
         pdb = ""
-        announced = False
         while True:
             pods = self._pods(inp.node)
             targets, skipped = [], []
@@ -133,7 +139,7 @@ class DrainActivities:
                 return DrainResult(outcome="planned", remaining=[pod_key(p) for p in targets],
                                    skipped=skipped, message=f"would evict {len(targets)} pods")
             if not targets:
-                _clear_blocked(inp.node)
+                clear_blocked(inp.node)
                 return DrainResult(outcome="drained", evicted=sorted(evicted),
                                    forced=sorted(forced), skipped=skipped,
                                    message=f"evicted {len(evicted)} pods")
@@ -152,13 +158,10 @@ class DrainActivities:
                     evicted.add(pod_key(pod))
                 elif result == "blocked":
                     pdb_now = pdb_now or blocker
-            if pdb_now:
-                _mark_blocked(inp.node, pdb_now)
-            if pdb_now and not announced:
+            if pdb_now and _mark_blocked(inp.node, pdb_now):
                 record_node_event(self.core, inp.node, reason="DrainBlocked",
                                   message=f"eviction refused by PodDisruptionBudget {pdb_now}; "
                                           "retrying", event_type="Warning")
-                announced = True
             pdb = pdb_now or pdb
             remaining = [pod_key(p) for p in targets]
             activity.heartbeat({"evicted": len(evicted), "remaining": len(remaining), "pdb": pdb})

@@ -19,6 +19,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import metrics
+from activities.drain import clear_blocked
 from activities.events import record_node_event
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
 from activities.node_keys import (
@@ -64,6 +65,17 @@ def parse_history(text: str | None) -> list[HistoryEntry]:
     except ValidationError:
         log.warning("ignoring unreadable %s annotation", A_HISTORY)
         return []
+
+
+def parse_acknowledged(text: str | None) -> dict[str, int]:
+    """GPU -> acknowledged XID; like the history, a damaged annotation reads as empty
+    (it must never make a release fail, which would keep the node out of service)."""
+    try:
+        raw = json.loads(text or "{}")
+        return {str(k): int(v) for k, v in raw.items()}
+    except (ValueError, TypeError, AttributeError):
+        log.warning("ignoring unreadable %s annotation", A_ACK_XIDS)
+        return {}
 
 
 def our_taint() -> dict[str, str]:
@@ -202,7 +214,7 @@ class NodeActivities:
                     A_TRANSITION: (inp.history.finished or inp.history.started).isoformat(),
                 }
                 if inp.acknowledged_xids:
-                    acked = json.loads(ann.get(A_ACK_XIDS) or "{}")
+                    acked = parse_acknowledged(ann.get(A_ACK_XIDS))
                     acked.update(inp.acknowledged_xids)
                     annotations[A_ACK_XIDS] = json.dumps(acked, sort_keys=True)
                 spec: dict[str, Any] = {}
@@ -228,6 +240,9 @@ class NodeActivities:
                 return body
 
             self._patch_guarded(inp.node, build)
+        # A drain given up (deadline policy "release", a quarantine order, an abort) never
+        # reached "drained": without this its blocked gauge would read 1 forever.
+        clear_blocked(inp.node)
         metrics.REMEDIATIONS_FINISHED.labels(inp.outcome, str(inp.dry_run).lower()).inc()
         record_node_event(
             self.core, inp.node, reason=inp.event_reason,

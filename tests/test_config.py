@@ -72,3 +72,15 @@ def test_cli_exits_2_with_the_field_on_bad_config(tmp_path: Path) -> None:
                                       str(write(tmp_path, "worker:\n  health_port: -1\n"))])
     assert result.exit_code == 2
     assert "worker.health_port" in result.output
+
+
+def test_environment_beats_the_file_and_options_beat_both(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "temporal:\n  address: from-file:7233\n  namespace: file-ns\n"
+                           "detector:\n  max_unavailable: 1\n")
+    monkeypatch.setenv("GPU_REMEDIATE_TEMPORAL__ADDRESS", "from-env:7233")
+    monkeypatch.setenv("GPU_REMEDIATE_DETECTOR__MAX_UNAVAILABLE", "3")
+    settings = load_settings(path, **{"detector.max_unavailable": 5})
+    assert settings.temporal.address == "from-env:7233"
+    assert settings.temporal.namespace == "file-ns", "sections merge across sources"
+    assert settings.detector.max_unavailable == 5

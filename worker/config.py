@@ -6,12 +6,17 @@ dotted name instead of silently running on defaults.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from policy.config import PolicyConfig
 from workflows.models import TASK_QUEUE, DetectorSettings, RemediationSettings
@@ -86,6 +91,20 @@ class WorkerConfig(_Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+_FILE_DATA: ContextVar[dict[str, Any]] = ContextVar("config_file_data", default={})
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """The YAML file's sections, at the lowest priority: environment variables override
+    them, explicit overrides (command-line options) override both."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return _FILE_DATA.get().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_DATA.get())
+
+
 class Settings(BaseSettings):
     """The whole configuration. Nested env overrides use '__':
     GPU_REMEDIATE_TEMPORAL__ADDRESS=temporal:7233."""
@@ -111,6 +130,14 @@ class Settings(BaseSettings):
                     raise ValueError(f"detector.{key}: set it at the top level as '{key}:'")
         return data
 
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
     def detector_settings(self) -> DetectorSettings:
         """What the detector workflow runs with: its section plus policy and remediation."""
         return self.detector.model_copy(update={"policy": self.policy,
@@ -135,13 +162,15 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         data = loaded
-    data = merge(data, nest({k: v for k, v in overrides.items() if v is not None}))
+    token = _FILE_DATA.set(data)
     try:
-        return Settings(**data)
+        return Settings(**nest({k: v for k, v in overrides.items() if v is not None}))
     except ValidationError as err:
         raise ConfigError(f"{source}: " + format_errors(err)) from err
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from err
+    finally:
+        _FILE_DATA.reset(token)
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:

@@ -218,6 +218,31 @@ class LocalStack:
                 part.proc.wait()
         self.parts = [p for p in self.parts if p.name != "worker"]
 
+    def restart_worker(self) -> Part:
+        """SIGKILL the worker and start a new one, as a crash-looping pod would."""
+        self.kill_worker()
+        return self.start_worker()
+
+    def kill_temporal(self) -> None:
+        """SIGKILL the Temporal dev server; with ``persistent`` its state survives on disk."""
+        for part in self.parts:
+            if part.name == "temporal" and part.proc.poll() is None:
+                os.killpg(part.proc.pid, signal.SIGKILL)
+                part.proc.wait()
+        self.parts = [p for p in self.parts if p.name != "temporal"]
+
+    def restart_temporal(self) -> None:
+        """Kill and restart the dev server on the same port and database file. The
+        worker and the CLI reconnect by themselves; nothing else is restarted."""
+        if not self.persistent:
+            raise StackError("restart_temporal needs persistent=True: the dev server would "
+                             "come back empty")
+        self.kill_temporal()
+        deadline = time.monotonic() + 30
+        while _tcp_open(self.ports.temporal) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.start_temporal()
+
     def stop(self) -> None:
         """Stop everything this stack started, newest first."""
         for part in reversed(self.parts):

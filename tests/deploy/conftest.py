@@ -12,8 +12,10 @@ from tests.deploy.kustomize import render
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 OVERLAYS = ("dry-run", "supervised", "autonomous")
-KUSTOMIZATIONS = {"base": DEPLOY / "base",
-                  **{name: DEPLOY / "overlays" / name for name in OVERLAYS}}
+KUSTOMIZATIONS = {
+    "base": DEPLOY / "base",
+    **{name: DEPLOY / "overlays" / name for name in OVERLAYS},
+}
 
 
 @pytest.fixture(scope="session")

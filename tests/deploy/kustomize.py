@@ -32,8 +32,12 @@ def name_hash(data: dict[str, str]) -> str:
     """kustomize's ConfigMap name suffix (api/hasher): the first 40 bits of the SHA-256
     of Go's JSON of {kind, name, data}, with vowel-like hex digits swapped. kustomize v5
     looks the name up with a path it never finds, so the name hashed is empty."""
-    encoded = json.dumps({"data": data, "kind": "ConfigMap", "name": ""}, sort_keys=True,
-                         separators=(",", ":"), ensure_ascii=False)
+    encoded = json.dumps(
+        {"data": data, "kind": "ConfigMap", "name": ""},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
     # Go's encoding/json escapes these three for HTML safety.
     encoded = encoded.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return hashlib.sha256(encoded.encode()).hexdigest()[:10].translate(HASH_LETTERS)
@@ -47,12 +51,13 @@ class Generated:
     labels: dict[str, str] = field(default_factory=dict)
 
     def manifest(self) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": f"{self.name}-{name_hash(self.data)}",
-                                "namespace": self.namespace}
+        meta: dict[str, Any] = {
+            "name": f"{self.name}-{name_hash(self.data)}",
+            "namespace": self.namespace,
+        }
         if self.labels:
             meta["labels"] = dict(self.labels)
-        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
-                "data": dict(self.data)}
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(self.data)}
 
 
 @dataclass
@@ -150,8 +155,11 @@ def render(directory: Path) -> list[dict[str, Any]]:
     objects = [*build.resources, *(g.manifest() for g in build.generated)]
     for obj in build.resources:
         namespace = obj.get("metadata", {}).get("namespace")
-        names = {g.name: g.manifest()["metadata"]["name"] for g in build.generated
-                 if g.namespace == namespace}
+        names = {
+            g.name: g.manifest()["metadata"]["name"]
+            for g in build.generated
+            if g.namespace == namespace
+        }
         _rewrite_refs(obj.get("spec"), names)
     return objects
 
@@ -163,9 +171,15 @@ def key(obj: dict[str, Any]) -> tuple[str, str, str]:
 
 def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     """One object by kind and name (generated ConfigMaps by their unhashed name)."""
-    found = [o for o in objects if o["kind"] == kind
-             and (o["metadata"]["name"] == name
-                  or (kind == "ConfigMap" and o["metadata"]["name"].rsplit("-", 1)[0] == name))]
+    found = [
+        o
+        for o in objects
+        if o["kind"] == kind
+        and (
+            o["metadata"]["name"] == name
+            or (kind == "ConfigMap" and o["metadata"]["name"].rsplit("-", 1)[0] == name)
+        )
+    ]
     if len(found) != 1:
         raise KeyError(f"{kind}/{name}: found {len(found)}")
     return found[0]

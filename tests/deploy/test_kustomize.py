@@ -40,10 +40,14 @@ def test_renderer_refuses_unsupported_fields(tmp_path: Any) -> None:
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 @pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
-def test_renderer_agrees_with_kubectl(name: str, rendered: dict[str, list[dict[str, Any]]]
-                                      ) -> None:
-    out = subprocess.run(["kubectl", "kustomize", str(KUSTOMIZATIONS[name])],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+def test_renderer_agrees_with_kubectl(name: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(KUSTOMIZATIONS[name])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     theirs = {key(o): o for o in yaml.safe_load_all(out) if o}
     mine = {key(o): o for o in rendered[name]}
     assert set(mine) == set(theirs)
@@ -53,10 +57,12 @@ def test_renderer_agrees_with_kubectl(name: str, rendered: dict[str, list[dict[s
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
-def test_objects_match_kubernetes_schemas(name: str, version: str,
-                                          rendered: dict[str, list[dict[str, Any]]]) -> None:
-    kv = pytest.importorskip("kubernetes_validate",
-                             reason="kubernetes-validate is not installed (test extra)")
+def test_objects_match_kubernetes_schemas(
+    name: str, version: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    kv = pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate is not installed (test extra)"
+    )
     target = kv.latest_version() if version == "latest" else version
     errors = []
     for obj in rendered[name]:
@@ -71,5 +77,7 @@ def test_objects_match_kubernetes_schemas(name: str, version: str,
 
 def test_crd_objects_are_the_expected_ones(rendered: dict[str, list[dict[str, Any]]]) -> None:
     crds = {(o["apiVersion"], o["kind"]) for o in rendered["base"] if o["kind"] in CRD_KINDS}
-    assert crds == {("monitoring.coreos.com/v1", "ServiceMonitor"),
-                    ("monitoring.coreos.com/v1", "PrometheusRule")}
+    assert crds == {
+        ("monitoring.coreos.com/v1", "ServiceMonitor"),
+        ("monitoring.coreos.com/v1", "PrometheusRule"),
+    }

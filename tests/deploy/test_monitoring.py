@@ -18,10 +18,26 @@ RULES_FILE = DEPLOY / "monitoring" / "gpu-remediate-rules.yaml"
 DASHBOARD = DEPLOY / "grafana" / "gpu-remediate.json"
 # Series that come from Prometheus itself, not from the code.
 BUILTIN_SERIES = {"up"}
-PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
-                "or", "unless", "offset", "inf", "nan"}
-SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",),
-            "histogram": ("_bucket", "_count", "_sum", "_created")}
+PROMQL_WORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+}
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+}
 
 
 def exported_series() -> set[str]:
@@ -43,7 +59,7 @@ def series_in(expr: str) -> set[str]:
     expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
     names = set()
     for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr):
-        rest = expr[m.end():].lstrip()
+        rest = expr[m.end() :].lstrip()
         if rest.startswith("(") or m.group().lower() in PROMQL_WORDS:
             continue
         names.add(m.group())
@@ -109,10 +125,16 @@ def test_dashboard_uses_exported_metrics() -> None:
         assert names <= known, f"{expr}: unknown series {names - known}"
         used |= names
     # Every family the brief names is on the board.
-    for family in ("gpu_remediate_nodes", "gpu_remediate_budget_slots",
-                   "gpu_remediate_budget_in_use", "gpu_remediate_nodes_waiting",
-                   "gpu_remediate_breaker_open", "gpu_remediate_drain_blocked",
-                   "gpu_remediate_scrape_errors_total", "gpu_remediate_observe_seconds_bucket"):
+    for family in (
+        "gpu_remediate_nodes",
+        "gpu_remediate_budget_slots",
+        "gpu_remediate_budget_in_use",
+        "gpu_remediate_nodes_waiting",
+        "gpu_remediate_breaker_open",
+        "gpu_remediate_drain_blocked",
+        "gpu_remediate_scrape_errors_total",
+        "gpu_remediate_observe_seconds_bucket",
+    ):
         assert family in used, family
 
 
@@ -122,23 +144,25 @@ def test_dashboard_is_provisionable() -> None:
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     provider = yaml.safe_load(
-        (DEPLOY / "grafana" / "provisioning" / "dashboards" / "gpu-remediate.yaml").read_text())
+        (DEPLOY / "grafana" / "provisioning" / "dashboards" / "gpu-remediate.yaml").read_text()
+    )
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
 
 
-def test_servicemonitor_scrapes_the_worker_ports(rendered: dict[str, list[dict[str, Any]]]
-                                                 ) -> None:
+def test_servicemonitor_scrapes_the_worker_ports(rendered: dict[str, list[dict[str, Any]]]) -> None:
     objects = rendered["base"]
     monitor = find(objects, "ServiceMonitor", "gpu-remediate")
     service = find(objects, "Service", "gpu-remediate")
     deploy = find(objects, "Deployment", "gpu-remediate")
     labels = service["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [
-        service["metadata"]["namespace"]]
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
     service_ports = {p["name"]: p for p in service["spec"]["ports"]}
-    assert {e["port"] for e in monitor["spec"]["endpoints"]} == set(service_ports) == {
-        "metrics", "sdk-metrics"}
+    assert (
+        {e["port"] for e in monitor["spec"]["endpoints"]}
+        == set(service_ports)
+        == {"metrics", "sdk-metrics"}
+    )
     pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     (worker,) = deploy["spec"]["template"]["spec"]["containers"]

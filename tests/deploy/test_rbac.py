@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client
 
 from tests.deploy.conftest import ROOT
+from tests.deploy.kustomize import find
 from worker.config import load_settings
 
 ACTIVITIES = ROOT / "activities"
@@ -28,8 +29,11 @@ Permission = tuple[str, str, str]  # apiGroup, resource[/subresource], verb
 
 @cache
 def _api_classes() -> list[type]:
-    return [getattr(client, n) for n in dir(client)
-            if n.endswith("Api") and inspect.isclass(getattr(client, n))]
+    return [
+        getattr(client, n)
+        for n in dir(client)
+        if n.endswith("Api") and inspect.isclass(getattr(client, n))
+    ]
 
 
 def is_client_method(method: str) -> bool:
@@ -56,9 +60,16 @@ def permission(method: str, api: str = "") -> Permission:
         rest = rest[2:]
     resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
     named = len(rest) > 1
-    verb = {("GET", True): "get", ("GET", False): "list", ("POST", False): "create",
-            ("POST", True): "create", ("PATCH", True): "patch", ("PUT", True): "update",
-            ("DELETE", True): "delete", ("DELETE", False): "deletecollection"}[(http, named)]
+    verb = {
+        ("GET", True): "get",
+        ("GET", False): "list",
+        ("POST", False): "create",
+        ("POST", True): "create",
+        ("PATCH", True): "patch",
+        ("PUT", True): "update",
+        ("DELETE", True): "delete",
+        ("DELETE", False): "deletecollection",
+    }[(http, named)]
     return group, resource, verb
 
 
@@ -67,8 +78,9 @@ def receiver_api(source: str, receiver: str) -> str | None:
     from its assignment ``self.core = client.CoreV1Api(...)`` or annotation
     ``core: client.CoreV1Api``."""
     name = re.escape(receiver)
-    match = (re.search(rf"{name}\s*=\s*client\.(\w+Api)\(", source)
-             or re.search(rf"\b{name}\s*:\s*client\.(\w+Api)\b", source))
+    match = re.search(rf"{name}\s*=\s*client\.(\w+Api)\(", source) or re.search(
+        rf"\b{name}\s*:\s*client\.(\w+Api)\b", source
+    )
     return match.group(1) if match else None
 
 
@@ -83,7 +95,8 @@ def calls_in_activities() -> dict[tuple[str, str], set[str]]:
                 # Our own methods (self.read_node_health) are not API calls; a client
                 # method on a receiver we cannot type would escape the check, so fail.
                 assert not is_client_method(method) or receiver == "self", (
-                    f"{path.name}: cannot tell which Api class {receiver}.{method} uses")
+                    f"{path.name}: cannot tell which Api class {receiver}.{method} uses"
+                )
                 continue
             found.setdefault((api, method), set()).add(path.name)
     return found
@@ -94,14 +107,20 @@ def used_permissions() -> set[Permission]:
 
 
 def _roles_of_worker(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    roles = {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
-             for o in objects if o["kind"] in ("ClusterRole", "Role")}
+    roles = {
+        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
+        for o in objects
+        if o["kind"] in ("ClusterRole", "Role")
+    }
     bound = []
     for b in objects:
         if b["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
             continue
-        subjects = {(s.get("namespace", ""), s["name"]) for s in b.get("subjects", [])
-                    if s["kind"] == "ServiceAccount"}
+        subjects = {
+            (s.get("namespace", ""), s["name"])
+            for s in b.get("subjects", [])
+            if s["kind"] == "ServiceAccount"
+        }
         if SERVICE_ACCOUNT not in subjects:
             continue
         ref = b["roleRef"]
@@ -125,8 +144,13 @@ def granted(role: dict[str, Any]) -> set[Permission]:
 def test_client_calls_are_found() -> None:
     calls = {method for _, method in calls_in_activities()}
     # The scan must see the calls the design names, or it silently proves nothing.
-    for method in ("patch_node", "list_pod_for_all_namespaces", "create_namespaced_pod_eviction",
-                   "create_namespaced_job", "create_namespaced_event"):
+    for method in (
+        "patch_node",
+        "list_pod_for_all_namespaces",
+        "create_namespaced_pod_eviction",
+        "create_namespaced_job",
+        "create_namespaced_event",
+    ):
         assert method in calls
 
 
@@ -137,13 +161,17 @@ def test_permission_mapping() -> None:
     assert permission("read_namespaced_job_status") == ("batch", "jobs/status", "get")
     assert permission("create_namespaced_event", "CoreV1Api") == ("", "events", "create")
     assert permission("create_namespaced_event", "EventsV1Api") == (
-        "events.k8s.io", "events", "create")
+        "events.k8s.io",
+        "events",
+        "create",
+    )
     assert permission("replace_namespaced_deployment") == ("apps", "deployments", "update")
 
 
 @pytest.mark.parametrize("name", ["base", "dry-run", "supervised", "autonomous"])
 def test_rbac_grants_exactly_what_the_code_uses(
-        name: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    name: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
     roles = _roles_of_worker(rendered[name])
     have: set[Permission] = set().union(*(granted(r) for r in roles))
     need = used_permissions()
@@ -152,21 +180,25 @@ def test_rbac_grants_exactly_what_the_code_uses(
 
 
 def _namespace_of_grant(roles: list[dict[str, Any]], perm: Permission) -> set[str]:
-    return {r["metadata"].get("namespace", "*") if r["kind"] == "Role" else "*"
-            for r in roles if perm in granted(r)}
+    return {
+        r["metadata"].get("namespace", "*") if r["kind"] == "Role" else "*"
+        for r in roles
+        if perm in granted(r)
+    }
 
 
 def test_namespaced_grants_are_where_the_code_calls(
-        rendered: dict[str, list[dict[str, Any]]]) -> None:
-    from tests.deploy.kustomize import find
-
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
     events_source = (ACTIVITIES / "events.py").read_text()
     event_namespace = re.search(r'create_namespaced_event\(\s*"([^"]+)"', events_source)
     assert event_namespace, "activities/events.py: the Event namespace is not a literal"
     for name, objects in rendered.items():
         roles = _roles_of_worker(objects)
         config = find(objects, "ConfigMap", "gpu-remediate-config")["data"]["config.yaml"]
-        settings = load_settings(_write(config))
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(config)
+        settings = load_settings(path)
         job_ns = settings.remediation.job_namespace
         assert _namespace_of_grant(roles, ("batch", "jobs", "create")) == {job_ns}, name
         assert _namespace_of_grant(roles, ("batch", "jobs/status", "get")) == {job_ns}, name
@@ -174,12 +206,3 @@ def test_namespaced_grants_are_where_the_code_calls(
         # Node, pod and eviction calls span namespaces (drain, exporter discovery).
         for perm in (("", "nodes", "patch"), ("", "pods", "list"), ("", "pods/eviction", "create")):
             assert _namespace_of_grant(roles, perm) == {"*"}, perm
-
-
-def _write(text: str) -> Path:
-    import tempfile
-
-    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
-    with handle:
-        handle.write(text)
-    return Path(handle.name)

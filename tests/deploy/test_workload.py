@@ -60,25 +60,29 @@ def test_worker_deployment_shape(base: list[dict[str, Any]], tmp_path: Path) -> 
     assert "memory" in worker["resources"]["limits"]
 
 
-def test_worker_probes_and_ports_match_config(base: list[dict[str, Any]], tmp_path: Path
-                                              ) -> None:
+def test_worker_probes_and_ports_match_config(base: list[dict[str, Any]], tmp_path: Path) -> None:
     settings = config_of(base, tmp_path)
     (worker,) = pod_spec(base, "Deployment", "gpu-remediate")["containers"]
     ports = {p["name"]: p["containerPort"] for p in worker["ports"]}
-    assert ports == {"health": settings.worker.health_port,
-                     "metrics": settings.worker.metrics_port,
-                     "sdk-metrics": settings.worker.sdk_metrics_port}
+    assert ports == {
+        "health": settings.worker.health_port,
+        "metrics": settings.worker.metrics_port,
+        "sdk-metrics": settings.worker.sdk_metrics_port,
+    }
     assert worker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert worker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert worker["startupProbe"]["httpGet"]["path"] == "/healthz"
     assert settings.worker.bind == "0.0.0.0"  # probes and scrapes come from outside the pod
 
 
-@pytest.mark.parametrize(("kind", "name"), [
-    ("Deployment", "gpu-remediate"),
-    ("Job", "gpu-remediate-search-attributes"),
-    ("Job", "gpu-remediate-detector-start"),
-])
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        ("Deployment", "gpu-remediate"),
+        ("Job", "gpu-remediate-search-attributes"),
+        ("Job", "gpu-remediate-detector-start"),
+    ],
+)
 def test_pods_are_locked_down(base: list[dict[str, Any]], kind: str, name: str) -> None:
     spec = pod_spec(base, kind, name)
     pod_ctx = spec["securityContext"]
@@ -112,21 +116,26 @@ def test_worker_runs_as_the_image_user(base: list[dict[str, Any]]) -> None:
 
 def test_temporal_credentials_are_referenced_not_shipped(base: list[dict[str, Any]]) -> None:
     assert not [o for o in base if o["kind"] == "Secret"]
-    for kind, name in (("Deployment", "gpu-remediate"), ("Job", "gpu-remediate-detector-start"),
-                       ("Job", "gpu-remediate-search-attributes")):
+    for kind, name in (
+        ("Deployment", "gpu-remediate"),
+        ("Job", "gpu-remediate-detector-start"),
+        ("Job", "gpu-remediate-search-attributes"),
+    ):
         spec = pod_spec(base, kind, name)
         secret_volumes = [v["secret"] for v in spec["volumes"] if "secret" in v]
-        assert secret_volumes == [{"secretName": "gpu-remediate-temporal", "optional": True,
-                                   "defaultMode": 0o440}]
+        assert secret_volumes == [
+            {"secretName": "gpu-remediate-temporal", "optional": True, "defaultMode": 0o440}
+        ]
         for c in containers(spec):
-            refs = [e["valueFrom"]["secretKeyRef"] for e in c.get("env", [])
-                    if "secretKeyRef" in e.get("valueFrom", {})]
-            assert refs == [{"name": "gpu-remediate-temporal", "key": "api-key",
-                             "optional": True}]
+            refs = [
+                e["valueFrom"]["secretKeyRef"]
+                for e in c.get("env", [])
+                if "secretKeyRef" in e.get("valueFrom", {})
+            ]
+            assert refs == [{"name": "gpu-remediate-temporal", "key": "api-key", "optional": True}]
 
 
-def test_temporal_address_comes_from_one_place(base: list[dict[str, Any]], tmp_path: Path
-                                               ) -> None:
+def test_temporal_address_comes_from_one_place(base: list[dict[str, Any]], tmp_path: Path) -> None:
     settings_text = find(base, "ConfigMap", "gpu-remediate-config")["data"]["config.yaml"]
     import yaml
 
@@ -135,11 +144,17 @@ def test_temporal_address_comes_from_one_place(base: list[dict[str, Any]], tmp_p
     assert "address" not in temporal and "namespace" not in temporal
     cm = find(base, "ConfigMap", "gpu-remediate-temporal")
     assert set(cm["data"]) == {"address", "namespace"}
-    for kind, name in (("Deployment", "gpu-remediate"), ("Job", "gpu-remediate-detector-start"),
-                       ("Job", "gpu-remediate-search-attributes")):
+    for kind, name in (
+        ("Deployment", "gpu-remediate"),
+        ("Job", "gpu-remediate-detector-start"),
+        ("Job", "gpu-remediate-search-attributes"),
+    ):
         for c in containers(pod_spec(base, kind, name)):
-            refs = {e["name"]: e["valueFrom"]["configMapKeyRef"] for e in c.get("env", [])
-                    if "configMapKeyRef" in e.get("valueFrom", {})}
+            refs = {
+                e["name"]: e["valueFrom"]["configMapKeyRef"]
+                for e in c.get("env", [])
+                if "configMapKeyRef" in e.get("valueFrom", {})
+            }
             assert {r["name"] for r in refs.values()} == {cm["metadata"]["name"]}
             assert sorted(r["key"] for r in refs.values()) == ["address", "namespace"]
 
@@ -151,11 +166,13 @@ def test_pdb_keeps_one_worker(base: list[dict[str, Any]]) -> None:
     assert pdb["spec"]["selector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
 
 
-def test_job_namespace_allows_privileged_only_there(base: list[dict[str, Any]], tmp_path: Path
-                                                    ) -> None:
+def test_job_namespace_allows_privileged_only_there(
+    base: list[dict[str, Any]], tmp_path: Path
+) -> None:
     settings = config_of(base, tmp_path)
-    namespaces = {o["metadata"]["name"]: o["metadata"]["labels"] for o in base
-                  if o["kind"] == "Namespace"}
+    namespaces = {
+        o["metadata"]["name"]: o["metadata"]["labels"] for o in base if o["kind"] == "Namespace"
+    }
     assert set(namespaces) == {"gpu-remediate", settings.remediation.job_namespace}
     enforce = "pod-security.kubernetes.io/enforce"
     assert namespaces[settings.remediation.job_namespace][enforce] == "privileged"
@@ -183,15 +200,19 @@ def test_search_attributes_gate_the_detector(base: list[dict[str, Any]]) -> None
             assert o["spec"]["ttlSecondsAfterFinished"] > 0  # Jobs are immutable: upgrades
 
 
-def test_overlays_differ_only_in_mode(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
-                                      ) -> None:
+def test_overlays_differ_only_in_mode(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
     modes = {name: config_of(rendered[name], tmp_path) for name in ("base", *OVERLAYS)}
     assert modes["base"] == modes["dry-run"]
     assert modes["dry-run"].detector.dry_run is True
     assert modes["dry-run"].remediation.approval.required_for == []
     assert modes["supervised"].detector.dry_run is False
     assert [a.value for a in modes["supervised"].remediation.approval.required_for] == [
-        "reset", "reboot", "quarantine"]
+        "reset",
+        "reboot",
+        "quarantine",
+    ]
     assert modes["autonomous"].detector.dry_run is False
     assert modes["autonomous"].remediation.approval.required_for == []
 
@@ -208,7 +229,8 @@ def test_overlays_differ_only_in_mode(rendered: dict[str, list[dict[str, Any]]],
 
 
 def test_overlays_change_nothing_but_config_and_labels(
-        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     def strip(objects: list[dict[str, Any]]) -> dict[tuple[str, str], Any]:
         out = {}
         for o in objects:
@@ -228,9 +250,14 @@ def test_overlays_change_nothing_but_config_and_labels(
 
 def _unhash(node: Any) -> Any:
     if isinstance(node, dict):
-        return {k: (v.rsplit("-", 1)[0] if k == "name" and isinstance(v, str)
-                    and v.startswith("gpu-remediate-config-") else _unhash(v))
-                for k, v in node.items()}
+        return {
+            k: (
+                v.rsplit("-", 1)[0]
+                if k == "name" and isinstance(v, str) and v.startswith("gpu-remediate-config-")
+                else _unhash(v)
+            )
+            for k, v in node.items()
+        }
     if isinstance(node, list):
         return [_unhash(v) for v in node]
     return node

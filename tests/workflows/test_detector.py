@@ -1,9 +1,10 @@
 """DetectorWorkflow with a scripted FakeCluster: budget, priority, breaker, operator updates,
 continue-as-new and history size.
 
-Updates and real timers run on the dev server (``local_env``); the one test that
-needs minutes of workflow time uses the time-skipping server and no updates.
-Node names carry a per-test prefix because children are `remediation-<node>`.
+Tests that send updates run on the dev server (``local_env``, whose timers fire on
+whole seconds); the others run on the time-skipping server (millisecond timers,
+and ``env.sleep`` skips minutes). Node names carry a per-test prefix because
+children are `remediation-<node>`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from policy.models import Action
 from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
@@ -112,21 +114,22 @@ OP = OperatorCommand(operator="alice", reason="maintenance")
 
 @pytest.mark.parametrize(("budget", "size", "flagged", "slots"), [
     (1, 10, 4, 1), (3, 10, 6, 3), ("50%", 8, 6, 4)])
-async def test_budget_is_never_exceeded(local_env, budget, size, flagged, slots):
+async def test_budget_is_never_exceeded(time_skipping_env, budget, size, flagged, slots):
+    env = time_skipping_env
     cluster, names = fleet(size)
     # Every remediation spends a few eviction rounds draining, so several overlap.
     cluster.drain_blocked_rounds = 4
     cluster.verdicts = [xid_verdict(n) for n in names[:flagged]]
     s = settings(max_unavailable=budget, **NO_BREAKER)
-    async with worker_for(local_env.client, cluster) as queue:
-        detector = await start(local_env.client, queue, s)
+    async with worker_for(env.client, cluster) as queue:
+        detector = await start(env.client, queue, s)
         try:
             await until(lambda: set(cluster.claimed) == set(names[:flagged])
                         and all(cluster.nodes[n].state == NodeState.HEALTHY for n in names),
                         timeout=40, what="every flagged node remediated")
             view = await dview(detector)
         finally:
-            await cleanup(local_env.client, detector, cluster)
+            await cleanup(env.client, detector, cluster)
     assert view.budget == slots
     assert cluster.max_out_of_service() == slots, "the budget is used, and never exceeded"
     assert sorted(cluster.claimed) == sorted(names[:flagged]), "each node remediated once"
@@ -134,19 +137,20 @@ async def test_budget_is_never_exceeded(local_env, budget, size, flagged, slots)
     assert all(r.in_use <= slots for r in cluster.reports)
 
 
-async def test_labelled_nodes_hold_slots_and_cordoned_counts_per_setting(local_env):
+async def test_labelled_nodes_hold_slots_and_cordoned_counts_per_setting(time_skipping_env):
     """Truth is on the nodes: slots held by labels the detector did not set count too."""
+    env = time_skipping_env
     for counts, expect_start in ((True, False), (False, True)):
         cluster, names = fleet(10)
         cluster.nodes[names[0]].state = NodeState.CORDONED  # a thermal remediation
         cluster.verdicts = [xid_verdict(names[1])]
         s = settings(max_unavailable=1, cordoned_counts_against_budget=counts)
-        async with worker_for(local_env.client, cluster) as queue:
-            detector = await start(local_env.client, queue, s)
+        async with worker_for(env.client, cluster) as queue:
+            detector = await start(env.client, queue, s)
             try:
                 view = await ticks(detector, 2)
             finally:
-                await cleanup(local_env.client, detector, cluster)
+                await cleanup(env.client, detector, cluster)
         assert (started_children(cluster) == [names[1]]) is expect_start, counts
         if not expect_start:
             assert view.in_flight == [names[0]]
@@ -156,13 +160,14 @@ async def test_labelled_nodes_hold_slots_and_cordoned_counts_per_setting(local_e
 # ------------------------------------------------------------------ priority
 
 
-async def test_most_severe_first_then_longest_waiting(local_env):
+async def test_most_severe_first_then_longest_waiting(time_skipping_env):
+    env = time_skipping_env
     cluster, names = fleet(12)
     holder, early, *rest = names
     cluster.nodes[holder].state = NodeState.DRAINING  # the only slot is taken
     cluster.verdicts = [xid_verdict(early, 79, Action.REBOOT)]
-    async with worker_for(local_env.client, cluster) as queue:
-        detector = await start(local_env.client, queue, settings(max_unavailable=1,
+    async with worker_for(env.client, cluster) as queue:
+        detector = await start(env.client, queue, settings(max_unavailable=1,
                                                                  **NO_BREAKER))
         try:
             await ticks(detector, 1)
@@ -184,7 +189,7 @@ async def test_most_severe_first_then_longest_waiting(local_env):
             assert order == [quarantine, early, late, reset, thermal]
             assert cluster.max_out_of_service() == 1
         finally:
-            await cleanup(local_env.client, detector, cluster)
+            await cleanup(env.client, detector, cluster)
 
 
 # ------------------------------------------------------------------ circuit breaker
@@ -214,15 +219,16 @@ async def test_breaker_trips_on_many_flagged_and_resume_reopens_admissions(local
             await cleanup(local_env.client, detector, cluster)
 
 
-async def test_few_flagged_nodes_never_trip_the_breaker(local_env):
+async def test_few_flagged_nodes_never_trip_the_breaker(time_skipping_env):
+    env = time_skipping_env
     cluster, names = fleet(4)
     cluster.verdicts = [xid_verdict(n) for n in names[:2]]  # 50%, but fewer than 3 nodes
-    async with worker_for(local_env.client, cluster) as queue:
-        detector = await start(local_env.client, queue, settings(max_unavailable=1))
+    async with worker_for(env.client, cluster) as queue:
+        detector = await start(env.client, queue, settings(max_unavailable=1))
         try:
             view = await ticks(detector, 2)
         finally:
-            await cleanup(local_env.client, detector, cluster)
+            await cleanup(env.client, detector, cluster)
     assert not view.breaker_open
     assert len(set(started_children(cluster))) >= 1
 
@@ -292,12 +298,13 @@ async def test_manual_remediation_goes_through_budget_and_validator(local_env):
 # ------------------------------------------------------------------ no data, no action
 
 
-async def test_observation_failure_admits_nothing_and_detector_keeps_ticking(local_env):
+async def test_observation_failure_admits_nothing_and_detector_keeps_ticking(time_skipping_env):
+    env = time_skipping_env
     cluster, names = fleet(10)
     cluster.verdicts = [xid_verdict(names[0])]
     cluster.observe_error = "dcgm-exporter unreachable"
-    async with worker_for(local_env.client, cluster) as queue:
-        detector = await start(local_env.client, queue, settings(max_unavailable=1))
+    async with worker_for(env.client, cluster) as queue:
+        detector = await start(env.client, queue, settings(max_unavailable=1))
         try:
             view = await ticks(detector, 2)
             assert view.last_errors and "dcgm-exporter unreachable" in view.last_errors[0]
@@ -306,14 +313,15 @@ async def test_observation_failure_admits_nothing_and_detector_keeps_ticking(loc
             cluster.observe_error = None
             await until(lambda: started_children(cluster) == [names[0]], what="recovery")
         finally:
-            await cleanup(local_env.client, detector, cluster)
+            await cleanup(env.client, detector, cluster)
 
 
-async def test_failing_metrics_report_does_not_kill_the_detector(local_env):
+async def test_failing_metrics_report_does_not_kill_the_detector(time_skipping_env):
+    env = time_skipping_env
     cluster, _names = fleet(10)
     cluster.report_error = "pushgateway down"
-    async with worker_for(local_env.client, cluster) as queue:
-        detector = await start(local_env.client, queue, settings(max_unavailable=1))
+    async with worker_for(env.client, cluster) as queue:
+        detector = await start(env.client, queue, settings(max_unavailable=1))
         try:
             view = await ticks(detector, 2, timeout=20)
             assert any("pushgateway down" in e for e in view.last_errors)
@@ -321,7 +329,7 @@ async def test_failing_metrics_report_does_not_kill_the_detector(local_env):
             cluster.report_error = None
             await until(lambda: cluster.reports != [], what="a report")
         finally:
-            await cleanup(local_env.client, detector, cluster)
+            await cleanup(env.client, detector, cluster)
 
 
 # ------------------------------------------------------------------ continue-as-new
@@ -355,7 +363,7 @@ async def test_continue_as_new_carries_pause_breaker_and_pending_starts(local_en
             with cluster.lock:
                 assert not any(n.state != NodeState.HEALTHY for n in cluster.nodes.values())
             handle = local_env.client.get_workflow_handle(f"remediation-{other}")
-            with pytest.raises(Exception):
+            with pytest.raises(RPCError, match="not found"):
                 await handle.describe()  # never started: the budget was full all along
             # The first run's history ends in continue-as-new with the state as input.
             history = await local_env.client.get_workflow_handle(
@@ -367,12 +375,13 @@ async def test_continue_as_new_carries_pause_breaker_and_pending_starts(local_en
             await cleanup(local_env.client, detector, cluster)
 
 
-async def test_breaker_state_survives_continue_as_new(local_env):
+async def test_breaker_state_survives_continue_as_new(time_skipping_env):
+    env = time_skipping_env
     cluster, names = fleet(10)
     cluster.verdicts = [xid_verdict(n) for n in names[:5]]
     s = settings(max_unavailable=1, ticks_per_run=2)
-    async with worker_for(local_env.client, cluster) as queue:
-        detector = await start(local_env.client, queue, s)
+    async with worker_for(env.client, cluster) as queue:
+        detector = await start(env.client, queue, s)
         try:
             first_run = (await detector.describe()).run_id
 
@@ -384,18 +393,19 @@ async def test_breaker_state_survives_continue_as_new(local_env):
             assert view.breaker_open and "5 of 10" in view.breaker_reason
             assert started_children(cluster) == []
         finally:
-            await cleanup(local_env.client, detector, cluster)
+            await cleanup(env.client, detector, cluster)
 
 
-async def test_children_are_abandoned_not_terminated(local_env):
+async def test_children_are_abandoned_not_terminated(time_skipping_env):
+    env = time_skipping_env
     cluster, names = fleet(10)
     gate = threading.Event()
     cluster.job_gates["reboot"] = gate  # the remediation stays in repair
     cluster.verdicts = [xid_verdict(names[0])]
     s = settings(max_unavailable=1, ticks_per_run=2)
-    async with worker_for(local_env.client, cluster) as queue:
-        detector = await start(local_env.client, queue, s)
-        child = local_env.client.get_workflow_handle(f"remediation-{names[0]}")
+    async with worker_for(env.client, cluster) as queue:
+        detector = await start(env.client, queue, s)
+        child = env.client.get_workflow_handle(f"remediation-{names[0]}")
         try:
             first_run = (await detector.describe()).run_id
             await until(lambda: cluster.nodes[names[0]].state == NodeState.REPAIRING)
@@ -410,10 +420,10 @@ async def test_children_are_abandoned_not_terminated(local_env):
             assert (await child.describe()).status == WorkflowExecutionStatus.RUNNING
             gate.set()
             result = await asyncio.wait_for(child.result(), 10)
-            assert result.outcome == NodeState.HEALTHY
+            assert result["outcome"] == "healthy"
         finally:
             gate.set()
-            await cleanup(local_env.client, detector, cluster)
+            await cleanup(env.client, detector, cluster)
 
 
 # ------------------------------------------------------------------ history size
@@ -442,11 +452,12 @@ async def _first_run_history_length(client: Client, size: int, ticks_per_run: in
     return len(history.events)
 
 
-async def test_history_events_per_tick_do_not_depend_on_fleet_size(local_env):
-    small = await _first_run_history_length(local_env.client, 10, 6)
-    large = await _first_run_history_length(local_env.client, 1000, 6)
+async def test_history_events_per_tick_do_not_depend_on_fleet_size(time_skipping_env):
+    env = time_skipping_env
+    small = await _first_run_history_length(env.client, 10, 6)
+    large = await _first_run_history_length(env.client, 1000, 6)
     assert small == large
-    longer = await _first_run_history_length(local_env.client, 10, 8)
+    longer = await _first_run_history_length(env.client, 10, 8)
     per_tick = (longer - small) / 2
     assert per_tick <= 12, f"{per_tick} events per idle tick"
 

@@ -73,16 +73,13 @@ case "$mode" in
       fi
       sleep 5
     done
-    if [ -n "$left" ]; then
-      create_args=""
-      for name in $left; do create_args="$create_args --name $name"; done
-      echo "creating Keyword search attributes:$create_args"
-      # One call for all of them (back-to-back single creates have raced on some servers);
-      # "already exists" from a concurrent run is fine: the wait below decides.
-      # shellcheck disable=SC2086
-      temporal operator search-attribute create "$@" $create_args --type Keyword \
-        || echo "create reported an error; checking what is registered" >&2
-    fi
+    for name in $left; do
+      echo "creating Keyword search attribute $name"
+      # One call per attribute: given several --name, temporal CLI 1.9 created only the first.
+      # "Already exists" from a concurrent run is fine: the wait below decides.
+      temporal operator search-attribute create "$@" --name "$name" --type Keyword \
+        || echo "creating $name reported an error; checking what is registered" >&2
+    done
     wait_for_all "$@"
     ;;
   *)

@@ -1,0 +1,256 @@
+"""drain_node against the cluster simulator: Eviction API, PDBs, skips, force, dry-run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.drain import DrainActivities, clear_blocked
+from activities.nodes import NodeActivities
+from tests.activities.conftest import Cluster, Heartbeats, metric, wait_for
+from workflows.models import DrainInput, DrainSettings
+
+NODE = "gpu-node-01"  # runs team-a/trainer (8 GPUs, PDB min_available 1), DaemonSets, mirror pod
+FAST = DrainSettings(retry_interval=timedelta(seconds=0.2))
+
+
+def drain(node: str = NODE, *, report_after: float = 20, force: bool = False,
+          dry_run: bool = False, gpu_pods_only: bool = False) -> DrainInput:
+    return DrainInput(node=node, settings=FAST.model_copy(update={"gpu_pods_only": gpu_pods_only}),
+                      force=force, report_after=timedelta(seconds=report_after), dry_run=dry_run)
+
+
+@pytest.fixture
+def acts(cluster: Cluster) -> Iterator[DrainActivities]:
+    cluster.cordon(NODE)  # claim_node cordons first; replacements must land elsewhere
+    yield DrainActivities(cluster.api)
+    # Every test's simulator has the same node names; the blocked state is per process.
+    clear_blocked(NODE)
+
+
+def bare_pod(k: Cluster, ns: str, node: str, name: str, *, gpus: int = 0,
+             labels: dict[str, str] | None = None, ready_after: float = 0) -> None:
+    container: dict[str, Any] = {"name": "main", "image": "registry.sim.local/x"}
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    k.core.create_namespaced_pod(ns, {
+        "metadata": {"name": name, "labels": labels or {},
+                     "annotations": {"sim.gpu-remediate.io/readiness-delay-seconds":
+                                     str(ready_after)}},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                 "containers": [container]}})
+
+
+def namespace(k: Cluster, name: str) -> str:
+    k.core.create_namespace({"metadata": {"name": name}})
+    return name
+
+
+def block_trainer(k: Cluster) -> str:
+    """Make team-a/trainer's PDB refuse every eviction (both replicas must stay)."""
+    pdbs = k.policy.list_namespaced_pod_disruption_budget("team-a").items
+    assert len(pdbs) == 1
+    name = pdbs[0].metadata.name
+    k.policy.patch_namespaced_pod_disruption_budget(name, "team-a",
+                                                    {"spec": {"minAvailable": 2}})
+    wait_for(lambda: k.policy.read_namespaced_pod_disruption_budget(name, "team-a")
+             .status.disruptions_allowed == 0)
+    return name
+
+
+def trainer_on(k: Cluster, node: str) -> str:
+    pods = wait_for(lambda: [p for p in k.pods_on(node) if p.metadata.namespace == "team-a"])
+    assert len(pods) == 1, [p.metadata.name for p in pods]
+    return f"team-a/{pods[0].metadata.name}"
+
+
+def test_drain_evicts_normal_pods_and_skips_daemonset_mirror_and_finished_pods(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
+    ns = namespace(cluster, "team-c")
+    trainer = trainer_on(cluster, NODE)
+    cluster.batch.create_namespaced_job(ns, {
+        "metadata": {"name": "done"},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "nodeName": NODE, "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "registry.sim.local/x"}]}}}})
+    wait_for(lambda: any(p.status.phase == "Succeeded" for p in cluster.pods_on(NODE)))
+    bare_pod(cluster, ns, NODE, "cpu-worker")
+    result = env.run(acts.drain_node, drain())
+    assert result.outcome == "drained"
+    assert result.evicted == sorted([trainer, "team-c/cpu-worker"])
+    reasons = {s.split(" (")[1].rstrip(")") for s in result.skipped}
+    assert reasons == {"DaemonSet pod", "mirror pod", "finished"}
+    assert any(s.startswith("kube-system/node-local-agent-gpu-node-01 (mirror")
+               for s in result.skipped)
+    left = {f"{p.metadata.namespace}/{p.metadata.name}" for p in cluster.pods_on(NODE)}
+    assert trainer not in left and "team-c/cpu-worker" not in left
+    evictions = [w for w in cluster.writes("pods/eviction")]
+    assert len(evictions) == 2, "only the two movable pods were asked to move"
+    assert not [w for w in cluster.writes("pods") if w["verb"] == "delete"]
+
+
+def test_drain_gpu_pods_only_leaves_cpu_pods(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
+    ns = namespace(cluster, "team-c")
+    bare_pod(cluster, ns, NODE, "cpu-worker")
+    result = env.run(acts.drain_node, drain(gpu_pods_only=True))
+    assert result.outcome == "drained" and result.evicted == [trainer_on_was(result)]
+    assert "team-c/cpu-worker (uses no GPU)" in result.skipped
+    assert any(p.metadata.name == "cpu-worker" and p.metadata.deletion_timestamp is None
+               for p in cluster.pods_on(NODE))
+
+
+def trainer_on_was(result: Any) -> str:
+    return next(p for p in result.evicted if p.startswith("team-a/"))
+
+
+def test_drain_blocked_by_a_pdb_reports_it_after_report_after(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment,
+        heartbeats: Heartbeats) -> None:
+    pdb = block_trainer(cluster)
+    trainer = trainer_on(cluster, NODE)
+    result = env.run(acts.drain_node, drain(report_after=1))
+    assert result.outcome == "blocked"
+    assert result.blocking_pdb == f"team-a/{pdb}"
+    assert result.remaining == [trainer] and pdb in result.message
+    assert heartbeats.seen and heartbeats.seen[-1]["pdb"] == f"team-a/{pdb}"
+    events = cluster.events(NODE, "DrainBlocked")
+    assert len(events) == 1 and pdb in events[0].message and events[0].type == "Warning"
+    assert metric("gpu_remediate_drain_blocked", node=NODE, pdb=f"team-a/{pdb}") == 1
+
+
+def test_drain_blocked_again_by_the_same_pdb_does_not_repeat_the_event(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
+    """The workflow calls drain_node again after every 'blocked': one Event per
+    blocking episode, not one per minute for the whole drain deadline."""
+    block_trainer(cluster)
+    for _ in range(3):
+        assert env.run(acts.drain_node, drain(report_after=0.3)).outcome == "blocked"
+    assert len(cluster.events(NODE, "DrainBlocked")) == 1
+
+
+def test_drain_completes_once_the_replacement_is_ready(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment,
+        heartbeats: Heartbeats) -> None:
+    """Two replicas on the node, PDB min_available 1: the second eviction waits until the
+    first one's replacement (elsewhere) is Ready."""
+    ns = namespace(cluster, "web")
+    cluster.cordon(NODE, False)
+    others = ["gpu-node-02", "gpu-node-03", "gpu-node-04"]
+    for n in others:
+        cluster.cordon(n)
+    labels = {"app": "web"}
+    cluster.apps.create_namespaced_replica_set(ns, {
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels, "annotations": {
+                "sim.gpu-remediate.io/readiness-delay-seconds": "1.5"}},
+            "spec": {"terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "main", "image": "registry.sim.local/web"}]}}}})
+    cluster.policy.create_namespaced_pod_disruption_budget(ns, {
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"matchLabels": labels}, "minAvailable": 1}})
+
+    def web_pods() -> list[Any]:
+        return list(cluster.core.list_namespaced_pod(ns).items)
+
+    def ready(p: Any) -> bool:
+        return any(c.type == "Ready" and c.status == "True"
+                   for c in (p.status.conditions or []))
+
+    wait_for(lambda: len(web_pods()) == 2 and all(
+        p.spec.node_name == NODE and ready(p) for p in web_pods()))
+    wait_for(lambda: cluster.policy.read_namespaced_pod_disruption_budget("web", ns)
+             .status.disruptions_allowed == 1)
+    for n in others:
+        cluster.cordon(n, False)
+    cluster.cordon(NODE)
+
+    result = env.run(acts.drain_node, drain(report_after=30))
+    assert result.outcome == "drained"
+    assert len([p for p in result.evicted if p.startswith("web/")]) == 2
+    assert any(h["pdb"] == "web/web" for h in heartbeats.seen), "the second eviction waited"
+    moved = [p for p in web_pods() if p.metadata.deletion_timestamp is None]
+    assert moved and all(p.spec.node_name != NODE for p in moved)
+    assert any(ready(p) for p in moved)
+    assert metric("gpu_remediate_drain_blocked", node=NODE, pdb="web/web") is None
+
+
+def test_drain_force_deletes_what_eviction_cannot_move(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
+    block_trainer(cluster)
+    trainer = trainer_on(cluster, NODE)
+    result = env.run(acts.drain_node, drain(force=True))
+    assert result.outcome == "drained" and result.forced == [trainer]
+    deletes = [w for w in cluster.writes("pods") if w["verb"] == "delete"]
+    assert [f"{w['namespace']}/{w['name']}" for w in deletes] == [trainer]
+    assert not cluster.writes("pods/eviction")
+
+
+def test_drain_dry_run_plans_and_writes_nothing(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
+    trainer = trainer_on(cluster, NODE)
+    cluster.clear_writes()
+    result = env.run(acts.drain_node, drain(dry_run=True))
+    assert result.outcome == "planned" and result.remaining == [trainer]
+    assert len(result.skipped) == 3  # two DaemonSet pods and the mirror pod
+    assert cluster.writes() == []
+
+
+def test_drain_with_two_matching_pdbs_is_blocked_with_a_clear_name(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
+    """The Eviction API answers 500 when several PDBs select a pod: that is a block an
+    operator must fix, named as such, not a transient error to retry blindly."""
+    cluster.policy.create_namespaced_pod_disruption_budget("team-a", {
+        "metadata": {"name": "trainer-extra"},
+        "spec": {"selector": {"matchLabels": {"app": "trainer"}}, "maxUnavailable": 1}})
+    result = env.run(acts.drain_node, drain(report_after=0.5))
+    assert result.outcome == "blocked"
+    assert result.blocking_pdb == "team-a/(several budgets match)"
+    assert "several budgets" in cluster.events(NODE, "DrainBlocked")[0].message
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_drain_transient_eviction_error_fails_retryably_and_the_retry_drains(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment,
+        status: int) -> None:
+    """urllib3 does not retry a POST: the error reaches the activity, which fails with a
+    retryable ApplicationError; Temporal's retry (the next call) finishes the drain."""
+    trainer = trainer_on(cluster, NODE)
+    cluster.faults({"verb": "create", "resource": "pods/eviction", "status": status,
+                    "times": 1})
+    with pytest.raises(ApplicationError) as err:
+        env.run(acts.drain_node, drain())
+    assert err.value.type == f"Http{status}" and not err.value.non_retryable
+    assert "injected" in str(err.value) or str(status) in str(err.value)
+    result = env.run(acts.drain_node, drain())
+    assert result.outcome == "drained" and result.evicted == [trainer]
+
+
+def test_drain_pod_list_survives_a_503_burst(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
+    """GETs are idempotent: the client's urllib3 retries 503 + Retry-After by itself."""
+    cluster.faults({"verb": "list", "resource": "pods", "status": 503, "times": 1,
+                    "retry_after": 1})
+    assert env.run(acts.drain_node, drain()).outcome == "drained"
+    assert cluster.injected()["injected"] == 1
+
+
+def test_drain_of_a_missing_node_has_nothing_to_do(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
+    assert env.run(acts.drain_node, drain("no-such-node")).outcome == "drained"
+
+
+def test_release_clears_the_blocked_gauge_of_a_drain_given_up(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
+    pdb = f"team-a/{block_trainer(cluster)}"
+    assert env.run(acts.drain_node, drain(report_after=0.3)).outcome == "blocked"
+    assert metric("gpu_remediate_drain_blocked", node=NODE, pdb=pdb) == 1
+    from tests.activities.test_nodes import release
+    env.run(NodeActivities(cluster.api).release_node, release(outcome="released"))
+    assert metric("gpu_remediate_drain_blocked", node=NODE, pdb=pdb) is None
