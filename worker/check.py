@@ -134,7 +134,7 @@ def _probe(
                 raise UsageError(
                     "--probe nvml needs nvidia-ml-py: pip install 'gpu-remediate[gpu]'"
                 )
-            message = "nvidia-ml-py (pynvml) is not installed; using nvidia-smi"
+            message = "nvidia-ml-py (pynvml) is not installed: pip install 'gpu-remediate[gpu]'"
             issues.append(ProbeIssue("nvml", message))
             failures.append("NVML: nvidia-ml-py not installed")
         else:

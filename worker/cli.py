@@ -412,6 +412,28 @@ def evaluate(
     raise typer.Exit(run_evaluate(metrics, node, config, output))
 
 
+@app.command()
+def check(
+    node: Annotated[str | None, typer.Option(help="Node name (default $NODE_NAME or the "
+                                                   "hostname).")] = None,
+    config: ConfigOpt = None,
+    output: OutputOpt = "table",
+    probe: Annotated[str, typer.Option(help="auto, nvml or nvidia-smi.")] = "auto",
+    xid_source: Annotated[str, typer.Option(help="dmesg, nvml or none.")] = "dmesg",
+    xid_wait: Annotated[float, typer.Option(help="Seconds to wait for NVML XID events.")] = 0.0,
+) -> None:
+    """Check the GPUs of this machine (NVML, else nvidia-smi) and print the same verdict
+    as `evaluate`. Exit 0: healthy; 1: action needed or check incomplete; 2: bad usage;
+    3: no NVIDIA driver or GPU.
+
+    Example: `gpu-remediate check -o json`
+    """
+    from worker.check import run_check
+
+    raise typer.Exit(run_check(node=node, config_path=config, output=output,
+                               xid_source=xid_source, xid_wait=xid_wait, probe=probe))
+
+
 def main() -> Any:
     return app(prog_name="gpu-remediate")
 

@@ -91,7 +91,7 @@ class WorkerConfig(_Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-_FILE_DATA: ContextVar[dict[str, Any]] = ContextVar("config_file_data", default={})
+_FILE_DATA: ContextVar[dict[str, Any] | None] = ContextVar("config_file_data", default=None)
 
 
 class _FileSource(PydanticBaseSettingsSource):
@@ -99,10 +99,10 @@ class _FileSource(PydanticBaseSettingsSource):
     them, explicit overrides (command-line options) override both."""
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return _FILE_DATA.get().get(field_name), field_name, False
+        return (_FILE_DATA.get() or {}).get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return dict(_FILE_DATA.get())
+        return dict(_FILE_DATA.get() or {})
 
 
 class Settings(BaseSettings):
