@@ -22,7 +22,6 @@ def record_node_event(
     reason: str,
     message: str,
     event_type: str = "Normal",
-    node_uid: str | None = None,
 ) -> None:
     """Create a core/v1 Event on the node. An Event is best effort: losing one never
     fails a remediation, so API errors are logged, not raised."""
@@ -31,8 +30,9 @@ def record_node_event(
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"generateName": f"{node}.", "namespace": "default"},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node,
-                           **({"uid": node_uid} if node_uid else {})},
+        # The kubelet records node Events with the node's name as uid, and
+        # `kubectl describe node` searches for exactly that.
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
         "reason": reason,
         "message": message[:1024],
         "type": event_type,

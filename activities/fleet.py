@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal
 
 import httpx
@@ -27,6 +29,7 @@ from activities.events import record_node_event
 from activities.exposition import ExpositionError, parse_exposition
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
 from activities.node_keys import A_ACK_XIDS, A_ORPHAN, A_WORKFLOW, EXCLUDE_LABEL, STATE_LABEL
+from activities.prometheus_source import PrometheusSource
 from policy.models import Action, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_node, is_thermal_recovered
 from workflows.models import (
@@ -45,13 +48,16 @@ from workflows.models import (
 log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# A non-empty line that is neither a comment nor starts like a sample.
+_NOT_EXPOSITION = re.compile(r"^(?!#|[a-zA-Z_:][a-zA-Z0-9_:]*[{ ]).+$|[\x00-\x08\x0e-\x1f]",
+                             re.M)
 
 
 @dataclass(frozen=True)
 class ExporterSettings:
     """Where each node's dcgm-exporter is."""
 
-    mode: Literal["template", "discover"] = "discover"
+    mode: Literal["template", "discover", "prometheus"] = "discover"
     url_template: str = "http://{node}:9400/metrics"
     namespace: str = "gpu-operator"
     label_selector: str = "app=nvidia-dcgm-exporter"
@@ -60,6 +66,8 @@ class ExporterSettings:
     timeout_seconds: float = 5.0
     max_bytes: int = 16 * 1024 * 1024
     concurrency: int = 64
+    prometheus: PrometheusSource | None = None
+    prometheus_thermal_hold: timedelta = timedelta(minutes=2)
 
 
 class ScrapeError(Exception):
@@ -74,6 +82,7 @@ class GpuNode:
     acknowledged: dict[str, int]
     labels: dict[str, str]
     orphan_marked: bool = False
+    excluded: bool = False
 
 
 def _state(value: str | None) -> NodeState:
@@ -107,16 +116,21 @@ class FleetActivities:
         nodes = []
         for n in items:
             labels = meta_dict(n, "labels")
-            if labels.get(EXCLUDE_LABEL) == "true":
+            state = _state(labels.get(STATE_LABEL))
+            excluded = labels.get(EXCLUDE_LABEL) == "true"
+            # An opt-out label added mid-remediation must not free the node's budget
+            # slot: such a node is still reported, only never flagged or started again.
+            if excluded and state == NodeState.HEALTHY:
                 continue
             capacity = (n.status.capacity or {}) if n.status else {}
-            if str(capacity.get(GPU_RESOURCE, "0")) in ("0", ""):
+            if str(capacity.get(GPU_RESOURCE, "0")) in ("0", "") and \
+                    state == NodeState.HEALTHY:
                 continue
             ann = meta_dict(n, "annotations")
             assert n.metadata is not None and n.metadata.name
-            nodes.append(GpuNode(n.metadata.name, _state(labels.get(STATE_LABEL)),
-                                 ann.get(A_WORKFLOW, ""), _acknowledged(ann.get(A_ACK_XIDS)),
-                                 labels, A_ORPHAN in ann))
+            nodes.append(GpuNode(n.metadata.name, state, ann.get(A_WORKFLOW, ""),
+                                 _acknowledged(ann.get(A_ACK_XIDS)), labels,
+                                 A_ORPHAN in ann, excluded))
         return nodes
 
     def endpoints(self, nodes: list[str]) -> dict[str, str]:
@@ -158,10 +172,18 @@ class FleetActivities:
         except httpx.HTTPError as err:
             raise ScrapeError(f"{type(err).__name__}: {err}") from err
         text = b"".join(chunks).decode("utf-8", errors="replace")
+        if text and (not text.endswith("\n") or _NOT_EXPOSITION.search(text)):
+            # A cut or corrupted body may still hold valid-looking lines; judging a node
+            # on part of its data could drain it for nothing.
+            raise ScrapeError("the exposition is truncated or corrupted")
         try:
             parsed = parse_exposition(text, default_node=node)
         except ExpositionError as err:
             raise ScrapeError(str(err)) from err
+        if parsed.bad_lines:
+            # A truncated or corrupted body may still hold valid-looking lines; judging
+            # a node on part of its data could drain it for nothing.
+            raise ScrapeError(f"{parsed.bad_lines} unparsable lines in the exposition")
         # One host in the exposition: it is this node's exporter, whatever its Hostname
         # label says (without hostNetwork that is the exporter pod's name). Several hosts
         # (a federating endpoint): keep only this node's series.
@@ -205,18 +227,34 @@ class FleetActivities:
             await asyncio.gather(*(one(n, u) for n, u in targets.items()))
         return readings, errors
 
-    # ------------------------------------------------------------ activities
-
-    @activity.defn
-    async def observe_fleet(self, inp: ObserveInput) -> FleetObservation:
-        started = time.monotonic()
-        nodes = await asyncio.to_thread(self.list_gpu_nodes)
-        names = [n.name for n in nodes]
+    async def read_many(self, names: list[str], nodes: list[GpuNode]) -> tuple[
+            dict[str, NodeReadings], dict[str, str]]:
+        """Readings per node from the configured source; a node without any is in errors."""
+        prom = self.exporter.prometheus
+        if self.exporter.mode == "prometheus" and prom is not None:
+            acked = {k: v for n in nodes for k, v in n.acknowledged.items()}
+            readings, errors = await prom.read(
+                names, thermal_hold=self.exporter.prometheus_thermal_hold,
+                acknowledged_xids=acked)
+            for _ in errors:
+                metrics.SCRAPE_ERRORS.labels("prometheus").inc()
+            return readings, errors
         targets = await asyncio.to_thread(self.endpoints, names)
         readings, errors = await self.scrape_many(targets)
         for n in names:
             if n not in targets:
                 errors[n] = f"{n}: no dcgm-exporter endpoint found"
+        return readings, errors
+
+    # ------------------------------------------------------------ activities
+
+    @activity.defn
+    async def observe_fleet(self, inp: ObserveInput) -> FleetObservation:
+        started = time.monotonic()
+        listed = await asyncio.to_thread(self.list_gpu_nodes)
+        nodes = [n for n in listed if not n.excluded]
+        names = [n.name for n in nodes]
+        readings, errors = await self.read_many(names, nodes)
         verdicts: list[Verdict] = []
         for node in nodes:
             r = readings.get(node.name)
@@ -225,9 +263,10 @@ class FleetActivities:
             verdict = evaluate_node(r, inp.policy, acknowledged_xids=node.acknowledged)
             if verdict.action not in (Action.NONE, Action.APP):
                 verdicts.append(verdict)
-        remediating = [NodeStatus(node=n.name, state=n.state, workflow_id=n.workflow_id)
-                       for n in nodes if n.state != NodeState.HEALTHY]
-        orphans = await self.find_orphans([n for n in nodes if n.state != NodeState.HEALTHY])
+        labelled = [n for n in listed if n.state != NodeState.HEALTHY]
+        remediating = [NodeStatus(node=n.name, state=n.state, workflow_id=n.workflow_id,
+                                  excluded=n.excluded) for n in labelled]
+        orphans = await self.find_orphans(labelled)
         pool_of: dict[str, str] = {}
         pool_sizes: dict[str, int] = {}
         if inp.pool_label:
@@ -294,17 +333,22 @@ class FleetActivities:
     @activity.defn
     async def read_node_health(self, inp: NodeHealthInput) -> NodeHealth:
         """One node's verdict now, for the thermal watch and post-repair checks."""
-        targets = await asyncio.to_thread(self.endpoints, [inp.node])
-        if inp.node not in targets:
-            return NodeHealth(readable=False, thermal_recovered=False,
-                              message="no dcgm-exporter endpoint found")
-        readings, errors = await self.scrape_many(targets)
+        acked = await asyncio.to_thread(self.acknowledged_xids, inp.node)
+        readings, errors = await self.read_many(
+            [inp.node], [GpuNode(inp.node, NodeState.HEALTHY, "", acked, {})])
         r = readings.get(inp.node)
         if r is None:
             return NodeHealth(readable=False, thermal_recovered=False,
                               message=errors.get(inp.node, "unreadable"))
         return NodeHealth(readable=True, thermal_recovered=is_thermal_recovered(r, inp.policy),
-                          verdict=evaluate_node(r, inp.policy))
+                          verdict=evaluate_node(r, inp.policy, acknowledged_xids=acked))
+
+    def acknowledged_xids(self, node: str) -> dict[str, int]:
+        try:
+            n = self.core.read_node(node, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            raise_typed(err, f"read node {node}")
+        return _acknowledged(meta_dict(n, "annotations").get(A_ACK_XIDS))
 
     @activity.defn
     async def watch_thermal(self, inp: ThermalWatchInput) -> ThermalWatchResult:

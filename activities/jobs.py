@@ -97,6 +97,12 @@ class JobActivities:
         except ApiException:
             pods = []
         for pod in pods:
+            # A pod the kubelet rejected (e.g. OutOfnvidia.com/gpu: something still holds
+            # GPUs) never ran a container: the reason is only on the pod.
+            if pod.status and pod.status.reason:
+                name = pod.metadata.name if pod.metadata else "?"
+                parts.append(f"pod {name}: {pod.status.reason}"
+                             + (f": {pod.status.message}" if pod.status.message else ""))
             for cs in (pod.status.container_statuses or []) if pod.status else []:
                 term = cs.state.terminated if cs.state else None
                 if term and term.message:

@@ -41,3 +41,14 @@ BREAKER_OPEN = Gauge("gpu_remediate_breaker_open", "1 while the circuit breaker 
 PAUSED = Gauge("gpu_remediate_detector_paused", "1 while an operator has paused admissions.")
 ORPHANS = Gauge("gpu_remediate_orphaned_nodes",
                 "Nodes labelled in remediation whose workflow is not running.")
+REMEDIATIONS_STARTED = Counter(
+    "gpu_remediate_remediations_started_total", "Remediations that claimed their node.",
+    ["action", "dry_run"])
+_DURATIONS = (60, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400, 259200)
+STATE_SECONDS = Histogram(
+    "gpu_remediate_state_seconds", "Time nodes spent in each remediation state.", ["state"],
+    buckets=_DURATIONS)
+TIME_TO_SERVICE = Histogram(
+    "gpu_remediate_time_to_service_seconds",
+    "From claim to the node's return to service (remediations that ended healthy).",
+    buckets=_DURATIONS)

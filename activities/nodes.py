@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from kubernetes import client
@@ -96,6 +97,19 @@ def _taints_without_ours(node: Any) -> list[dict[str, Any]]:
     return kept
 
 
+def _observe_state_time(node: Any, now: datetime) -> None:
+    """Time spent in the state the node is leaving, from its last-transition annotation."""
+    state = meta_dict(node, "labels").get(STATE_LABEL)
+    since = meta_dict(node, "annotations").get(A_TRANSITION)
+    if not state or not since:
+        return
+    try:
+        started = datetime.fromisoformat(since)
+    except ValueError:
+        return
+    metrics.STATE_SECONDS.labels(state).observe(max(0.0, (now - started).total_seconds()))
+
+
 class NodeActivities:
     """Claim, state changes and release of a node (sync: run in the worker's thread pool)."""
 
@@ -133,6 +147,7 @@ class NodeActivities:
         def build(node: Any) -> dict[str, Any] | None:
             ann = meta_dict(node, "annotations")
             mine = ann.get(A_WORKFLOW) == inp.workflow_id
+            seen["mine"] = mine
             # A retry of our own claim must not mistake our cordon for an admin's.
             pre = ann.get(A_PRECORDONED) == "true" if mine else bool(node.spec.unschedulable)
             seen["pre"] = pre
@@ -161,14 +176,16 @@ class NodeActivities:
                          "taints": [*_taints_without_ours(node), our_taint()]},
             }
 
-        node = self._patch_guarded(inp.node, build)
+        self._patch_guarded(inp.node, build)
+        if not seen["mine"]:
+            metrics.REMEDIATIONS_STARTED.labels(inp.action.value, str(inp.dry_run).lower()).inc()
         metrics.REMEDIATION_TRANSITIONS.labels(inp.state.value, str(inp.dry_run).lower()).inc()
         record_node_event(
             self.core, inp.node,
             reason="RemediationPlanned" if inp.dry_run else "RemediationStarted",
             message=(("[dry-run] would cordon and taint: " if inp.dry_run else "cordoned: ")
                      + f"{inp.action.value} ({inp.reason}); workflow {inp.workflow_id}"),
-            event_type="Warning", node_uid=node.metadata.uid,
+            event_type="Warning",
         )
         return ClaimResult(
             previously_cordoned=seen["pre"], recent_remediations=len(seen["history"]),
@@ -180,6 +197,7 @@ class NodeActivities:
         """Write a state transition: label, annotations and an Event."""
         if not inp.dry_run:
             def build(node: Any) -> dict[str, Any]:
+                _observe_state_time(node, inp.now)
                 return {"metadata": {
                     "labels": {STATE_LABEL: inp.state.value},
                     "annotations": {A_STEP: inp.step, A_REASON: inp.reason,
@@ -204,6 +222,7 @@ class NodeActivities:
         """
         if not inp.dry_run:
             def build(node: Any) -> dict[str, Any]:
+                _observe_state_time(node, inp.history.finished or inp.history.started)
                 ann = meta_dict(node, "annotations")
                 history = [h for h in parse_history(ann.get(A_HISTORY))
                            if h.workflow_id != inp.history.workflow_id
@@ -223,9 +242,8 @@ class NodeActivities:
                     annotations[A_STEP] = "quarantined"
                 else:
                     state = NodeState.HEALTHY.value
-                    if not inp.keep_workflow_annotations:
-                        for key in IN_FLIGHT_ANNOTATIONS:
-                            annotations[key] = None
+                    for key in IN_FLIGHT_ANNOTATIONS:
+                        annotations[key] = None
                     taints = _taints_without_ours(node)
                     if inp.uncordon:
                         spec["unschedulable"] = None
@@ -244,6 +262,9 @@ class NodeActivities:
         # reached "drained": without this its blocked gauge would read 1 forever.
         clear_blocked(inp.node)
         metrics.REMEDIATIONS_FINISHED.labels(inp.outcome, str(inp.dry_run).lower()).inc()
+        if inp.outcome == "healthy" and not inp.dry_run and inp.history.finished:
+            metrics.TIME_TO_SERVICE.observe(
+                (inp.history.finished - inp.history.started).total_seconds())
         record_node_event(
             self.core, inp.node, reason=inp.event_reason,
             message=("[dry-run] " if inp.dry_run else "") + inp.event_message,

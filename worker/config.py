@@ -7,6 +7,7 @@ dotted name instead of silently running on defaults.
 from __future__ import annotations
 
 from contextvars import ContextVar
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -56,11 +57,22 @@ class KubernetesConfig(_Section):
 
 
 class ExporterConfig(_Section):
-    mode: Literal["discover", "template"] = Field(
+    mode: Literal["discover", "template", "prometheus"] = Field(
         default="discover",
         description="discover: the dcgm-exporter DaemonSet pod on each node; template: a URL "
-                    "per node from url_template.",
+                    "per node from url_template; prometheus: PromQL against prometheus_url.",
     )
+    prometheus_url: str | None = Field(default=None, description="e.g. http://prometheus:9090")
+    prometheus_window: timedelta = Field(
+        default=timedelta(minutes=5),
+        description="XIDs seen anywhere in this window count, so none is missed between ticks.",
+    )
+    prometheus_thermal_hold: timedelta = Field(
+        default=timedelta(minutes=2), description="A temperature must last this long to count."
+    )
+    prometheus_node_labels: list[str] = Field(
+        default_factory=lambda: ["Hostname", "hostname", "kubernetes_node", "node"])
+    prometheus_bearer_token_file: Path | None = None
     url_template: str = "http://{node}:9400/metrics"
     namespace: str = "gpu-operator"
     label_selector: str = "app=nvidia-dcgm-exporter"
@@ -74,6 +86,8 @@ class ExporterConfig(_Section):
     def _template(self) -> ExporterConfig:
         if self.mode == "template" and "{node}" not in self.url_template:
             raise ValueError("url_template must contain {node}")
+        if self.mode == "prometheus" and not self.prometheus_url:
+            raise ValueError("mode prometheus needs prometheus_url")
         return self
 
 

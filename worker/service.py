@@ -20,6 +20,7 @@ from activities.fleet import ExporterSettings, FleetActivities, report_admission
 from activities.jobs import JobActivities
 from activities.kube import KubeSettings, make_api_client
 from activities.nodes import NodeActivities
+from activities.prometheus_source import PrometheusSource
 from worker.config import Settings
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow
@@ -33,10 +34,20 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     api = make_api_client(KubeSettings(kubeconfig=k.kubeconfig, context=k.context,
                                        in_cluster=k.in_cluster))
     e = settings.exporter
+    prometheus = None
+    if e.mode == "prometheus" and e.prometheus_url:
+        headers = {}
+        if e.prometheus_bearer_token_file is not None:
+            token = e.prometheus_bearer_token_file.read_text().strip()
+            headers["Authorization"] = f"Bearer {token}"
+        prometheus = PrometheusSource(
+            url=e.prometheus_url, window=e.prometheus_window, timeout_seconds=e.timeout_seconds,
+            node_label=e.prometheus_node_labels, headers=headers, policy=settings.policy)
     exporter = ExporterSettings(mode=e.mode, url_template=e.url_template, namespace=e.namespace,
                                 label_selector=e.label_selector, port=e.port, path=e.path,
                                 timeout_seconds=e.timeout_seconds, max_bytes=e.max_bytes,
-                                concurrency=e.concurrency)
+                                concurrency=e.concurrency, prometheus=prometheus,
+                                prometheus_thermal_hold=e.prometheus_thermal_hold)
     nodes, drain, jobs = NodeActivities(api), DrainActivities(api), JobActivities(api)
     fleet = FleetActivities(api, exporter)
     return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,

@@ -260,7 +260,6 @@ class ReleaseInput(_Model):
     event_reason: str
     event_message: str
     dry_run: bool = False
-    keep_workflow_annotations: bool = False
 
 
 class DrainInput(_Model):

@@ -205,7 +205,11 @@ class RemediationWorkflow:
             approved = await self._await_approval()
             if not approved:
                 who = self.decided_by.operator if self.decided_by else "approval timeout"
-                return await self._finish("released", f"rejected by {who}")
+                # Acknowledge the XIDs: the exporter keeps showing the last one, and
+                # without this the detector claims the node again at its next tick,
+                # undoing the operator's decision. A new XID still triggers.
+                return await self._finish("released", f"rejected by {who}",
+                                          self._acknowledged_xids())
         await self._drain()
         if self.action == Action.QUARANTINE or self.quarantine_order is not None:
             return await self._quarantine(self._quarantine_reason())

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
+from activities import drain as drain_module
 from activities.drain import DrainActivities, clear_blocked
 from activities.nodes import NodeActivities
 from tests.activities.conftest import Cluster, Heartbeats, metric, wait_for
@@ -26,7 +29,8 @@ def drain(node: str = NODE, *, report_after: float = 20, force: bool = False,
 
 
 @pytest.fixture
-def acts(cluster: Cluster) -> Iterator[DrainActivities]:
+def acts(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[DrainActivities]:
+    monkeypatch.setattr(drain_module, "POLL_SECONDS", 0.1)
     cluster.cordon(NODE)  # claim_node cordons first; replacements must land elsewhere
     yield DrainActivities(cluster.api)
     # Every test's simulator has the same node names; the blocked state is per process.
@@ -254,3 +258,27 @@ def test_release_clears_the_blocked_gauge_of_a_drain_given_up(
     from tests.activities.test_nodes import release
     env.run(NodeActivities(cluster.api).release_node, release(outcome="released"))
     assert metric("gpu_remediate_drain_blocked", node=NODE, pdb=pdb) is None
+
+
+def test_drain_stops_promptly_when_cancelled(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
+    """An operator's abort cancels the activity: a blocked drain must not keep evicting."""
+    block_trainer(cluster)
+    first_beat = threading.Event()
+    env.on_heartbeat = lambda *_: first_beat.set()
+    outcome: list[BaseException | object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(env.run(acts.drain_node, drain(report_after=60)))
+        except BaseException as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    assert first_beat.wait(10)
+    cancelled_at = time.monotonic()
+    env.cancel()
+    worker.join(10)
+    assert not worker.is_alive() and time.monotonic() - cancelled_at < 3
+    assert isinstance(outcome[0], CancelledError)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -29,6 +29,7 @@ from workflows.models import ClaimInput, HistoryEntry, NodeState, ReleaseInput, 
 
 NODE = "gpu-node-01"
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+Outcome = Literal["healthy", "quarantined", "released", "aborted"]
 OTHER_TAINT = {"key": "example.com/maintenance", "value": "yes", "effect": "NoExecute"}
 
 
@@ -39,11 +40,11 @@ def claim(node: str = NODE, *, wf: str = "remediation-x", dry_run: bool = False,
                       dry_run=dry_run)
 
 
-def release(node: str = NODE, *, outcome: str = "healthy", uncordon: bool = True,
+def release(node: str = NODE, *, outcome: Outcome = "healthy", uncordon: bool = True,
             acked: dict[str, int] | None = None, started: datetime = T0,
             wf: str = "remediation-x") -> ReleaseInput:
     return ReleaseInput(
-        node=node, outcome=outcome, uncordon=uncordon,  # type: ignore[arg-type]
+        node=node, outcome=outcome, uncordon=uncordon,
         history=HistoryEntry(started=started, finished=started + timedelta(minutes=5),
                              action="reboot", reason="XID 79", outcome=outcome,
                              workflow_id=wf),
@@ -89,12 +90,13 @@ def test_claim_keeps_a_taint_added_between_its_read_and_its_patch(
 
     def read_then_someone_taints(name: str, **kw: Any) -> Any:
         node = real_read(name, **kw)
+        assert node.metadata is not None
         reads.append(node.metadata.resource_version)
         if len(reads) == 1:  # another controller taints the node after our read
             add_taint(cluster, name, OTHER_TAINT)
         return node
 
-    acts.core.read_node = read_then_someone_taints  # type: ignore[method-assign]
+    acts.core.read_node = read_then_someone_taints  # type: ignore[method-assign,assignment]
     env.run(acts.claim_node, claim())
     node = cluster.node(NODE)
     assert len(reads) == 2, "the stale patch must have hit a 409 and been recomputed"

@@ -186,6 +186,13 @@ def detector_update(stack: LocalStack, verb: Any, who: str = "e2e",
     return run(go())
 
 
+def abort(stack: LocalStack, node: str, who: str = "e2e", reason: str = "test") -> str:
+    async def go() -> str:
+        return await operator.abort(await _client(stack), node,
+                                    OperatorCommand(operator=who, reason=reason))
+    return run(go())
+
+
 def workflow_status(stack: LocalStack, node: str) -> WorkflowExecutionStatus | None:
     """The status of the node's latest remediation run, None if it never had one."""
     async def go() -> WorkflowExecutionStatus | None:

@@ -226,7 +226,7 @@ def test_xid48_gpu_reset_job_then_validation_returns_node(
 def test_app_and_ignored_xids_cause_no_node_action(
         fleet: LocalStack, k8s: Cluster, gpu: GpuSimClient) -> None:
     node = "ignored-01"
-    for index, xid in (("0", 13), ("1", 31), ("2", 43)):
+    for index, xid in ((0, 13), (1, 31), (2, 43)):
         gpu.inject_fault(node, index, "xid", xid)
     settle_ticks(fleet, 5)
     n = k8s.node(node)
@@ -371,8 +371,10 @@ def test_supervised_reboot_waits_for_approval_and_reject_releases(
     for n in (approved, rejected):
         gpu.inject_fault(n, "1", "xid", 79)
     for n in (approved, rejected):
+        # The label is written by the claim; the workflow takes the state when the
+        # claim returns: approve only once the workflow itself is waiting.
         wait_for(fleet, f"{n} awaiting approval",
-                 lambda n=n: k8s.state(n) == "awaiting-approval", timeout=20)
+                 lambda n=n: view_state(fleet, n).state == "awaiting-approval", timeout=20)
     time.sleep(2)
     for n in (approved, rejected):
         node = k8s.node(n)
@@ -418,7 +420,8 @@ def test_validation_failure_retries_then_quarantines(
     gpu.inject_fault(node, "1", "ecc-dbe", 1, clears_on="never")
     gpu.inject_fault(node, "0", "xid", 79)
     wait_for(fleet, f"{node} awaiting approval",
-             lambda: k8s.state(node) == "awaiting-approval", timeout=20)
+             lambda: view_state(fleet, node).state == "awaiting-approval", timeout=20)
+    assert k8s.state(node) == "awaiting-approval"
     update(fleet, node, "approve")
     wait_for(fleet, f"{node} quarantined", lambda: k8s.state(node) == "quarantined", timeout=60)
     assert_quarantined(k8s, node)

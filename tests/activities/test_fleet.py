@@ -1,0 +1,232 @@
+"""observe_fleet / read_node_health / watch_thermal against both simulators over HTTP."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities.fleet import ExporterSettings, FleetActivities
+from activities.node_keys import A_ACK_XIDS, A_WORKFLOW, EXCLUDE_LABEL, STATE_LABEL
+from policy.config import PolicyConfig
+from policy.models import Action
+from tests.activities.conftest import Cluster, ThreadedGpuSim
+from workflows.models import (
+    FleetObservation,
+    NodeHealthInput,
+    NodeState,
+    ObserveInput,
+    ThermalWatchInput,
+)
+
+POLICY = PolicyConfig()
+NODES = ["gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"]
+
+
+def template(gpu: ThreadedGpuSim, timeout: float = 2.0) -> ExporterSettings:
+    return ExporterSettings(mode="template", timeout_seconds=timeout,
+                            url_template=f"{gpu.url}/nodes/{{node}}/metrics")
+
+
+def discover(gpu: ThreadedGpuSim) -> ExporterSettings:
+    # The cluster simulator's dcgm-exporter pods have podIP 127.0.0.1 and port 9400; the
+    # GPU simulator listens on its own port, so only the port is changed here.
+    return ExporterSettings(mode="discover", port=gpu.port, timeout_seconds=2.0)
+
+
+async def observe(k: Cluster, settings: ExporterSettings) -> FleetObservation:
+    return await ActivityEnvironment().run(FleetActivities(k.api, settings).observe_fleet,
+                                           ObserveInput(policy=POLICY))
+
+
+async def test_observe_fleet_template_mode_flags_only_the_sick_node(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    gpu_sim.client.inject_fault("gpu-node-02", 3, "xid", 79)
+    obs = await observe(cluster, template(gpu_sim))
+    assert (obs.managed_nodes, obs.readable_nodes, obs.errors) == (4, 4, [])
+    assert [(v.node, v.action) for v in obs.verdicts] == [
+        ("gpu-node-02", Action.REBOOT)]
+
+
+async def test_observe_fleet_discover_mode_attributes_readings_to_the_right_node(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    """Discovery gives http://127.0.0.1:<port>/metrics for every node, which on the GPU
+    simulator is the whole-fleet endpoint: each node must keep only its own series."""
+    gpu_sim.client.inject_fault("gpu-node-02", 3, "xid", 79)
+    fleet = FleetActivities(cluster.api, discover(gpu_sim))
+    assert set(fleet.endpoints(NODES).values()) == {f"http://127.0.0.1:{gpu_sim.port}/metrics"}
+    obs = await observe(cluster, discover(gpu_sim))
+    assert obs.readable_nodes == 4 and obs.errors == []
+    assert [v.node for v in obs.verdicts] == ["gpu-node-02"]
+    finding = obs.verdicts[0].findings[0]
+    assert (finding.gpu, finding.value) == ("3", 79)
+
+
+async def test_observe_fleet_discover_mode_reports_a_node_without_exporter_pod(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    pods = cluster.core.list_namespaced_pod(
+        "gpu-operator", field_selector="spec.nodeName=gpu-node-04").items
+    # Stop the DaemonSet from recreating it: keep it off gpu-node-04.
+    cluster.core.patch_node("gpu-node-04", {"metadata": {"labels": {"no-dcgm": "true"}}})
+    cluster.apps.patch_namespaced_daemon_set("nvidia-dcgm-exporter", "gpu-operator", {
+        "spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "no-dcgm", "operator": "DoesNotExist"}]}]}}}}}}})
+    for p in pods:
+        cluster.core.delete_namespaced_pod(p.metadata.name, "gpu-operator",
+                                           grace_period_seconds=0)
+    obs = await observe(cluster, discover(gpu_sim))
+    assert obs.readable_nodes == 3
+    assert obs.errors == ["gpu-node-04: no dcgm-exporter endpoint found"]
+
+
+async def test_observe_fleet_skips_excluded_nodes(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    gpu_sim.client.inject_fault("gpu-node-02", 3, "xid", 79)
+    cluster.core.patch_node("gpu-node-02", {"metadata": {"labels": {EXCLUDE_LABEL: "true"}}})
+    obs = await observe(cluster, template(gpu_sim))
+    assert obs.managed_nodes == 3 and obs.verdicts == []
+
+
+async def test_observe_fleet_still_counts_an_excluded_node_that_is_mid_remediation(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    cluster.core.patch_node("gpu-node-02", {"metadata": {
+        "labels": {EXCLUDE_LABEL: "true", STATE_LABEL: NodeState.DRAINING.value},
+        "annotations": {A_WORKFLOW: "remediation-gpu-node-02"}}})
+    obs = await observe(cluster, template(gpu_sim))
+    assert [(n.node, n.state) for n in obs.remediating] == [
+        ("gpu-node-02", NodeState.DRAINING)]
+
+
+async def test_observe_fleet_lists_nodes_labelled_in_remediation(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    cluster.core.patch_node("gpu-node-03", {"metadata": {
+        "labels": {STATE_LABEL: NodeState.REPAIRING.value},
+        "annotations": {A_WORKFLOW: "remediation-gpu-node-03"}}})
+    obs = await observe(cluster, template(gpu_sim))
+    assert [(n.node, n.state, n.workflow_id) for n in obs.remediating] == [
+        ("gpu-node-03", NodeState.REPAIRING, "remediation-gpu-node-03")]
+
+
+@pytest.mark.parametrize("mode", ["down", "slow", "empty", "garbled"])
+async def test_observe_fleet_unreadable_exporter_is_an_error_never_a_verdict(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim, mode: str) -> None:
+    # The node really is sick: only a working exporter may say so.
+    gpu_sim.client.inject_fault("gpu-node-01", 0, "xid", 79)
+    gpu_sim.client.inject_fault("gpu-node-01", 0, "gpu-temp", 95)
+    gpu_sim.client.set_exporter_mode("gpu-node-01", mode,
+                                     delay_seconds=3 if mode == "slow" else None)
+    obs = await observe(cluster, template(gpu_sim, timeout=0.5))
+    assert obs.verdicts == []
+    assert obs.readable_nodes == 3
+    assert [e.split(":")[0] for e in obs.errors] == ["gpu-node-01"]
+
+
+async def test_observe_fleet_acknowledged_xid_is_history_a_new_one_is_not(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    gpu_sim.client.inject_fault("gpu-node-01", 2, "xid", 48)
+    gpu_sim.client.clear("gpu-node-01")  # the gauge keeps showing XID 48
+    uuid = gpu_sim.client.get_node("gpu-node-01")["gpus"][2]["uuid"]
+    cluster.core.patch_node("gpu-node-01", {"metadata": {"annotations": {
+        A_ACK_XIDS: json.dumps({uuid: 48})}}})
+    assert (await observe(cluster, template(gpu_sim))).verdicts == []
+    gpu_sim.client.inject_fault("gpu-node-01", 2, "xid", 79)
+    obs = await observe(cluster, template(gpu_sim))
+    assert [v.node for v in obs.verdicts] == ["gpu-node-01"]
+
+
+async def test_read_node_health_reads_one_node(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    fleet = FleetActivities(cluster.api, template(gpu_sim))
+    health = await ActivityEnvironment().run(
+        fleet.read_node_health, NodeHealthInput(node="gpu-node-03", policy=POLICY))
+    assert health.readable and health.thermal_recovered
+    assert health.verdict is not None and health.verdict.action == Action.NONE
+
+
+def watch(node: str, *, hold: float = 0.3, give_up: float = 1.5) -> ThermalWatchInput:
+    return ThermalWatchInput(node=node, policy=POLICY, hold=timedelta(seconds=hold),
+                             poll_interval=timedelta(seconds=0.1),
+                             give_up_after=timedelta(seconds=give_up))
+
+
+async def test_watch_thermal_recovered_after_the_hold(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    beats: list[object] = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *d: beats.append(d)
+    result = await env.run(FleetActivities(cluster.api, template(gpu_sim)).watch_thermal,
+                           watch("gpu-node-01"))
+    assert result.outcome == "recovered" and beats
+
+
+async def test_watch_thermal_still_hot_gives_up(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    gpu_sim.client.inject_fault("gpu-node-01", 5, "gpu-temp", 92)
+    result = await ActivityEnvironment().run(
+        FleetActivities(cluster.api, template(gpu_sim)).watch_thermal,
+        watch("gpu-node-01", give_up=0.5))
+    assert result.outcome == "hot"
+
+
+async def test_watch_thermal_unreadable_exporter_is_not_recovery(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    gpu_sim.client.set_exporter_mode("gpu-node-01", "down")
+    result = await ActivityEnvironment().run(
+        FleetActivities(cluster.api, template(gpu_sim)).watch_thermal,
+        watch("gpu-node-01", give_up=0.5))
+    assert result.outcome == "hot" and "unreadable" in result.message
+
+
+async def test_watch_thermal_returns_fault_on_a_worse_problem(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    gpu_sim.client.inject_fault("gpu-node-01", 5, "gpu-temp", 92)
+    gpu_sim.client.inject_fault("gpu-node-01", 1, "ecc-dbe", 1)
+    result = await ActivityEnvironment().run(
+        FleetActivities(cluster.api, template(gpu_sim)).watch_thermal, watch("gpu-node-01"))
+    assert result.outcome == "fault"
+    assert result.verdict is not None and result.verdict.action == Action.RESET
+
+
+async def test_watch_thermal_ignores_an_acknowledged_stale_xid(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    gpu_sim.client.inject_fault("gpu-node-01", 2, "xid", 48)
+    gpu_sim.client.clear("gpu-node-01")
+    uuid = gpu_sim.client.get_node("gpu-node-01")["gpus"][2]["uuid"]
+    cluster.core.patch_node("gpu-node-01", {"metadata": {"annotations": {
+        A_ACK_XIDS: json.dumps({uuid: 48})}}})
+    result = await ActivityEnvironment().run(
+        FleetActivities(cluster.api, template(gpu_sim)).watch_thermal, watch("gpu-node-01"))
+    assert result.outcome == "recovered"
+
+
+class _StubPrometheus:
+    """Stands in for PrometheusSource (tested against a real Prometheus elsewhere):
+    gpu-node-01 has XID 79, gpu-node-02 has no series."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def read(self, nodes: list[str], *, thermal_hold: timedelta,
+                   acknowledged_xids: dict[str, int]) -> tuple[dict, dict]:
+        from policy.models import GpuReading, NodeReadings
+
+        self.asked = nodes
+        readings = {n: NodeReadings(node=n, gpus=[GpuReading(gpu="0", uuid=f"GPU-{n}",
+                                                              xid=79 if n == "gpu-node-01"
+                                                              else None)])
+                    for n in nodes if n != "gpu-node-02"}
+        return readings, {"gpu-node-02": "gpu-node-02: no DCGM series in Prometheus"}
+
+
+async def test_observe_fleet_prometheus_mode_reads_the_source_for_every_gpu_node(
+        cluster: Cluster) -> None:
+    stub = _StubPrometheus()
+    settings = ExporterSettings(mode="prometheus", prometheus=stub)  # type: ignore[arg-type]
+    obs = await observe(cluster, settings)
+    assert sorted(stub.asked) == NODES
+    assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-01", Action.REBOOT)]
+    assert obs.readable_nodes == 3
+    assert obs.errors == ["gpu-node-02: no DCGM series in Prometheus"]

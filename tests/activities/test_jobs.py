@@ -1,0 +1,144 @@
+"""run_node_job against the cluster simulator, whose Job pods act on the GPU simulator."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Literal
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities import jobs as jobs_module
+from activities.jobs import JobActivities
+from tests.activities.conftest import Cluster, Heartbeats, ThreadedGpuSim, wait_for
+from workflows.models import JobSettings, NodeJobInput
+
+Kind = Literal["validate", "gpu-reset", "reboot"]
+NS = "gpu-remediate-jobs"
+NODE = "gpu-node-04"  # runs no workload: all 8 GPUs free
+
+
+def job(kind: Kind = "validate", *, node: str = NODE, name: str | None = None,
+        gpu_index: str | None = None, dry_run: bool = False, gpus: int = 8) -> NodeJobInput:
+    return NodeJobInput(
+        node=node, kind=kind, name=name or f"{kind}-{node}-1", namespace=NS,
+        job=JobSettings(image="registry.sim.local/tool", command=["true"],
+                        deadline=timedelta(minutes=5), privileged=kind != "validate"),
+        gpus=gpus, gpu_index=gpu_index, dry_run=dry_run)
+
+
+@pytest.fixture
+def acts(cluster_with_gpus: Cluster, monkeypatch: pytest.MonkeyPatch) -> JobActivities:
+    monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
+    cluster_with_gpus.core.create_namespace({"metadata": {"name": NS}})
+    return JobActivities(cluster_with_gpus.api)
+
+
+def test_validate_job_is_pinned_tolerates_all_and_takes_every_gpu(
+        cluster_with_gpus: Cluster, acts: JobActivities, env: ActivityEnvironment,
+        heartbeats: Heartbeats) -> None:
+    k = cluster_with_gpus
+    result = env.run(acts.run_node_job, job())
+    assert result.succeeded and result.job_name == f"validate-{NODE}-1"
+    created = k.batch.read_namespaced_job(result.job_name, NS)
+    spec = created.spec.template.spec
+    assert spec.node_name == NODE
+    assert [(t.operator, t.key, t.effect) for t in spec.tolerations] == [("Exists", None, None)]
+    assert spec.containers[0].resources.limits == {"nvidia.com/gpu": "8"}
+    assert created.spec.backoff_limit == 0
+    assert created.metadata.labels["gpu-remediate.io/node"] == NODE
+    assert heartbeats.seen, "it heartbeats while the Job runs"
+
+
+def test_validate_job_runs_on_a_cordoned_and_tainted_node(
+        cluster_with_gpus: Cluster, acts: JobActivities, env: ActivityEnvironment) -> None:
+    k = cluster_with_gpus
+    k.core.patch_node(NODE, {"spec": {"unschedulable": True, "taints": [
+        {"key": "gpu-remediate.io/remediation", "value": "true", "effect": "NoSchedule"}]}})
+    assert env.run(acts.run_node_job, job()).succeeded
+
+
+def test_second_call_with_the_same_name_adopts_the_existing_job(
+        cluster_with_gpus: Cluster, acts: JobActivities, env: ActivityEnvironment) -> None:
+    k = cluster_with_gpus
+    first = env.run(acts.run_node_job, job())
+    again = env.run(acts.run_node_job, job())
+    assert first.succeeded and again.succeeded
+    assert len(k.batch.list_namespaced_job(NS).items) == 1
+    creates = [w for w in k.writes("jobs") if w["verb"] == "create"]
+    assert [w["code"] for w in creates] == [201, 409]
+
+
+def test_validation_failing_on_the_gpu_simulator_reports_its_problems(
+        cluster_with_gpus: Cluster, gpu_sim: ThreadedGpuSim, acts: JobActivities,
+        env: ActivityEnvironment) -> None:
+    gpu_sim.client.inject_fault(NODE, 3, "xid", 79, clears_on="never")
+    problems = gpu_sim.client.health(NODE)["problems"]
+    assert problems
+    result = env.run(acts.run_node_job, job())
+    assert not result.succeeded
+    assert problems[0] in result.message
+
+
+def test_validation_that_cannot_get_the_gpus_says_why(
+        cluster_with_gpus: Cluster, acts: JobActivities, env: ActivityEnvironment) -> None:
+    """gpu-node-03 runs team-b/notebook holding 1 GPU: a Job pod pinned by nodeName that asks
+    for all 8 is rejected by the kubelet; the reason must reach the workflow."""
+    result = env.run(acts.run_node_job, job(node="gpu-node-03"))
+    assert not result.succeeded
+    assert "OutOfnvidia.com/gpu" in result.message
+
+
+def test_gpu_reset_job_clears_reset_class_faults_in_the_gpu_simulator(
+        cluster_with_gpus: Cluster, gpu_sim: ThreadedGpuSim, acts: JobActivities,
+        env: ActivityEnvironment) -> None:
+    gpu_sim.client.inject_fault(NODE, 2, "ecc-dbe", 1)
+    assert not gpu_sim.client.health(NODE)["healthy"]
+    result = env.run(acts.run_node_job, job("gpu-reset", gpu_index="2"))
+    assert result.succeeded, result.message
+    assert gpu_sim.client.health(NODE)["healthy"]
+    env_vars = cluster_with_gpus.batch.read_namespaced_job(result.job_name, NS) \
+        .spec.template.spec.containers[0].env
+    assert {"name": "GPU_INDEX", "value": "2"} in [{"name": e.name, "value": e.value}
+                                                  for e in env_vars]
+
+
+def test_gpu_reset_refused_by_the_gpu_reports_failure(
+        cluster_with_gpus: Cluster, gpu_sim: ThreadedGpuSim, acts: JobActivities,
+        env: ActivityEnvironment) -> None:
+    gpu_sim.client.inject_fault(NODE, 1, "xid", 79)  # XID 79: the GPU fell off the bus
+    result = env.run(acts.run_node_job, job("gpu-reset", gpu_index="1"))
+    assert not result.succeeded and "409" in result.message
+
+
+def test_reboot_job_clears_reboot_class_faults_and_the_node_comes_back(
+        cluster_with_gpus: Cluster, gpu_sim: ThreadedGpuSim, acts: JobActivities,
+        env: ActivityEnvironment) -> None:
+    gpu_sim.client.inject_fault(NODE, 0, "xid", 79)
+    result = env.run(acts.run_node_job, job("reboot"))
+    assert result.succeeded, result.message
+    assert gpu_sim.client.health(NODE)["healthy"]
+
+    def ready() -> bool:
+        conds = cluster_with_gpus.node(NODE).status.conditions
+        return any(c.type == "Ready" and c.status == "True" for c in conds)
+
+    wait_for(ready)
+
+
+def test_dry_run_creates_no_job(
+        cluster_with_gpus: Cluster, acts: JobActivities, env: ActivityEnvironment) -> None:
+    cluster_with_gpus.clear_writes()
+    result = env.run(acts.run_node_job, job(dry_run=True))
+    assert result.succeeded and "would run" in result.message
+    assert cluster_with_gpus.writes() == []
+
+
+def test_job_in_a_missing_namespace_is_a_clear_non_retryable_error(
+        cluster_with_gpus: Cluster, acts: JobActivities, env: ActivityEnvironment) -> None:
+    from temporalio.exceptions import ApplicationError
+
+    inp = job().model_copy(update={"namespace": "nowhere"})
+    with pytest.raises(ApplicationError) as err:
+        env.run(acts.run_node_job, inp)
+    assert err.value.type == "NotFound" and "nowhere" in str(err.value)

@@ -1,0 +1,149 @@
+"""A seeded, randomized soak: faults of every class (permanent ones included), operator
+releases, API faults, an admin cordon, an unreadable exporter and a worker SIGKILL,
+with the invariant checker sampling throughout.
+
+CI runs the short default. A long soak:
+
+    GPU_REMEDIATE_SOAK_SECONDS=1800 GPU_REMEDIATE_SOAK_NODES=40 GPU_REMEDIATE_SOAK_SEED=3 \\
+        .venv/bin/pytest tests/chaos/test_soak.py -s
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from sim.gpu.client import GpuSimClient, GpuSimError
+from tests.chaos.invariants import InvariantChecker
+from tests.e2e.conftest import make_stack
+from tests.e2e.kit import Cluster, update, wait_for, worker_log
+from worker.operator import OperatorError
+from worker.stack import LocalStack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
+
+SECONDS = float(os.environ.get("GPU_REMEDIATE_SOAK_SECONDS", "60"))
+NODES = int(os.environ.get("GPU_REMEDIATE_SOAK_NODES", "12"))
+SEED = int(os.environ.get("GPU_REMEDIATE_SOAK_SEED", "7"))
+MAX_UNAVAILABLE = 3
+
+
+@pytest.fixture(scope="module")
+def soak_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    tmp = tmp_path_factory.mktemp("soak")
+    scenario = tmp / "soak.yaml"
+    scenario.write_text(yaml.safe_dump({
+        "name": "soak", "pools": [{"name": "gpu-node", "nodes": NODES, "gpus": 8}],
+        "workloads": [
+            {"name": "trainer", "namespace": "team-a", "replicas": NODES // 2,
+             "gpus_per_pod": 8, "labels": {"app": "trainer"},
+             "pdb": {"max_unavailable": 2}, "readiness_delay_seconds": 1,
+             "termination_grace_seconds": 1},
+            {"name": "node-agent", "namespace": "kube-system", "kind": "DaemonSet",
+             "labels": {"app": "node-agent"}}]}))
+    stack = make_stack(tmp, str(scenario), **{
+        "detector.max_unavailable": MAX_UNAVAILABLE, "detector.observe_timeout": "PT10S",
+        "detector.breaker_max_flagged_percent": 100, "detector.breaker_max_flagged_nodes": 1000,
+        "remediation.thermal.poll_interval": "PT1S", "remediation.thermal.hold": "PT2S",
+        "remediation.thermal.escalate_after": "PT30S"})
+    with stack:
+        yield stack
+
+
+FAULTS = [  # (weight, kind, value, clears_on)
+    (4, "xid", 79, None), (4, "xid", 48, None), (2, "ecc-dbe", 1, "never"),
+    (1, "row-remap-failure", None, None), (2, "gpu-temp", 92, None), (1, "xid", 13, None),
+]
+
+
+def test_randomized_soak_keeps_every_invariant(soak_stack: LocalStack) -> None:
+    rng = random.Random(SEED)
+    k8s, gpu = Cluster(soak_stack), GpuSimClient(soak_stack.gpu_url)
+    names = [f"gpu-node-{i:02d}" for i in range(1, NODES + 1)]
+    admin, unreadable = names[-1], names[-2]
+    k8s.cordon(admin)
+    gpu.set_exporter_mode(unreadable, "garbled")
+    time.sleep(2)  # the detector has seen the exporter broken before the fault
+    gpu.inject_fault(unreadable, "0", "xid", 79)
+    k8s.set_faults([
+        {"verb": "patch", "resource": "nodes", "rate": 0.05, "status": 409},
+        {"verb": "create", "resource": "pods/eviction", "rate": 0.05, "status": 429},
+        {"verb": "create", "resource": "jobs", "rate": 0.05, "status": 500},
+    ], seed=SEED)
+    candidates = [n for n in names if n not in (admin, unreadable)]
+    steps: list[str] = []
+    killed = False
+    checker = InvariantChecker(soak_stack, MAX_UNAVAILABLE, grace=45,
+                               admin_cordoned={admin}, unreadable={unreadable}).start()
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < SECONDS:
+            elapsed = time.monotonic() - started
+            if not killed and elapsed > SECONDS / 3:
+                soak_stack.restart_worker()
+                killed = True
+                steps.append(f"{elapsed:.0f}s kill -9 worker")
+                continue
+            roll = rng.random()
+            node = rng.choice(candidates)
+            state = k8s.state(node)
+            if roll < 0.6 and state == "healthy":
+                _, kind, value, clears_on = rng.choices(
+                    FAULTS, weights=[f[0] for f in FAULTS])[0]
+                gpu_index = rng.randrange(8)
+                gpu.inject_fault(node, gpu_index, kind, value, clears_on=clears_on)
+                steps.append(f"{elapsed:.0f}s inject {kind} {value or ''} on {node}/{gpu_index}")
+            elif roll < 0.8 and state == "quarantined":
+                fixed = rng.random() < 0.7
+                if fixed:
+                    gpu.clear(node)
+                try:
+                    update(soak_stack, node, "release", who="soak", reason="soak")
+                    steps.append(f"{elapsed:.0f}s release {node} ({'fixed' if fixed else 'not'})")
+                except OperatorError as err:
+                    steps.append(f"{elapsed:.0f}s release {node} refused: {err}")
+            elif roll < 0.9 and state == "cordoned":
+                gpu.clear(node)
+                steps.append(f"{elapsed:.0f}s cool {node}")
+            time.sleep(rng.uniform(0.5, 2.0))
+
+        # Wind down: no more API faults, every fault cleared, every quarantine released.
+        k8s.clear_faults()
+        for node in candidates:
+            gpu.clear(node)
+
+        def settled() -> bool:
+            for node in candidates:
+                state = k8s.state(node)
+                if state == "quarantined":
+                    with contextlib.suppress(OperatorError):
+                        update(soak_stack, node, "release", who="soak", reason="wind down")
+                if state != "healthy":
+                    return False
+            return True
+
+        wait_for(soak_stack, "every node back in service", settled, timeout=150, every=2)
+    finally:
+        checker.stop()
+        with contextlib.suppress(Exception):
+            k8s.clear_faults()
+    print(f"\nsoak seed={SEED} nodes={NODES} seconds={SECONDS:.0f}: {len(steps)} steps, "
+          f"{checker.samples} samples, max out {checker.max_out}, "
+          f"{len(checker.violations)} violations")
+    print("\n".join(steps))
+    print("\n".join(checker.violations))
+    assert not checker.violations, "\n".join(checker.violations) + worker_log(soak_stack)
+    assert checker.samples > 20
+    n = k8s.node(admin)
+    assert n.spec.unschedulable, "the admin's cordon was undone"
+    assert k8s.state(unreadable) == "healthy"
+    for node in candidates:
+        assert not k8s.node(node).spec.unschedulable, f"{node} left cordoned"
+    with contextlib.suppress(GpuSimError):
+        gpu.set_exporter_mode(unreadable, "up")
