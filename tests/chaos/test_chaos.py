@@ -15,7 +15,7 @@ import pytest
 from sim.gpu.client import GpuSimClient
 from tests.chaos.invariants import InvariantChecker
 from tests.e2e.conftest import make_stack
-from tests.e2e.kit import Cluster, result, wait_for, worker_log
+from tests.e2e.kit import Cluster, result, wait_for, worker_log, workflow_status
 from worker.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
@@ -38,6 +38,8 @@ def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
 
 def assert_clean_remediation(stack: LocalStack, k8s: Cluster, node: str,
                              action: str = "reboot") -> None:
+    wait_for(stack, f"a remediation of {node}", lambda: workflow_status(stack, node),
+             timeout=60)
     res = result(stack, node, timeout=150)
     assert res.outcome == "healthy", res
     n = k8s.node(node)

@@ -1,0 +1,115 @@
+"""The walking skeleton (XID 79 -> drain -> repair -> validate -> healthy) against a real
+control plane, with the worker holding only the permissions of deploy/base/rbac.yaml.
+
+The scenario test is tests/e2e/test_walking_skeleton.py's, unchanged: it is imported
+here and gets this module's ``pdb_stack``, a ControlPlaneStack (real kube-apiserver,
+controllers and scheduler; node_agent.py as the kubelets). The other tests read the
+API server's audit log of that run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+from tests.controlplane.stack import RBAC, SA_USER, ControlPlaneStack
+from tests.e2e.conftest import HERE as E2E
+from tests.e2e.test_walking_skeleton import (  # the scenario itself, run with pdb_stack below
+    test_xid79_on_two_nodes_drains_within_pdb_repairs_validates_and_returns,
+)
+from worker.stack import Ports
+
+pytestmark = [pytest.mark.e2e, pytest.mark.controlplane]
+
+__all__ = ["test_xid79_on_two_nodes_drains_within_pdb_repairs_validates_and_returns"]
+
+
+@pytest.fixture(scope="module")
+def pdb_stack(controlplane_binary: Path,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlaneStack]:
+    stack = ControlPlaneStack(
+        data_dir=tmp_path_factory.mktemp("cpstack"), scenario=str(E2E / "pdb.yaml"),
+        ports=Ports.ephemeral(), headless=True, persistent=True, job_seconds=1.0,
+        reboot_seconds=2.0, binary=controlplane_binary, service_account=True,
+        overrides={"detector.interval": "PT1S", "remediation.drain.retry_interval": "PT1S",
+                   "detector.max_unavailable": 2})
+    with stack:
+        yield stack
+
+
+def _rules() -> list[tuple[str, str, set[str], str | None]]:
+    """(apiGroup, resource, verbs, namespace or None for cluster-wide) from rbac.yaml."""
+    out = []
+    for doc in yaml.safe_load_all(RBAC.read_text()):
+        if doc and doc["kind"] in ("ClusterRole", "Role"):
+            ns = doc["metadata"].get("namespace")
+            for rule in doc["rules"]:
+                for group in rule["apiGroups"]:
+                    for res in rule["resources"]:
+                        out.append((group, res, set(rule["verbs"]), ns))
+    return out
+
+
+def _requests(stack: ControlPlaneStack) -> list[dict[str, Any]]:
+    return [{"verb": e["verb"], "group": e.get("objectRef", {}).get("apiGroup", ""),
+             "resource": e.get("objectRef", {}).get("resource", "")
+             + (f"/{e['objectRef']['subresource']}"
+                if e.get("objectRef", {}).get("subresource") else ""),
+             "namespace": e.get("objectRef", {}).get("namespace"),
+             "code": e.get("responseStatus", {}).get("code"), "uri": e["requestURI"]}
+            for e in stack.audit_events() if e.get("stage") == "ResponseComplete"]
+
+
+def test_worker_was_never_forbidden(pdb_stack: ControlPlaneStack) -> None:
+    requests = _requests(pdb_stack)
+    assert requests, "the audit log holds no request of the worker's ServiceAccount"
+    forbidden = [r for r in requests if r["code"] == 403]
+    assert not forbidden, f"RBAC in deploy/base/rbac.yaml is missing: {forbidden}"
+    worker_log = (pdb_stack.data_dir / "logs" / "worker.log").read_text(errors="replace")
+    assert "Forbidden" not in worker_log
+
+
+def test_granted_permissions_used_or_accounted_for(pdb_stack: ControlPlaneStack) -> None:
+    """Every granted (resource, verb) is used in this run, except documented ones."""
+    used = {(r["group"], r["resource"], r["verb"]) for r in _requests(pdb_stack)}
+    granted = {(g, res, v) for g, res, verbs, _ in _rules() for v in verbs}
+    # Audit verbs: "list" of a collection, "get" of one object, "patch", "create", "delete".
+    not_exercised_here = {
+        # Only the drain deadline policy "force" deletes pods; this scenario never forces.
+        ("", "pods", "delete"),
+    }
+    unused = granted - used - not_exercised_here
+    report = {"used": sorted(map(list, used)), "granted_unused": sorted(map(list, unused))}
+    (pdb_stack.data_dir / "rbac-report.json").write_text(json.dumps(report, indent=1))
+    assert not unused, f"granted but not used by the walking skeleton: {sorted(unused)}"
+    assert used <= granted | {("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
+                              ("authorization.k8s.io", "selfsubjectrulesreviews", "create")}
+
+
+@pytest.mark.parametrize(("call", "describe"), [
+    (lambda core, batch: core.delete_node("gpu-node-01"), "delete a node"),
+    (lambda core, batch: core.list_namespaced_secret("default"), "list secrets"),
+    (lambda core, batch: core.patch_namespaced_pod("x", "team-a", {}), "patch a pod"),
+    (lambda core, batch: batch.create_namespaced_job("team-a", {
+        "metadata": {"name": "x"}, "spec": {"template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}}),
+     "create a Job outside the job namespace"),
+    (lambda core, batch: batch.list_namespaced_job("gpu-remediate-jobs"), "list Jobs"),
+    (lambda core, batch: core.create_namespaced_event("team-a", {
+        "metadata": {"name": "x"}, "involvedObject": {"kind": "Node", "name": "n"}}),
+     "create an Event outside default"),
+])
+def test_service_account_is_refused_what_rbac_does_not_grant(
+        pdb_stack: ControlPlaneStack, call: Any, describe: str) -> None:
+    assert pdb_stack.worker_kubeconfig is not None
+    api = config.new_client_from_config(config_file=str(pdb_stack.worker_kubeconfig))
+    with api, pytest.raises(client.ApiException) as err:
+        call(client.CoreV1Api(api), client.BatchV1Api(api))
+    assert err.value.status == 403, f"{describe}: {err.value.status} {err.value.body}"
+    assert SA_USER in json.loads(err.value.body)["message"]
