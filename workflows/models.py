@@ -64,6 +64,11 @@ class DrainSettings(_Model):
     retry_interval: timedelta = Field(
         default=timedelta(seconds=5), description="Pause between eviction rounds."
     )
+    report_after: timedelta = Field(
+        default=timedelta(seconds=15),
+        description="While a PDB blocks the drain, report progress (blocking PDB, pods left) "
+                    "to the workflow this often.",
+    )
 
 
 class JobSettings(_Model):

@@ -241,6 +241,10 @@ class RemediationWorkflow:
 
     async def _await_approval(self) -> bool:
         s = self.inp.settings.approval
+        if self.inp.dry_run:
+            self._plan(f"wait for an operator's approval (up to {s.timeout}, then "
+                       f"{s.on_timeout}); the plan continues as if approved")
+            return True
         self._details(f"waiting for an operator to approve {self.action.value} "
                       f"(timeout {s.timeout}, then {s.on_timeout})")
         try:
@@ -316,7 +320,8 @@ class RemediationWorkflow:
         while True:
             result = await self._call(
                 "drain_node",
-                DrainInput(node=self.inp.node, settings=d, force=force, dry_run=self.inp.dry_run),
+                DrainInput(node=self.inp.node, settings=d, force=force,
+                           report_after=d.report_after, dry_run=self.inp.dry_run),
                 DrainResult,
                 timeout=timedelta(minutes=10), heartbeat=True,
                 summary=("force-delete" if force else "evict") + f" pods on {self.inp.node}",
@@ -379,11 +384,12 @@ class RemediationWorkflow:
             await self._enter(NodeState.VALIDATING, "validate", "ValidationStarted",
                               f"attempt {attempt}: validation Job on all {self.gpus} GPUs")
             check = await self._job("validate", attempt)
+            if self.quarantine_order is not None:
+                # An operator's order outranks a passing validation.
+                return await self._quarantine(self._quarantine_reason(), acked)
             if check.succeeded:
                 return await self._finish("healthy", f"validated: {check.message}", acked)
             self._plan(f"validation failed (attempt {attempt}): {check.message}")
-            if self.quarantine_order is not None:
-                return await self._quarantine(self._quarantine_reason(), acked)
             if kind == "gpu-reset":
                 kind = "reboot"  # the next round escalates
         return await self._quarantine(
@@ -433,7 +439,10 @@ class RemediationWorkflow:
             order = self.release_order
             assert order is not None
             self.view.attempt += 1
-            await self._enter(NodeState.VALIDATING, "release-validate", "ReleaseRequested",
+            # The node stays labelled quarantined while it is validated: quarantined nodes
+            # hold no budget slot, and an operator's release must not take one that the
+            # detector has not admitted. It is already cordoned and drained.
+            await self._enter(NodeState.QUARANTINED, "release-validate", "ReleaseRequested",
                               f"release by {order.operator}: {order.reason}; validating")
             check = await self._job("validate", self.view.attempt)
             self.release_order = None

@@ -136,7 +136,12 @@ def test_randomized_soak_keeps_every_invariant(soak_stack: LocalStack) -> None:
                     return False
             return True
 
-        wait_for(soak_stack, "every node back in service", settled, timeout=150, every=2)
+        try:
+            wait_for(soak_stack, "every node back in service", settled, timeout=150, every=2)
+        except AssertionError as err:
+            left = {n: k8s.state(n) for n in candidates if k8s.state(n) != "healthy"}
+            raise AssertionError(f"still out after the wind-down: {left}\nsteps:\n"
+                                 + "\n".join(steps) + f"\n{err}") from None
     finally:
         checker.stop()
         with contextlib.suppress(Exception):

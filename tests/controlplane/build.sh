@@ -61,7 +61,6 @@ start=$(date +%s)
 echo "controlplane: $("$go" version); Kubernetes $k8s; GOMAXPROCS=$GOMAXPROCS" >&2
 echo "controlplane: [1/2] go mod download (module cache: $("$go" env GOMODCACHE))" >&2
 "${nice[@]}" "$go" mod download -x 2>&1 | grep -E '^# get .*\.zip$' | sed 's/^/controlplane:   /' >&2 || true
-"${nice[@]}" "$go" mod verify >/dev/null
 echo "controlplane: [2/2] go build (cold: many minutes; build cache: $("$go" env GOCACHE))" >&2
 mkdir -p "$(dirname "$out")"
 tmp="$out.tmp.$$"

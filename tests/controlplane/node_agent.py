@@ -64,11 +64,12 @@ def micro(t: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
 
 
-def _ignore_conflict(fn: Callable[[], Any], *codes: int) -> Any:
+def _create(fn: Callable[..., Any], *args: Any) -> Any:
+    """Create, tolerating AlreadyExists (seeding and registering are idempotent)."""
     try:
-        return fn()
+        return fn(*args)
     except client.ApiException as err:
-        if err.status in (codes or (409,)):
+        if err.status == 409:
             return None
         raise
 
@@ -112,7 +113,7 @@ def seed(api: client.ApiClient, scenario: Scenario) -> None:
                                  client.BatchV1Api(api), client.PolicyV1Api(api))
     namespaces = list(fleet.BASE_NAMESPACES) + [w.namespace for w in scenario.workloads]
     for ns in dict.fromkeys(namespaces):
-        _ignore_conflict(lambda ns=ns: core.create_namespace({"metadata": {"name": ns}}))
+        _create(core.create_namespace, {"metadata": {"name": ns}})
     pools = {p.name: p for p in scenario.pools}
     for w in scenario.workloads:
         template = fleet._template(w, pools, job=w.kind == "Job")
@@ -122,32 +123,31 @@ def seed(api: client.ApiClient, scenario: Scenario) -> None:
         if w.kind == "ReplicaSet":
             body: Obj = {"metadata": meta, "spec": {"replicas": w.replicas, "selector": selector,
                                                     "template": template}}
-            _ignore_conflict(lambda b=body: apps.create_namespaced_replica_set(w.namespace, b))
+            _create(apps.create_namespaced_replica_set, w.namespace, body)
         elif w.kind == "StatefulSet":
             body = {"metadata": meta, "spec": {
                 "replicas": w.replicas, "selector": selector, "template": template,
                 "serviceName": w.name, "podManagementPolicy": "Parallel"}}
-            _ignore_conflict(lambda b=body: apps.create_namespaced_stateful_set(w.namespace, b))
+            _create(apps.create_namespaced_stateful_set, w.namespace, body)
         elif w.kind == "DaemonSet":
             body = {"metadata": meta, "spec": {"selector": selector, "template": template}}
-            _ignore_conflict(lambda b=body: apps.create_namespaced_daemon_set(w.namespace, b))
+            _create(apps.create_namespaced_daemon_set, w.namespace, body)
         elif w.kind == "Job":
             body = {"metadata": meta, "spec": {"parallelism": w.replicas,
                                                "completions": w.replicas, "template": template}}
-            _ignore_conflict(lambda b=body: batch.create_namespaced_job(w.namespace, b))
+            _create(batch.create_namespaced_job, w.namespace, body)
         else:
             for i in range(w.replicas):
                 name = w.name if w.replicas == 1 else f"{w.name}-{i}"
                 pod = {"metadata": {"name": name, **{k: v for k, v in template["metadata"].items()
                                                      if k in ("labels", "annotations")}},
                        "spec": template["spec"]}
-                _ignore_conflict(lambda p=pod: core.create_namespaced_pod(w.namespace, p))
+                _create(core.create_namespaced_pod, w.namespace, pod)
         if w.pdb is not None:
             pdb = fleet._pdb(w, labels)
-            _ignore_conflict(lambda p=pdb: policy.create_namespaced_pod_disruption_budget(
-                w.namespace, p))
+            _create(policy.create_namespaced_pod_disruption_budget, w.namespace, pdb)
     ds = fleet._dcgm_daemonset()
-    _ignore_conflict(lambda: apps.create_namespaced_daemon_set(fleet.DCGM_NAMESPACE, ds))
+    _create(apps.create_namespaced_daemon_set, fleet.DCGM_NAMESPACE, ds)
 
 
 # ------------------------------------------------------------------------ the kubelets
@@ -191,7 +191,7 @@ class NodeAgent:
             obj = fleet.node_object(name, pool, index)
             status = obj.pop("status")
             obj["spec"].pop("podCIDRs", None)
-            _ignore_conflict(lambda o=obj: self.core.create_node(o))
+            _create(self.core.create_node, obj)
             self.core.patch_node_status(name, {"status": status})
             self._renew_lease(name)
             self._heartbeat[name] = time.time()
@@ -222,9 +222,8 @@ class NodeAgent:
             node = _json(self.core.read_node(name, _preload_content=False))
             refs = [{"apiVersion": "v1", "kind": "Node", "name": name,
                      "uid": node["metadata"]["uid"]}]
-            _ignore_conflict(lambda: self.coordination.create_namespaced_lease(
-                "kube-node-lease", {"metadata": {"name": name, "ownerReferences": refs},
-                                    "spec": spec}))
+            _create(self.coordination.create_namespaced_lease, "kube-node-lease",
+                    {"metadata": {"name": name, "ownerReferences": refs}, "spec": spec})
 
     def _heartbeats(self, now: float) -> None:
         for name in sorted(self.names):
@@ -423,9 +422,15 @@ class NodeAgent:
         node = pod["spec"]["nodeName"]
         kind = labels.get(objects.JOB_LABEL, "")
         time.sleep(self.job_seconds)
-        if not self.gpu_url:
-            return 0, ""
         base = f"{self.gpu_url}/api/v1/nodes/{node}"
+        if not self.gpu_url:
+            # Without a GPU simulator validation passes and a reset is a no-op; a reboot
+            # still takes the node down (as the cluster simulator does).
+            if kind == "reboot":
+                self.start_reboot(node, self.reboot_seconds, pod["metadata"]["uid"])
+                while self.is_rebooting(node):
+                    time.sleep(0.05)
+            return 0, ""
         if kind == "validate":
             try:
                 resp = self._http.get(f"{base}/health")
@@ -462,7 +467,7 @@ class NodeAgent:
     def _run_program(self, pod: Obj) -> None:
         try:
             code, message = self._program(pod)
-        except Exception as err:  # noqa: BLE001 - a crashed program is a failed container
+        except Exception as err:  # a crashed program is a failed container
             log.exception("job pod program failed")
             code, message = 1, str(err)
         m = pod["metadata"]
@@ -500,13 +505,15 @@ class NodeAgent:
                 return False
         pods = [p for p in _json(self.core.list_pod_for_all_namespaces(
             _preload_content=False))["items"] if p["metadata"]["namespace"] in namespaces]
-        return bool(pods) and all(_ready(p) for p in pods)
+        # Every pod of the seeded namespaces is bound to one of these nodes and Ready.
+        return bool(pods) and all(_ready(p) and p["spec"].get("nodeName") in self.names
+                                  for p in pods)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
                 self.reconcile()
-            except Exception:  # noqa: BLE001 - a kubelet keeps going through API errors
+            except Exception:  # a kubelet keeps going through API errors
                 log.exception("reconcile failed")
             stop.wait(self.interval)
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -18,14 +18,14 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from tests.controlplane.stack import RBAC, SA_USER, ControlPlaneStack
-from tests.e2e.conftest import HERE as E2E
+from tests.controlplane.stack import RBAC, REPO, SA_USER, ControlPlaneStack
 from tests.e2e.test_walking_skeleton import (  # the scenario itself, run with pdb_stack below
     test_xid79_on_two_nodes_drains_within_pdb_repairs_validates_and_returns,
 )
 from worker.stack import Ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.controlplane]
+PROBE_AGENT = "rbac-probe"  # the refusal probes' requests, told apart from the worker's
 
 __all__ = ["test_xid79_on_two_nodes_drains_within_pdb_repairs_validates_and_returns"]
 
@@ -34,7 +34,8 @@ __all__ = ["test_xid79_on_two_nodes_drains_within_pdb_repairs_validates_and_retu
 def pdb_stack(controlplane_binary: Path,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlaneStack]:
     stack = ControlPlaneStack(
-        data_dir=tmp_path_factory.mktemp("cpstack"), scenario=str(E2E / "pdb.yaml"),
+        data_dir=tmp_path_factory.mktemp("cpstack"),
+        scenario=str(REPO / "tests" / "e2e" / "pdb.yaml"),
         ports=Ports.ephemeral(), headless=True, persistent=True, job_seconds=1.0,
         reboot_seconds=2.0, binary=controlplane_binary, service_account=True,
         overrides={"detector.interval": "PT1S", "remediation.drain.retry_interval": "PT1S",
@@ -63,7 +64,8 @@ def _requests(stack: ControlPlaneStack) -> list[dict[str, Any]]:
                 if e.get("objectRef", {}).get("subresource") else ""),
              "namespace": e.get("objectRef", {}).get("namespace"),
              "code": e.get("responseStatus", {}).get("code"), "uri": e["requestURI"]}
-            for e in stack.audit_events() if e.get("stage") == "ResponseComplete"]
+            for e in stack.audit_events() if e.get("stage") == "ResponseComplete"
+            and not e.get("userAgent", "").startswith(PROBE_AGENT)]
 
 
 def test_worker_was_never_forbidden(pdb_stack: ControlPlaneStack) -> None:
@@ -109,6 +111,7 @@ def test_service_account_is_refused_what_rbac_does_not_grant(
         pdb_stack: ControlPlaneStack, call: Any, describe: str) -> None:
     assert pdb_stack.worker_kubeconfig is not None
     api = config.new_client_from_config(config_file=str(pdb_stack.worker_kubeconfig))
+    api.user_agent = PROBE_AGENT
     with api, pytest.raises(client.ApiException) as err:
         call(client.CoreV1Api(api), client.BatchV1Api(api))
     assert err.value.status == 403, f"{describe}: {err.value.status} {err.value.body}"

@@ -86,10 +86,6 @@ def test_one_at_a_time_in_priority_order(budget_stack: LocalStack) -> None:
     assert k8s.job_kinds(reset) == ["gpu-reset", "validate"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an operator's release of a quarantined node moves it to 'validating', which holds a "
-    "budget slot, without admission by the detector: with the budget full the release "
-    "puts max_unavailable + 1 nodes out of service"))
 def test_operator_release_respects_the_budget(budget_stack: LocalStack) -> None:
     k8s, gpu = Cluster(budget_stack), GpuSimClient(budget_stack.gpu_url)
     quarantined, busy = "gpu-node-03", "gpu-node-04"  # node 03 from the test above
@@ -183,8 +179,7 @@ def test_unreadable_exporters_never_make_a_node_unhealthy(breaker_stack: LocalSt
     for node in modes:
         assert k8s.state(node) == "healthy" and not k8s.node(node).spec.unschedulable
         assert workflow_status(breaker_stack, node) is None, f"{node} was remediated"
-        if modes[node] != "garbled":  # see the xfail test below for garbled
-            assert node in errors, f"{node}'s unreadable exporter is not reported: {errors}"
+        assert node in errors, f"{node}'s unreadable exporter is not reported: {errors}"
     # Put them back as they were: a reboot clears the faults and restarts the exporter.
     for node in modes:
         gpu.set_exporter_mode(node, "up")
@@ -193,11 +188,8 @@ def test_unreadable_exporters_never_make_a_node_unhealthy(breaker_stack: LocalSt
     assert all(workflow_status(breaker_stack, n) is None for n in modes)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "activities/exposition.parse_exposition keeps the valid lines of a garbled payload "
-    "(a body cut mid-line followed by an HTML error page and control bytes) and drops "
-    "only the bad ones, so a hot GPU's clock-event reasons in the surviving first third "
-    "make the node 'thermal' and it is cordoned: garbled data made a node unhealthy"))
+# Regression: garbled payloads used to be parsed line by line, so a hot GPU's clock
+# reasons in the surviving prefix cordoned the node (fixed in activities/fleet.scrape).
 def test_garbled_exporter_with_hot_gpu_causes_no_action(breaker_stack: LocalStack) -> None:
     k8s, gpu = Cluster(breaker_stack), GpuSimClient(breaker_stack.gpu_url)
     node = "gpu-node-10"

@@ -12,20 +12,26 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
-from temporalio.api.enums.v1 import EventType
+import pytest_asyncio
+from temporalio.api.enums.v1 import EventType, IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
 
 from policy.models import Action
+from tests.conftest import binary
 from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
 from workflows.detector import DetectorWorkflow
 from workflows.models import (
@@ -39,8 +45,28 @@ from workflows.models import (
     OperatorCommand,
     RemediationSettings,
 )
+from workflows.search_attributes import ALL as SEARCH_ATTRIBUTES
 
 TICK = timedelta(milliseconds=500)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def detector_ts_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server of this module's own.
+
+    Detector tests leave the Java test server unable to skip time for a while
+    (tasks of terminated workflows polled by a stopped worker seem to hold its
+    time-skipping lock), which would stall later tests that need skipping.
+    """
+    env = await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=binary("temporal-test-server"))
+    await env.client.operator_service.add_search_attributes(AddSearchAttributesRequest(
+        namespace=env.client.namespace,
+        search_attributes={k.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
+                           for k in SEARCH_ATTRIBUTES}))
+    yield env
+    await env.shutdown()
 FAST = RemediationSettings(drain=DrainSettings(retry_interval=timedelta(milliseconds=100)))
 NO_BREAKER = {"breaker_max_flagged_percent": 100.0, "breaker_max_flagged_nodes": 10_000}
 
@@ -114,8 +140,8 @@ OP = OperatorCommand(operator="alice", reason="maintenance")
 
 @pytest.mark.parametrize(("budget", "size", "flagged", "slots"), [
     (1, 10, 4, 1), (3, 10, 6, 3), ("50%", 8, 6, 4)])
-async def test_budget_is_never_exceeded(time_skipping_env, budget, size, flagged, slots):
-    env = time_skipping_env
+async def test_budget_is_never_exceeded(detector_ts_env, budget, size, flagged, slots):
+    env = detector_ts_env
     cluster, names = fleet(size)
     # Every remediation spends a few eviction rounds draining, so several overlap.
     cluster.drain_blocked_rounds = 4
@@ -137,9 +163,9 @@ async def test_budget_is_never_exceeded(time_skipping_env, budget, size, flagged
     assert all(r.in_use <= slots for r in cluster.reports)
 
 
-async def test_labelled_nodes_hold_slots_and_cordoned_counts_per_setting(time_skipping_env):
+async def test_labelled_nodes_hold_slots_and_cordoned_counts_per_setting(detector_ts_env):
     """Truth is on the nodes: slots held by labels the detector did not set count too."""
-    env = time_skipping_env
+    env = detector_ts_env
     for counts, expect_start in ((True, False), (False, True)):
         cluster, names = fleet(10)
         cluster.nodes[names[0]].state = NodeState.CORDONED  # a thermal remediation
@@ -160,8 +186,8 @@ async def test_labelled_nodes_hold_slots_and_cordoned_counts_per_setting(time_sk
 # ------------------------------------------------------------------ priority
 
 
-async def test_most_severe_first_then_longest_waiting(time_skipping_env):
-    env = time_skipping_env
+async def test_most_severe_first_then_longest_waiting(detector_ts_env):
+    env = detector_ts_env
     cluster, names = fleet(12)
     holder, early, *rest = names
     cluster.nodes[holder].state = NodeState.DRAINING  # the only slot is taken
@@ -219,8 +245,8 @@ async def test_breaker_trips_on_many_flagged_and_resume_reopens_admissions(local
             await cleanup(local_env.client, detector, cluster)
 
 
-async def test_few_flagged_nodes_never_trip_the_breaker(time_skipping_env):
-    env = time_skipping_env
+async def test_few_flagged_nodes_never_trip_the_breaker(detector_ts_env):
+    env = detector_ts_env
     cluster, names = fleet(4)
     cluster.verdicts = [xid_verdict(n) for n in names[:2]]  # 50%, but fewer than 3 nodes
     async with worker_for(env.client, cluster) as queue:
@@ -298,8 +324,8 @@ async def test_manual_remediation_goes_through_budget_and_validator(local_env):
 # ------------------------------------------------------------------ no data, no action
 
 
-async def test_observation_failure_admits_nothing_and_detector_keeps_ticking(time_skipping_env):
-    env = time_skipping_env
+async def test_observation_failure_admits_nothing_and_detector_keeps_ticking(detector_ts_env):
+    env = detector_ts_env
     cluster, names = fleet(10)
     cluster.verdicts = [xid_verdict(names[0])]
     cluster.observe_error = "dcgm-exporter unreachable"
@@ -316,8 +342,8 @@ async def test_observation_failure_admits_nothing_and_detector_keeps_ticking(tim
             await cleanup(env.client, detector, cluster)
 
 
-async def test_failing_metrics_report_does_not_kill_the_detector(time_skipping_env):
-    env = time_skipping_env
+async def test_failing_metrics_report_does_not_kill_the_detector(detector_ts_env):
+    env = detector_ts_env
     cluster, _names = fleet(10)
     cluster.report_error = "pushgateway down"
     async with worker_for(env.client, cluster) as queue:
@@ -375,8 +401,8 @@ async def test_continue_as_new_carries_pause_breaker_and_pending_starts(local_en
             await cleanup(local_env.client, detector, cluster)
 
 
-async def test_breaker_state_survives_continue_as_new(time_skipping_env):
-    env = time_skipping_env
+async def test_breaker_state_survives_continue_as_new(local_env):
+    env = local_env
     cluster, names = fleet(10)
     cluster.verdicts = [xid_verdict(n) for n in names[:5]]
     s = settings(max_unavailable=1, ticks_per_run=2)
@@ -396,8 +422,8 @@ async def test_breaker_state_survives_continue_as_new(time_skipping_env):
             await cleanup(env.client, detector, cluster)
 
 
-async def test_children_are_abandoned_not_terminated(time_skipping_env):
-    env = time_skipping_env
+async def test_children_are_abandoned_not_terminated(local_env):
+    env = local_env
     cluster, names = fleet(10)
     gate = threading.Event()
     cluster.job_gates["reboot"] = gate  # the remediation stays in repair
@@ -452,8 +478,8 @@ async def _first_run_history_length(client: Client, size: int, ticks_per_run: in
     return len(history.events)
 
 
-async def test_history_events_per_tick_do_not_depend_on_fleet_size(time_skipping_env):
-    env = time_skipping_env
+async def test_history_events_per_tick_do_not_depend_on_fleet_size(detector_ts_env):
+    env = detector_ts_env
     small = await _first_run_history_length(env.client, 10, 6)
     large = await _first_run_history_length(env.client, 1000, 6)
     assert small == large
@@ -465,8 +491,8 @@ async def test_history_events_per_tick_do_not_depend_on_fleet_size(time_skipping
 # ------------------------------------------------------------------ dry-run
 
 
-async def test_dry_run_plans_each_node_once_and_mutates_nothing(time_skipping_env):
-    env = time_skipping_env
+async def test_dry_run_plans_each_node_once_and_mutates_nothing(detector_ts_env):
+    env = detector_ts_env
     cluster, names = fleet(10)
     slow, quick = names[:2]
     gate = threading.Event()
