@@ -92,6 +92,12 @@ def _state(value: str | None) -> NodeState:
         return NodeState.HEALTHY
 
 
+def _still_shown(acked: dict[str, int], readings: NodeReadings) -> dict[str, int]:
+    """The acknowledgements whose GPU still reports exactly that XID value."""
+    shown = {(g.uuid or g.gpu): g.xid for g in readings.gpus}
+    return {k: v for k, v in acked.items() if shown.get(k) == v}
+
+
 def _acknowledged(text: str | None) -> dict[str, int]:
     try:
         raw = json.loads(text or "{}")
@@ -263,6 +269,9 @@ class FleetActivities:
             verdict = evaluate_node(r, inp.policy, acknowledged_xids=node.acknowledged)
             if verdict.action not in (Action.NONE, Action.APP):
                 verdicts.append(verdict)
+            kept = _still_shown(node.acknowledged, r)
+            if kept != node.acknowledged and node.state == NodeState.HEALTHY:
+                await asyncio.to_thread(self._write_acknowledged, node.name, kept)
         labelled = [n for n in listed if n.state != NodeState.HEALTHY]
         remediating = [NodeStatus(node=n.name, state=n.state, workflow_id=n.workflow_id,
                                   excluded=n.excluded) for n in labelled]
@@ -342,6 +351,16 @@ class FleetActivities:
                               message=errors.get(inp.node, "unreadable"))
         return NodeHealth(readable=True, thermal_recovered=is_thermal_recovered(r, inp.policy),
                           verdict=evaluate_node(r, inp.policy, acknowledged_xids=acked))
+
+    def _write_acknowledged(self, node: str, acked: dict[str, int]) -> None:
+        """Forget acknowledgements the exporter no longer shows (it restarted, the XID
+        series reset), so the same XID number happening again counts as new."""
+        value = json.dumps(acked, sort_keys=True) if acked else None
+        try:
+            self.core.patch_node(node, {"metadata": {"annotations": {A_ACK_XIDS: value}}},
+                                 _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            log.warning("could not update %s on %s: %s", A_ACK_XIDS, node, err.status)
 
     def acknowledged_xids(self, node: str) -> dict[str, int]:
         try:

@@ -7,7 +7,6 @@ import contextlib
 import json
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, TypeVar
@@ -24,7 +23,7 @@ from policy.models import Action
 from sim.cluster.cli import cluster_app
 from sim.gpu.cli import gpu_app
 from worker import operator as ops
-from worker.config import ConfigError, Settings, load_settings
+from worker.config import ConfigError, Settings, TemporalConfig, load_settings
 from worker.logs import configure_logging
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow
@@ -168,14 +167,33 @@ Break a GPU and watch it get fixed, in another terminal:
 
 Ctrl-C stops everything.""")
     try:
-        while all(part.proc.poll() is None for part in stack.parts):
-            time.sleep(1)
-        dead = [part for part in stack.parts if part.proc.poll() is not None]
+        dead = asyncio.run(_watch_stack(stack, live=sys.stdout.isatty()))
         err.print(f"[red]{', '.join(p.name for p in dead)} stopped; see {dead[0].log}[/red]")
     except KeyboardInterrupt:
         out.print("stopping…")
     finally:
         stack.stop()
+
+
+async def _watch_stack(stack: Any, *, live: bool) -> list[Any]:
+    """Until a part of the stack dies: a live table of remediations in a terminal."""
+    from temporalio.client import Client as TemporalClient
+
+    client: TemporalClient | None = None
+    display = Live(_status_table([]), console=out, refresh_per_second=1) if live else None
+    with display or contextlib.nullcontext():
+        while True:
+            dead = [part for part in stack.parts if part.proc.poll() is not None]
+            if dead:
+                return dead
+            if display is not None:
+                try:
+                    client = client or await connect(TemporalConfig(
+                        address=stack.temporal_address))
+                    display.update(_status_table(await ops.remediation_views(client)))
+                except (RPCError, RuntimeError, ops.OperatorError):
+                    pass  # the table catches up on the next refresh
+            await asyncio.sleep(2)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -230,3 +230,22 @@ async def test_observe_fleet_prometheus_mode_reads_the_source_for_every_gpu_node
     assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-01", Action.REBOOT)]
     assert obs.readable_nodes == 3
     assert obs.errors == ["gpu-node-02: no DCGM series in Prometheus"]
+
+
+async def test_acknowledgement_is_forgotten_once_the_exporter_stops_showing_the_xid(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    """The XID gauge holds the last value until the exporter restarts. While it shows the
+    handled value, it is ignored; once it no longer does (restart after the repair), the
+    same XID number happening again is a new fault."""
+    gpu_sim.client.inject_fault("gpu-node-01", 0, "xid", 48)
+    uuid = gpu_sim.client.get_node("gpu-node-01")["gpus"][0]["uuid"]
+    cluster.core.patch_node("gpu-node-01", {"metadata": {"annotations": {
+        A_ACK_XIDS: json.dumps({uuid: 48})}}})
+    assert (await observe(cluster, template(gpu_sim))).verdicts == []
+    gpu_sim.client.reset("gpu-node-01", 0)  # the exporter restarts: the series is gone
+    await observe(cluster, template(gpu_sim))
+    annotations = cluster.core.read_node("gpu-node-01").metadata.annotations or {}
+    assert A_ACK_XIDS not in annotations
+    gpu_sim.client.inject_fault("gpu-node-01", 0, "xid", 48)
+    obs = await observe(cluster, template(gpu_sim))
+    assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-01", Action.RESET)]

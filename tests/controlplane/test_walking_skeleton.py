@@ -94,7 +94,8 @@ def test_granted_permissions_used_or_accounted_for(pdb_stack: ControlPlaneStack)
                               ("authorization.k8s.io", "selfsubjectrulesreviews", "create")}
 
 
-@pytest.mark.parametrize(("call", "describe"), [
+@pytest.mark.parametrize(("call", "describe"), [pytest.param(c, d, id=d.replace(" ", "-"))
+                                                for c, d in [
     (lambda core, batch: core.delete_node("gpu-node-01"), "delete a node"),
     (lambda core, batch: core.list_namespaced_secret("default"), "list secrets"),
     (lambda core, batch: core.patch_namespaced_pod("x", "team-a", {}), "patch a pod"),
@@ -106,7 +107,7 @@ def test_granted_permissions_used_or_accounted_for(pdb_stack: ControlPlaneStack)
     (lambda core, batch: core.create_namespaced_event("team-a", {
         "metadata": {"name": "x"}, "involvedObject": {"kind": "Node", "name": "n"}}),
      "create an Event outside default"),
-])
+]])
 def test_service_account_is_refused_what_rbac_does_not_grant(
         pdb_stack: ControlPlaneStack, call: Any, describe: str) -> None:
     assert pdb_stack.worker_kubeconfig is not None

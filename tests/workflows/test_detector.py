@@ -67,6 +67,8 @@ async def detector_ts_env() -> AsyncIterator[WorkflowEnvironment]:
                            for k in SEARCH_ATTRIBUTES}))
     yield env
     await env.shutdown()
+
+
 FAST = RemediationSettings(drain=DrainSettings(retry_interval=timedelta(milliseconds=100)))
 NO_BREAKER = {"breaker_max_flagged_percent": 100.0, "breaker_max_flagged_nodes": 10_000}
 
