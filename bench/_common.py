@@ -170,3 +170,47 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
     return str(value)
+
+
+# ---------------------------------------------------------------- the real local stack
+
+
+def write_scenario(path: Path, nodes: int, *, gpus: int = 8, pods_per_node: int = 0,
+                   name: str = "bench") -> Path:
+    """A scenario with one pool of ``nodes`` nodes named bench-0001... and, optionally, a
+    ReplicaSet with ``pods_per_node`` one-GPU pods per node (PDB maxUnavailable 50 %)."""
+    import yaml
+
+    pool: dict[str, Any] = {"name": name, "names": [f"{name}-{i:04d}" for i in range(1, nodes + 1)],
+                            "gpus": gpus, "labels": {"gpu-remediate.io/pool": name}}
+    workloads: list[dict[str, Any]] = []
+    if pods_per_node:
+        workloads.append({"name": "trainer", "namespace": "team-a", "kind": "ReplicaSet",
+                          "replicas": nodes * pods_per_node, "gpus_per_pod": 1,
+                          "labels": {"app": "trainer"}, "pdb": {"max_unavailable": "50%"},
+                          "termination_grace_seconds": 0, "readiness_delay_seconds": 0.2})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"name": name, "pools": [pool], "workloads": workloads},
+                                   sort_keys=False))
+    return path
+
+
+def make_stack(data_dir: Path, scenario: Path | str, overrides: dict[str, Any], *,
+               job_seconds: float = 1.0, reboot_seconds: float = 2.0) -> Any:
+    """A LocalStack (real dev server, both simulators, worker) on ephemeral ports."""
+    from worker.stack import LocalStack, Ports
+
+    return LocalStack(data_dir=data_dir, scenario=str(scenario),
+                      ports=Ports(*(free_port() for _ in range(7))), headless=True,
+                      persistent=False, job_seconds=job_seconds, reboot_seconds=reboot_seconds,
+                      overrides=overrides)
+
+
+def worker_log_problems(log: Path) -> dict[str, int]:
+    """Counts of task-timeout and deadlock markers in a worker log."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    markers = {"TMPRL1101": "TMPRL1101", "TMPRL1104": "TMPRL1104",
+               "workflow task timed out": "WorkflowTaskTimedOut",
+               "activity timed out": "Activity task timed out",
+               "tracebacks": "Traceback"}
+    return {k: text.count(v) for k, v in markers.items()}
