@@ -11,10 +11,10 @@ time, each on a different node:
    detector's tick;
 2. injects XID 79 (GPU fallen off the bus: reboot) on GPU 0 through the simulator's API;
 3. polls the node every 50 ms until ``spec.unschedulable`` is true and the
-   ``gpu-remediate.io/state`` label is set: that is the latency;
+   ``gpu-remediate.io/state`` label says something other than healthy: the latency;
 4. releases it: reboots the simulated node (which clears the fault and restarts the
-   exporter) and aborts the remediation, then waits until the node is unlabelled and
-   schedulable again, so each injection starts from a quiet fleet.
+   exporter) and aborts the remediation, then waits until the node is labelled healthy
+   and schedulable again, so each injection starts from a quiet fleet.
 
 Reports p50, p95 and max. Target: p95 <= interval + 3 s.
 """
@@ -75,11 +75,13 @@ def main() -> None:
 
         def cordoned(node: str) -> bool:
             n = core.read_node(node)
-            return bool(n.spec.unschedulable) and STATE_LABEL in (n.metadata.labels or {})
+            state = (n.metadata.labels or {}).get(STATE_LABEL, "healthy")
+            return bool(n.spec.unschedulable) and state != "healthy"
 
         def released(node: str) -> bool:
             n = core.read_node(node)
-            return not n.spec.unschedulable and STATE_LABEL not in (n.metadata.labels or {})
+            state = (n.metadata.labels or {}).get(STATE_LABEL, "healthy")
+            return not n.spec.unschedulable and state == "healthy"
 
         async def abort(node: str) -> None:
             temporal = await connect(TemporalConfig(address=stack.temporal_address))

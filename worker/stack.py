@@ -78,6 +78,8 @@ class LocalStack:
     job_seconds: float = 2.0
     reboot_seconds: float = 3.0
     extra_temporal_args: list[str] = field(default_factory=list)
+    # The worker's own credentials, when they differ from the admin kubeconfig.
+    worker_kubeconfig: Path | None = None
     parts: list[Part] = field(default_factory=list)
 
     @property
@@ -142,10 +144,18 @@ class LocalStack:
         self._wait(part, lambda: _tcp_open(self.ports.temporal), timeout=90)
 
     def start_simulators(self) -> None:
+        self.start_gpu_simulator()
+        self.start_cluster()
+        self._create_job_namespace()
+
+    def start_gpu_simulator(self) -> None:
         gpu = self._spawn("gpu-simulator", self._cli(
             "sim", "gpu", "serve", "--port", str(self.ports.gpu), "--scenario", self.scenario))
         self._wait(gpu, lambda: httpx.get(f"{self.gpu_url}/healthz", timeout=1).status_code
                    == 200)
+
+    def start_cluster(self) -> None:
+        """The Kubernetes API the worker talks to: here the cluster simulator."""
         self.kubeconfig.unlink(missing_ok=True)
         cluster = self._spawn("cluster-simulator", self._cli(
             "sim", "cluster", "serve", "--port", str(self.ports.cluster),
@@ -154,7 +164,6 @@ class LocalStack:
             "--job-seconds", str(self.job_seconds), "--reboot-seconds", str(self.reboot_seconds)))
         self._wait(cluster, lambda: self.kubeconfig.exists() and httpx.get(
             f"http://127.0.0.1:{self.ports.cluster}/version", timeout=1).status_code == 200)
-        self._create_job_namespace()
 
     def _create_job_namespace(self) -> None:
         """What deploy/ does in a real cluster: the namespace for repair and validation Jobs."""
@@ -173,7 +182,7 @@ class LocalStack:
             base = yaml.safe_load(self.config_path.read_text()) or {}
         stack = {
             "temporal": {"address": self.temporal_address},
-            "kubernetes": {"kubeconfig": str(self.kubeconfig)},
+            "kubernetes": {"kubeconfig": str(self.worker_kubeconfig or self.kubeconfig)},
             "exporter": {"mode": "template",
                          "url_template": self.gpu_url + "/nodes/{node}/metrics"},
             "worker": {"metrics_port": self.ports.metrics,

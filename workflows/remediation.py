@@ -108,6 +108,10 @@ class RemediationWorkflow:
 
     @quarantine.validator
     def _check_quarantine(self, cmd: OperatorCommand) -> None:
+        if self.view.step in ("healthy", "released", "aborted"):
+            raise ApplicationError(
+                f"{self.inp.node} is being returned ({self.view.step}); quarantine it with "
+                "`gpu-remediate remediate --action quarantine` instead", type="Rejected")
         if self.view.state == NodeState.QUARANTINED:
             raise ApplicationError(f"{self.inp.node} is already quarantined", type="Rejected")
         if self.quarantine_order is not None:
@@ -315,6 +319,9 @@ class RemediationWorkflow:
         if self.view.state != NodeState.DRAINING:
             await self._enter(NodeState.DRAINING, "drain", "DrainStarted",
                               f"draining {self.inp.node}")
+        else:
+            # Claim or approval already wrote Draining to the node: only the view moves on.
+            self._set(NodeState.DRAINING, "drain")
         started = workflow.now()
         force = False
         while True:
@@ -468,7 +475,7 @@ class RemediationWorkflow:
         name = f"gr-{kind}-{self.inp.node}"[:50].rstrip("-") + f"-{run}-{attempt}"
         gpu_index = None
         if kind == "gpu-reset":
-            gpus = sorted({f.gpu for f in self.inp.verdict.findings})
+            gpus = sorted({f.gpu for f in self.inp.verdict.findings if f.gpu.isdigit()})
             gpu_index = gpus[0] if len(gpus) == 1 else None
         self._plan(f"run {kind} Job {name} on {self.inp.node}"
                    + (f" requesting all {self.gpus} GPUs" if kind == "validate" else ""))

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 from kubernetes import client, config, utils
 
@@ -45,18 +44,13 @@ class ControlPlaneStack(LocalStack):
     binary: Path = Path("controlplane")
     service_account: bool = True
     controlplane: ControlPlane | None = None
-    worker_kubeconfig: Path | None = None
     _rbac_objects: list[str] = field(default_factory=list)
 
     @property
     def audit_log(self) -> Path:
         return self.data_dir / "controlplane" / "audit.log"
 
-    def start_simulators(self) -> None:
-        gpu = self._spawn("gpu-simulator", self._cli(
-            "sim", "gpu", "serve", "--port", str(self.ports.gpu), "--scenario", self.scenario))
-        self._wait(gpu, lambda: httpx.get(f"{self.gpu_url}/healthz", timeout=1).status_code
-                   == 200)
+    def start_cluster(self) -> None:
         cp_dir = self.data_dir / "controlplane"
         cp_dir.mkdir(parents=True, exist_ok=True)
         policy = cp_dir / "audit-policy.yaml"
@@ -75,11 +69,12 @@ class ControlPlaneStack(LocalStack):
             env={"PYTHONPATH": str(REPO)})
         self._wait(agent, lambda: "READY" in agent.log.read_text(errors="replace"),
                    timeout=150)
-        self._create_job_namespace()
+
+    def _create_job_namespace(self) -> None:
+        super()._create_job_namespace()
         if self.service_account:
+            # After the namespace exists: the worker's token is bound to the RBAC there.
             self.worker_kubeconfig = self._service_account_kubeconfig()
-            self.overrides = {**self.overrides,
-                              "kubernetes.kubeconfig": str(self.worker_kubeconfig)}
 
     def _service_account_kubeconfig(self) -> Path:
         """Apply deploy/base/rbac.yaml and mint a token for its ServiceAccount."""
