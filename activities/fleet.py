@@ -14,7 +14,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 import httpx
@@ -22,24 +22,39 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import metrics
 from activities.events import record_node_event
 from activities.exposition import ExpositionError, parse_exposition
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
-from activities.node_keys import A_ACK_XIDS, A_ORPHAN, A_WORKFLOW, EXCLUDE_LABEL, STATE_LABEL
+from activities.node_keys import (
+    A_ACK_XIDS,
+    A_ACTION,
+    A_ORPHAN,
+    A_PRECORDONED,
+    A_REASON,
+    A_SINCE,
+    A_WORKFLOW,
+    EXCLUDE_LABEL,
+    STATE_LABEL,
+)
+from activities.nodes import NodeActivities
 from activities.prometheus_source import PrometheusSource
 from policy.models import Action, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_node, is_thermal_recovered
 from workflows.models import (
     AdmissionReport,
     FleetObservation,
+    HistoryEntry,
     NodeHealth,
     NodeHealthInput,
     NodeState,
     NodeStatus,
     ObserveInput,
+    OrphanRelease,
+    ReleaseInput,
     ThermalWatchInput,
     ThermalWatchResult,
     remediation_workflow_id,
@@ -109,6 +124,7 @@ def _acknowledged(text: str | None) -> dict[str, int]:
 class FleetActivities:
     def __init__(self, api: client.ApiClient, exporter: ExporterSettings) -> None:
         self.core = client.CoreV1Api(api)
+        self.nodes = NodeActivities(api)
         self.exporter = exporter
 
     # ------------------------------------------------------------ kubernetes side
@@ -227,7 +243,7 @@ class FleetActivities:
                         errors[node] = f"{node}: {url}: {err}"
                         metrics.SCRAPE_ERRORS.labels(_reason(str(err))).inc()
                 done += 1
-                if done % 500 == 0:
+                if done % 500 == 0 and activity.in_activity():
                     activity.heartbeat(done)
 
             await asyncio.gather(*(one(n, u) for n, u in targets.items()))
@@ -325,6 +341,31 @@ class FleetActivities:
                 await asyncio.to_thread(self._mark_orphan, node.name, wid)
         metrics.ORPHANS.set(len(orphans))
         return sorted(orphans)
+
+    @activity.defn
+    async def release_orphan(self, req: OrphanRelease) -> None:
+        """Release a node whose remediation workflow is gone, after checking it still is."""
+        try:
+            n = await asyncio.to_thread(self.core.read_node, req.node,
+                                        _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            raise_typed(err, f"read node {req.node}")
+        labels, ann = meta_dict(n, "labels"), meta_dict(n, "annotations")
+        node = GpuNode(req.node, _state(labels.get(STATE_LABEL)), ann.get(A_WORKFLOW, ""), {},
+                       labels)
+        if node.state == NodeState.HEALTHY or req.node not in await self.find_orphans([node]):
+            raise ApplicationError(f"{req.node} is not an orphan any more", type="NotOrphan",
+                                   non_retryable=True)
+        now = datetime.now(UTC)
+        since = ann.get(A_SINCE)
+        started = datetime.fromisoformat(since) if since else now
+        why = f"orphan released by {req.operator}" + (f": {req.reason}" if req.reason else "")
+        await asyncio.to_thread(self.nodes.release_node, ReleaseInput(
+            node=req.node, outcome="released", uncordon=ann.get(A_PRECORDONED) != "true",
+            history=HistoryEntry(started=started, finished=now, action=ann.get(A_ACTION, "?"),
+                                 reason=ann.get(A_REASON, ""), outcome=f"released: {why}",
+                                 workflow_id=node.workflow_id, by=req.operator),
+            event_reason="OrphanReleased", event_message=why))
 
     def _mark_orphan(self, node: str, workflow_id: str) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -176,9 +176,10 @@ def _fmt(value: Any) -> str:
 
 
 def write_scenario(path: Path, nodes: int, *, gpus: int = 8, pods_per_node: int = 0,
-                   name: str = "bench") -> Path:
+                   name: str = "bench", pdb: bool = True) -> Path:
     """A scenario with one pool of ``nodes`` nodes named bench-0001... and, optionally, a
-    ReplicaSet with ``pods_per_node`` one-GPU pods per node (PDB maxUnavailable 50 %)."""
+    ReplicaSet with ``pods_per_node`` one-GPU pods per node (with ``pdb``, a PDB
+    maxUnavailable 50 %)."""
     import yaml
 
     pool: dict[str, Any] = {"name": name, "names": [f"{name}-{i:04d}" for i in range(1, nodes + 1)],
@@ -187,7 +188,8 @@ def write_scenario(path: Path, nodes: int, *, gpus: int = 8, pods_per_node: int 
     if pods_per_node:
         workloads.append({"name": "trainer", "namespace": "team-a", "kind": "ReplicaSet",
                           "replicas": nodes * pods_per_node, "gpus_per_pod": 1,
-                          "labels": {"app": "trainer"}, "pdb": {"max_unavailable": "50%"},
+                          "labels": {"app": "trainer"},
+                          **({"pdb": {"max_unavailable": "50%"}} if pdb else {}),
                           "termination_grace_seconds": 0, "readiness_delay_seconds": 0.2})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({"name": name, "pools": [pool], "workloads": workloads},

@@ -44,6 +44,8 @@ from bench._common import (
     write_scenario,
 )
 
+from workflows.models import AdmissionReport, FleetObservation, ObserveInput
+
 TARGET_REMEDIATION_EVENTS = 120
 
 
@@ -79,14 +81,7 @@ async def stub_ticks(address: str, nodes: int, ticks: int) -> dict[str, Any]:
     from worker.config import TemporalConfig
     from worker.temporal_client import connect
     from workflows.detector import DetectorWorkflow
-    from workflows.models import (
-        AdmissionReport,
-        DetectorInput,
-        DetectorSettings,
-        DetectorView,
-        FleetObservation,
-        ObserveInput,
-    )
+    from workflows.models import DetectorInput, DetectorSettings, DetectorView
     from workflows.remediation import RemediationWorkflow
 
     @activity.defn(name="observe_fleet")

@@ -32,6 +32,7 @@ from workflows.models import (
     DetectorInput,
     ManualRemediation,
     OperatorCommand,
+    OrphanRelease,
     RemediationView,
 )
 
@@ -273,6 +274,69 @@ def detector_status(config: ConfigOpt = None, output: OutputOpt = "table") -> No
     for e in view.last_errors[:5]:
         table.add_row("error", e)
     out.print(table)
+
+
+@detector_app.command("reconfigure")
+def detector_reconfigure(config: ConfigOpt = None) -> None:
+    """Give the running detector the config's detector, policy and remediation sections,
+    from its next tick on (for example to leave dry-run). Remediations in flight keep the
+    settings they started with.
+
+    Example: `gpu-remediate detector reconfigure -c config.yaml`
+    """
+    settings = settings_from(config)
+    ack = with_client(config, lambda c: ops.detector_update(
+        c, "reconfigure", settings.detector_settings()))
+    out.print(ack.message)
+
+
+@app.command("release-orphan")
+def release_orphan(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
+                   config: ConfigOpt = None) -> None:
+    """Release a node left in remediation by a workflow that is gone (terminated): our
+    label and taint go, and it is uncordoned unless it was cordoned before us.
+
+    Example: `gpu-remediate release-orphan gpu-node-05 -r "checked, GPUs fine"`
+    """
+    req = OrphanRelease(node=node, operator=ops.operator_identity(operator), reason=reason)
+    ack = with_client(config, lambda c: ops.detector_update(c, "release_orphan", req))
+    out.print(ack.message)
+
+
+@app.command()
+def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
+    """What the detector would do now: which nodes it would start, with which action, and
+    which wait and why. Reads the fleet like the detector; changes nothing.
+
+    Example: `gpu-remediate plan -c config.yaml`
+    """
+    from worker.plan import make_plan
+
+    settings = settings_from(config)
+    try:
+        result = asyncio.run(make_plan(settings))
+    except Exception as e:  # the message is the point: Kubernetes, exporter or config
+        fail(f"plan: {e}")
+    if output == "json":
+        print(result.model_dump_json(indent=2))
+        return
+    out.print(f"budget {len(result.in_use)}/{result.budget} in use · "
+              f"{result.managed_nodes} GPU nodes, {result.readable_nodes} readable"
+              + (" · [bold]dry-run[/bold]" if settings.detector.dry_run else ""))
+    if result.breaker:
+        out.print(f"[red]the breaker would trip[/red]: {result.breaker}")
+    table = Table(title="would start")
+    for col in ("node", "action", "why"):
+        table.add_column(col)
+    for s in result.start:
+        table.add_row(s.node, s.action, s.reason)
+    out.print(table)
+    for w in result.waiting:
+        out.print(f"waits: {w}")
+    for o in result.orphans:
+        out.print(f"[yellow]orphan[/yellow]: {o}")
+    for line in result.errors[:10]:
+        out.print(f"[dim]unreadable: {line}[/dim]")
 
 
 # ---------------------------------------------------------------- operator actions

@@ -71,8 +71,10 @@ async def abort(client: Client, node: str, cmd: OperatorCommand) -> str:
     return f"abort requested for {node}; the remediation releases the node"
 
 
-async def detector_update(client: Client, verb: Literal["pause", "resume", "remediate"],
-                          arg: Any) -> OperatorAck:
+DetectorVerb = Literal["pause", "resume", "remediate", "release_orphan", "reconfigure"]
+
+
+async def detector_update(client: Client, verb: DetectorVerb, arg: Any) -> OperatorAck:
     return await _update(client, DETECTOR_WORKFLOW_ID, verb, arg, what=verb,
                          missing="the detector is not running: `gpu-remediate detector start`")
 

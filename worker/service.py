@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from aiohttp import web
+from kubernetes.client import ApiClient
 from prometheus_client import start_http_server
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
@@ -29,10 +30,14 @@ from workflows.remediation import RemediationWorkflow
 log = logging.getLogger("gpu_remediate.worker")
 
 
-def build_activities(settings: Settings) -> list[Callable[..., Any]]:
+def kube_client(settings: Settings) -> ApiClient:
     k = settings.kubernetes
-    api = make_api_client(KubeSettings(kubeconfig=k.kubeconfig, context=k.context,
-                                       in_cluster=k.in_cluster))
+    return make_api_client(KubeSettings(kubeconfig=k.kubeconfig, context=k.context,
+                                        in_cluster=k.in_cluster))
+
+
+def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
+    """The fleet observer: where readings come from is configuration."""
     e = settings.exporter
     prometheus = None
     if e.mode == "prometheus" and e.prometheus_url:
@@ -48,10 +53,16 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
                                 timeout_seconds=e.timeout_seconds, max_bytes=e.max_bytes,
                                 concurrency=e.concurrency, prometheus=prometheus,
                                 prometheus_thermal_hold=e.prometheus_thermal_hold)
+    return FleetActivities(api, exporter)
+
+
+def build_activities(settings: Settings) -> list[Callable[..., Any]]:
+    api = kube_client(settings)
     nodes, drain, jobs = NodeActivities(api), DrainActivities(api), JobActivities(api)
-    fleet = FleetActivities(api, exporter)
+    fleet = build_fleet(settings, api)
     return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,
             jobs.run_node_job, fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
+            fleet.release_orphan,
             report_admission]
 
 

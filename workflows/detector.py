@@ -18,11 +18,12 @@ from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttri
 from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
-    from policy.models import SEVERITY, Action, Finding, Verdict
+    from policy.models import Action, Verdict
+    from workflows.admission import Admission
     from workflows.models import (
-        OUT_OF_SERVICE_STATES,
         AdmissionReport,
         DetectorInput,
+        DetectorSettings,
         DetectorView,
         FleetObservation,
         ManualRemediation,
@@ -30,14 +31,13 @@ with workflow.unsafe.imports_passed_through():
         ObserveInput,
         OperatorAck,
         OperatorCommand,
+        OrphanRelease,
         PendingStart,
         RemediationInput,
         remediation_workflow_id,
     )
     from workflows.search_attributes import GPU_NODE, REMEDIATION_ACTION, REMEDIATION_STATE
 
-# A start not yet visible as a node label holds its slot this long at most.
-PENDING_GRACE = timedelta(minutes=5)
 NODE_ACTIONS = (Action.THERMAL, Action.RESET, Action.REBOOT, Action.QUARANTINE)
 
 
@@ -54,6 +54,7 @@ class DetectorWorkflow:
         self.last_errors: list[str] = []
         self.last_report: AdmissionReport | None = None
         self.wake = False
+        self.orphans: list[str] = []
         # Nodes in remediation (label state, or "starting" for a pending start), for the
         # remediate validator.
         self.busy: dict[str, str] = {}
@@ -70,7 +71,7 @@ class DetectorWorkflow:
             in_flight=self.in_flight, waiting=self.waiting,
             last_tick=self.last_tick,
             last_errors=self.last_errors, ticks_total=self.state.ticks_total,
-            started_total=self.state.started_total,
+            started_total=self.state.started_total, orphans=self.orphans,
         )
 
     @workflow.update(description="Stop admitting new remediations; running ones continue.")
@@ -118,6 +119,37 @@ class DetectorWorkflow:
             raise ApplicationError(f"{req.node} is already in remediation ({state})",
                                    type="Rejected")
 
+    @workflow.update(description="Release a node left in remediation by a workflow that is "
+                                 "gone (terminated): remove our label and taint, uncordon if "
+                                 "we cordoned it.")
+    async def release_orphan(self, req: OrphanRelease) -> OperatorAck:
+        await workflow.execute_activity(
+            "release_orphan", req, start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=[
+                "NotFound", "NotOrphan"]),
+            summary=f"release orphan {req.node}")
+        self.orphans = [n for n in self.orphans if n != req.node]
+        self.wake = True
+        return self._ack(f"{req.node} released by {req.operator}")
+
+    @release_orphan.validator
+    def _check_release_orphan(self, req: OrphanRelease) -> None:
+        if req.node not in self.orphans:
+            raise ApplicationError(
+                f"{req.node} is not an orphan (orphans: {', '.join(self.orphans) or 'none'}); "
+                "a running remediation is released with `gpu-remediate release` or `abort`",
+                type="Rejected")
+
+    @workflow.update(description="Replace the detector's settings (budget, interval, dry-run, "
+                                 "policy, remediation) from the next tick on.")
+    async def reconfigure(self, settings: DetectorSettings) -> OperatorAck:
+        before = self.settings
+        self.settings = settings
+        self.wake = True
+        changed = [k for k in type(settings).model_fields
+                   if getattr(before, k) != getattr(settings, k)]
+        return self._ack("reconfigured: " + (", ".join(changed) or "no change"))
+
     def _ack(self, message: str) -> OperatorAck:
         return OperatorAck(state=NodeState.HEALTHY, message=message)
 
@@ -147,7 +179,8 @@ class DetectorWorkflow:
     async def _observe(self) -> FleetObservation | None:
         try:
             return await workflow.execute_activity(
-                "observe_fleet", ObserveInput(policy=self.settings.policy),
+                "observe_fleet", ObserveInput(policy=self.settings.policy,
+                                             pool_label=self.settings.pool_label),
                 result_type=FleetObservation,
                 start_to_close_timeout=self.settings.observe_timeout,
                 retry_policy=RetryPolicy(maximum_attempts=2),
@@ -168,70 +201,27 @@ class DetectorWorkflow:
         return closed
 
     async def _admit(self, obs: FleetObservation, closed: set[str] | None = None) -> None:
-        s, st = self.settings, self.state
-        now = workflow.now()
-        closed = closed or set()
-        self.last_tick = now
+        st = self.state
+        self.last_tick = workflow.now()
         self.last_errors = obs.errors[:10]
-        labelled = {n.node: n for n in obs.remediating}
-        # A pending start holds its slot until its label shows, its child is known to
-        # have closed before this observation, or the grace period passes.
-        st.pending = [p for p in st.pending if p.node not in labelled
-                      and p.node not in closed and now - p.at < PENDING_GRACE]
-        holding = set(OUT_OF_SERVICE_STATES)
-        if s.cordoned_counts_against_budget:
-            holding.add(NodeState.CORDONED)
-        in_use = sorted({n for n, st_ in labelled.items() if st_.state in holding}
-                        | {p.node for p in st.pending})
-        busy = set(labelled) | {p.node for p in st.pending}
-        self.busy = {**{p.node: "starting" for p in st.pending},
-                     **{n: ns.state.value for n, ns in labelled.items()}}
-        self.budget = s.budget_for(obs.managed_nodes)
-        self.in_flight = in_use
-
-        flagged = {v.node: v for v in obs.verdicts}
-        if s.dry_run:
-            # Forget a plan only when the node is no longer flagged for that action, not
-            # merely while its (dry-run) child is still pending.
-            st.planned = {n: a for n, a in st.planned.items()
-                          if n in flagged and flagged[n].action == a}
-        verdicts = {n: v for n, v in flagged.items() if n not in busy and n not in st.planned}
-        # The breaker counts newly flagged nodes: the ones an operator already saw (and
-        # resumed for) or that wait for a slot do not trip it again.
-        self._check_breaker(obs, sum(1 for n in verdicts if n not in st.first_seen))
-        for n in verdicts:
-            st.first_seen.setdefault(n, now)
-        st.first_seen = {n: t for n, t in st.first_seen.items() if n in verdicts}
-
-        queue: list[tuple[Verdict, str, str]] = []
-        manual = [m for m in st.manual if m.node not in busy]
-        st.manual = manual
-        for m in manual:
-            queue.append((_manual_verdict(m), m.operator, m.reason))
-        manual_nodes = {m.node for m in manual}
-        for v in sorted(verdicts.values(),
-                        key=lambda v: (-SEVERITY[v.action], st.first_seen[v.node], v.node)):
-            if v.node not in manual_nodes:
-                queue.append((v, "detector", v.summary))
-
-        free = self.budget - len(in_use)
+        self.orphans = obs.orphans
+        adm = Admission(self.settings, st, obs, self.last_tick, closed or set())
+        self.busy = adm.busy
+        self.budget = adm.budget
         waiting: list[str] = []
-        blocked = st.paused or st.breaker_open
-        for verdict, who, why in queue:
-            if blocked or free <= 0:
-                waiting.append(f"{verdict.node} ({verdict.action.value}: "
-                               + ("paused" if st.paused else "breaker open" if st.breaker_open
-                                  else "budget full") + ")")
+        for c in adm.queue:
+            why = adm.blocked(c)
+            if why is not None:
+                waiting.append(f"{c.node} ({c.verdict.action.value}: {why})")
                 continue
-            if await self._start(verdict, who, why):
-                free -= 1
-                in_use.append(verdict.node)
-        st.manual = [m for m in st.manual if m.node not in in_use]
+            if await self._start(c.verdict, c.who, c.why):
+                adm.admit(c)
+        self.in_flight = adm.in_use
         self.waiting = waiting
-        self._show(obs, in_use)
-        report = AdmissionReport(budget=self.budget, in_use=len(in_use), waiting=len(waiting),
-                                 breaker_open=st.breaker_open, paused=st.paused,
-                                 breaker_reason=st.breaker_reason)
+        self._show(obs, adm.in_use)
+        report = AdmissionReport(budget=self.budget, in_use=len(adm.in_use),
+                                 waiting=len(waiting), breaker_open=st.breaker_open,
+                                 paused=st.paused, breaker_reason=st.breaker_reason)
         if report != self.last_report:
             try:
                 await workflow.execute_activity(
@@ -244,20 +234,6 @@ class DetectorWorkflow:
                 self.last_errors = [*self.last_errors, f"report failed: {err.cause or err}"]
             else:
                 self.last_report = report
-
-    def _check_breaker(self, obs: FleetObservation, flagged: int) -> None:
-        s, st = self.settings, self.state
-        if st.breaker_open or flagged < s.breaker_min_flagged_nodes:
-            return
-        # Unreadable exporters count toward neither side.
-        base = max(obs.readable_nodes, 1)
-        pct = 100.0 * flagged / base
-        if flagged > s.breaker_max_flagged_nodes or pct > s.breaker_max_flagged_percent:
-            st.breaker_open = True
-            st.breaker_reason = (f"{flagged} of {obs.readable_nodes} readable nodes newly flagged "
-                                 f"in one tick ({pct:.0f}% > {s.breaker_max_flagged_percent:.0f}% "
-                                 f"or > {s.breaker_max_flagged_nodes}); resume after checking "
-                                 "the fleet")
 
     async def _start(self, verdict: Verdict, who: str, why: str) -> bool:
         s, st = self.settings, self.state
@@ -303,11 +279,6 @@ class DetectorWorkflow:
         if obs.errors:
             lines.append(f"{len(obs.errors)} exporter errors, first: {obs.errors[0]}")
         workflow.set_current_details("\n\n".join(lines))
-
-
-def _manual_verdict(m: ManualRemediation) -> Verdict:
-    return Verdict(node=m.node, action=m.action, findings=[Finding(
-        gpu="all", signal="operator", value=0, rule=f"manual-{m.action.value}", action=m.action)])
 
 
 def _evidence(verdict: Verdict, who: str, why: str, dry_run: bool) -> str:

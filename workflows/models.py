@@ -353,28 +353,63 @@ class DetectorSettings(_Model):
         default=500, ge=1, description="Continue-as-new after this many ticks at the latest."
     )
 
-    @field_validator("max_unavailable")
+    pool_label: str | None = Field(
+        default=None,
+        description="Node label that names a node's pool (node pool, rack, NVLink domain).",
+    )
+    pool_max_unavailable: dict[str, int | str] = Field(
+        default_factory=dict,
+        description="Per-pool limits (count or percent of the pool) under the fleet-wide one; "
+                    "the key '*' applies to pools not named.",
+    )
+    max_quarantined: int | str | None = Field(
+        default=None,
+        description="Quarantined nodes do not hold budget slots; past this cap (count or "
+                    "percent) no new quarantine-class remediation starts.",
+    )
+
+    @field_validator("max_unavailable", "max_quarantined")
     @classmethod
-    def _budget(cls, v: int | str) -> int | str:
-        if isinstance(v, int):
-            if v < 0:
-                raise ValueError("must be >= 0")
-            return v
-        text = v.strip()
-        if text.endswith("%") and text[:-1].isdigit() and 0 <= int(text[:-1]) <= 100:
-            return text
-        if text.isdigit():
-            return int(text)
-        raise ValueError("must be a count like 2 or a percent like '10%'")
+    def _budget(cls, v: int | str | None) -> int | str | None:
+        return None if v is None else parse_limit(v)
+
+    @field_validator("pool_max_unavailable")
+    @classmethod
+    def _pool_budgets(cls, v: dict[str, int | str]) -> dict[str, int | str]:
+        return {pool: parse_limit(limit) for pool, limit in v.items()}
 
     def budget_for(self, managed_nodes: int) -> int:
-        """The slot count for a fleet of ``managed_nodes``; a percent rounds down, min 1."""
-        if isinstance(self.max_unavailable, int):
-            return self.max_unavailable
-        pct = int(self.max_unavailable[:-1])
-        if pct == 0:
-            return 0
-        return max(1, managed_nodes * pct // 100)
+        """The fleet-wide slot count."""
+        return limit_for(self.max_unavailable, managed_nodes)
+
+    def pool_budget_for(self, pool: str, pool_nodes: int) -> int | None:
+        """The slot count of one pool, or None when the pool has no limit of its own."""
+        spec = self.pool_max_unavailable.get(pool, self.pool_max_unavailable.get("*"))
+        return None if spec is None else limit_for(spec, pool_nodes)
+
+
+def parse_limit(v: int | str) -> int | str:
+    """A count (>= 0) or a percent string like '10%'."""
+    if isinstance(v, int):
+        if v < 0:
+            raise ValueError("must be >= 0")
+        return v
+    text = v.strip()
+    if text.endswith("%") and text[:-1].isdigit() and 0 <= int(text[:-1]) <= 100:
+        return text
+    if text.isdigit():
+        return int(text)
+    raise ValueError("must be a count like 2 or a percent like '10%'")
+
+
+def limit_for(spec: int | str, nodes: int) -> int:
+    """A count as is; a percent of ``nodes`` rounded down, but at least 1 unless 0%."""
+    if isinstance(spec, int):
+        return spec
+    pct = int(spec[:-1])
+    if pct == 0:
+        return 0
+    return max(1, nodes * pct // 100)
 
 
 class ManualRemediation(_Model):
@@ -444,6 +479,12 @@ class FleetObservation(_Model):
     pool_sizes: dict[str, int] = Field(default_factory=dict)
 
 
+class OrphanRelease(_Model):
+    node: str = Field(min_length=1)
+    operator: str = Field(min_length=1)
+    reason: str = ""
+
+
 class DetectorView(_Model):
     paused: bool
     breaker_open: bool
@@ -455,6 +496,7 @@ class DetectorView(_Model):
     last_errors: list[str]
     ticks_total: int
     started_total: int
+    orphans: list[str] = Field(default_factory=list)
 
 
 class AdmissionReport(_Model):

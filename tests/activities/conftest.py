@@ -48,6 +48,7 @@ class Cluster:
     def __init__(self, sim: ThreadedClusterSim, kubeconfig: Path) -> None:
         self.sim = sim
         self.url = sim.url
+        self.kubeconfig = kubeconfig
         self.api = config.new_client_from_config(config_file=str(kubeconfig),
                                                  persist_config=False)
         # Any: the client accepts plain dict bodies, which its stubs do not admit.

@@ -182,7 +182,7 @@ async def test_labelled_nodes_hold_slots_and_cordoned_counts_per_setting(detecto
         assert (started_children(cluster) == [names[1]]) is expect_start, counts
         if not expect_start:
             assert view.in_flight == [names[0]]
-            assert view.waiting == [f"{names[1]} (reboot: budget full)"]
+            assert view.waiting == [f"{names[1]} (reboot: budget full (1/1))"]
 
 
 # ------------------------------------------------------------------ priority
@@ -311,7 +311,7 @@ async def test_manual_remediation_goes_through_budget_and_validator(local_env):
                                  req.model_copy(update={"node": quarantined}))
             assert "already in remediation (quarantined)" in why
             view = await ticks(detector, 2)
-            assert view.waiting == [f"{target} (reset: budget full)"]
+            assert view.waiting == [f"{target} (reset: budget full (1/1))"]
             assert started_children(cluster) == []
             cluster.nodes[holder].state = NodeState.HEALTHY
             await until(lambda: started_children(cluster) == [target], what="manual start")

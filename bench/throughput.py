@@ -1,0 +1,143 @@
+"""Many remediations at once on one worker, against the simulators.
+
+Run: ``.venv/bin/python bench/throughput.py [--nodes 200] [--interval 2]``
+
+Starts the real local stack on a scenario with ``--nodes`` nodes, each carrying one GPU pod of
+a ReplicaSet (no PDB: with every node cordoned a PDB could never be satisfied), with budget
+``max_unavailable = nodes`` and the circuit breaker opened wide. It injects XID 79 (reboot)
+on GPU 0 of every node at once, so the detector admits all of them on its next tick, and
+each remediation runs claim, drain, reboot Job, validation Job, release on the one worker.
+
+Reports: time from injection to all remediations started and to all completed, their
+outcomes, the worker's peak RSS (``VmHWM`` of /proc/<pid>/status) and CPU time, and task
+timeouts: ``WORKFLOW_TASK_TIMED_OUT`` / ``ACTIVITY_TASK_TIMED_OUT`` events in every history,
+and TMPRL1101 (deadlock) / TMPRL1104 markers in the worker log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import (
+    make_stack,
+    proc_cpu_seconds,
+    proc_status_kib,
+    save,
+    table,
+    worker_log_problems,
+    write_scenario,
+)
+
+
+async def run(stack: Any, nodes: list[str], timeout: float) -> dict[str, Any]:
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import WorkflowExecutionStatus
+
+    from sim.gpu.client import GpuSimClient
+    from worker.config import TemporalConfig
+    from worker.temporal_client import connect
+    from workflows.models import RemediationResult, remediation_workflow_id
+
+    client = await connect(TemporalConfig(address=stack.temporal_address))
+    gpu = GpuSimClient(stack.gpu_url)
+    worker = next(p for p in stack.parts if p.name == "worker")
+    cpu0 = proc_cpu_seconds(worker.proc.pid)
+    t0 = time.monotonic()
+    await asyncio.gather(*(asyncio.to_thread(gpu.inject_fault, n, 0, "xid", 79) for n in nodes))
+    injected = time.monotonic() - t0
+
+    async def status(node: str) -> Any:
+        try:
+            return (await client.get_workflow_handle(remediation_workflow_id(node)).describe()
+                    ).status
+        except Exception:
+            return None
+
+    all_started = None
+    samples: list[tuple[float, int, int]] = []
+    while True:
+        statuses = await asyncio.gather(*(status(n) for n in nodes))
+        now = time.monotonic() - t0
+        started = sum(1 for s in statuses if s is not None)
+        done = sum(1 for s in statuses
+                   if s is not None and s != WorkflowExecutionStatus.RUNNING)
+        samples.append((now, started, done))
+        if all_started is None and started == len(nodes):
+            all_started = now
+        if done == len(nodes):
+            break
+        if now > timeout:
+            break
+        await asyncio.sleep(1.0)
+    finished = time.monotonic() - t0
+    worker_cpu = proc_cpu_seconds(worker.proc.pid) - cpu0
+    hwm_kib = proc_status_kib(worker.proc.pid, "VmHWM")
+
+    outcomes: collections.Counter[str] = collections.Counter()
+    timeouts: collections.Counter[str] = collections.Counter()
+    events_total = 0
+    for n in nodes:
+        handle = client.get_workflow_handle(remediation_workflow_id(n),
+                                            result_type=RemediationResult)
+        try:
+            outcomes[(await asyncio.wait_for(handle.result(), 5)).outcome] += 1
+        except Exception as err:  # still running or failed
+            outcomes[f"not finished ({type(err).__name__})"] += 1
+        async for e in handle.fetch_history_events():
+            events_total += 1
+            if e.event_type in (EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
+                                EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT,
+                                EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED):
+                timeouts[EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")] += 1
+    return {"nodes": len(nodes), "inject_s": injected, "all_started_s": all_started,
+            "all_finished_s": finished if outcomes.get("healthy", 0) == len(nodes) else None,
+            "elapsed_s": finished, "outcomes": dict(outcomes), "history_problems": dict(timeouts),
+            "events_total": events_total, "worker_vmhwm_mib": hwm_kib / 1024,
+            "worker_cpu_s": worker_cpu, "progress": samples}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--nodes", type=int, default=200)
+    p.add_argument("--interval", type=float, default=2.0)
+    p.add_argument("--timeout", type=float, default=900)
+    args = p.parse_args()
+
+    data = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
+    scenario = write_scenario(data / "scenario.yaml", args.nodes, pods_per_node=1, pdb=False)
+    stack = make_stack(data / "stack", scenario, {
+        "detector.interval": f"PT{args.interval:g}S",
+        "detector.max_unavailable": args.nodes,
+        "detector.breaker_max_flagged_percent": 100,
+        "detector.breaker_max_flagged_nodes": args.nodes * 10,
+        "remediation.drain.retry_interval": "PT1S"}, job_seconds=1.0, reboot_seconds=2.0)
+    t0 = time.monotonic()
+    with stack:
+        startup = time.monotonic() - t0
+        nodes = [f"bench-{i:04d}" for i in range(1, args.nodes + 1)]
+        r = asyncio.run(run(stack, nodes, args.timeout))
+        problems = worker_log_problems(stack.data_dir / "logs" / "worker.log")
+    r["worker_log"] = problems
+    r["stack_startup_s"] = startup
+    print(table(["remediations", "all started s", "all finished s", "outcomes",
+                 "WFT/activity timeouts (history)", "TMPRL1101", "TMPRL1104", "worker VmHWM MiB",
+                 "worker CPU s"],
+                [[r["nodes"], r["all_started_s"], r["all_finished_s"], r["outcomes"],
+                  sum(r["history_problems"].values()), problems["TMPRL1101"],
+                  problems["TMPRL1104"], r["worker_vmhwm_mib"], r["worker_cpu_s"]]]))
+    print(f"stack start-up {startup:.1f}s; history events in all remediations: "
+          f"{r['events_total']} ({r['events_total'] / args.nodes:.0f} each); worker log: {problems}")
+    save("throughput", {**r, "interval_s": args.interval, "data_dir": str(data)})
+
+
+if __name__ == "__main__":
+    main()

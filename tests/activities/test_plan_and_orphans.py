@@ -1,0 +1,88 @@
+"""`gpu-remediate plan` and orphan release against the cluster and GPU simulators."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.fleet import ExporterSettings, FleetActivities, GpuNode
+from activities.node_keys import (
+    A_ORPHAN,
+    A_PRECORDONED,
+    A_WORKFLOW,
+    STATE_LABEL,
+    TAINT_KEY,
+)
+from tests.activities.conftest import Cluster, ThreadedGpuSim
+from worker.config import load_settings
+from worker.plan import make_plan
+from workflows.models import NodeState, OrphanRelease
+
+
+def settings_for(tmp_path: Path, cluster: Cluster, gpu: ThreadedGpuSim, extra: str = "") -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"""
+kubernetes: {{kubeconfig: {cluster.kubeconfig}}}
+exporter: {{mode: template, url_template: "{gpu.url}/nodes/{{node}}/metrics"}}
+detector: {{max_unavailable: 1, breaker_max_flagged_percent: 100}}
+{extra}""")
+    return path
+
+
+async def test_plan_shows_who_would_start_and_who_waits_and_changes_nothing(
+        tmp_path: Path, cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    gpu_sim.client.inject_fault("gpu-node-01", 2, "xid", 48)
+    gpu_sim.client.inject_fault("gpu-node-03", 0, "row-remap-failure")
+    cluster.clear_writes()
+    plan = await make_plan(load_settings(settings_for(tmp_path, cluster, gpu_sim)))
+    assert [(s.node, s.action) for s in plan.start] == [("gpu-node-03", "quarantine")]
+    assert plan.waiting == ["gpu-node-01 (reset: budget full (1/1))"]
+    assert (plan.budget, plan.managed_nodes, plan.readable_nodes) == (1, 4, 4)
+    assert cluster.writes() == [], "a plan changes nothing"
+
+
+def _orphan(cluster: Cluster, node: str, precordoned: bool) -> None:
+    cluster.cordon(node)
+    cluster.core.patch_node(node, {
+        "metadata": {"labels": {STATE_LABEL: NodeState.REPAIRING.value},
+                     "annotations": {A_WORKFLOW: f"remediation-{node}",
+                                     A_PRECORDONED: "true" if precordoned else "false"}},
+        "spec": {"taints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]}})
+
+
+class _NoWorkflows:
+    """find_orphans asks Temporal whether the remediation runs: here, none does."""
+
+    async def __call__(self, labelled: list[GpuNode]) -> list[str]:
+        return sorted(n.name for n in labelled)
+
+
+async def test_orphan_release_returns_the_node_and_records_who(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim, monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet = FleetActivities(cluster.api, ExporterSettings(mode="template"))
+    monkeypatch.setattr(fleet, "find_orphans", _NoWorkflows())
+    _orphan(cluster, "gpu-node-02", precordoned=False)
+    _orphan(cluster, "gpu-node-04", precordoned=True)
+    for node in ("gpu-node-02", "gpu-node-04"):
+        await ActivityEnvironment().run(fleet.release_orphan, OrphanRelease(
+            node=node, operator="dana", reason="workflow was terminated"))
+    freed, admin = cluster.node("gpu-node-02"), cluster.node("gpu-node-04")
+    assert (freed.metadata.labels or {}).get(STATE_LABEL) == "healthy"
+    assert not freed.spec.unschedulable
+    assert not any(t.key == TAINT_KEY for t in freed.spec.taints or [])
+    assert A_ORPHAN not in (freed.metadata.annotations or {})
+    assert "orphan released by dana" in (freed.metadata.annotations or {})[
+        "gpu-remediate.io/history"]
+    assert admin.spec.unschedulable, "an admin's cordon stays"
+    assert cluster.events("gpu-node-02", "OrphanReleased")
+
+
+async def test_a_node_that_is_not_an_orphan_is_not_released(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    fleet = FleetActivities(cluster.api, ExporterSettings(mode="template"))
+    with pytest.raises(ApplicationError, match="not an orphan"):
+        await ActivityEnvironment().run(fleet.release_orphan, OrphanRelease(
+            node="gpu-node-01", operator="dana"))

@@ -1,0 +1,104 @@
+"""Admission as pure code: budget, pools, quarantine cap, priority, breaker, pending starts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from policy.models import Action
+from tests.workflows.fakes import xid_verdict
+from workflows.admission import Admission
+from workflows.models import (
+    DetectorSettings,
+    DetectorState,
+    FleetObservation,
+    NodeState,
+    NodeStatus,
+    PendingStart,
+)
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def decide(settings: DetectorSettings, obs: FleetObservation,
+           state: DetectorState | None = None) -> tuple[list[str], list[str]]:
+    adm = Admission(settings, state or DetectorState(), obs, NOW)
+    started, waiting = [], []
+    for c in adm.queue:
+        why = adm.blocked(c)
+        if why is None:
+            adm.admit(c)
+            started.append(c.node)
+        else:
+            waiting.append(f"{c.node}: {why}")
+    return started, waiting
+
+
+def obs(verdicts: list, remediating: list | None = None, managed: int = 10,
+        pools: dict[str, str] | None = None) -> FleetObservation:
+    pool_of = pools or {}
+    sizes: dict[str, int] = {}
+    for p in pool_of.values():
+        sizes[p] = sizes.get(p, 0) + 1
+    return FleetObservation(managed_nodes=managed, readable_nodes=managed, verdicts=verdicts,
+                            remediating=remediating or [], pool_of=pool_of, pool_sizes=sizes)
+
+
+def test_budget_counts_labelled_nodes_and_pending_starts() -> None:
+    state = DetectorState(pending=[PendingStart(node="n9", at=NOW - timedelta(seconds=5))])
+    o = obs([xid_verdict("n1"), xid_verdict("n2")],
+            [NodeStatus(node="n8", state=NodeState.REPAIRING)])
+    started, waiting = decide(DetectorSettings(max_unavailable=3), o, state)
+    assert started == ["n1"]
+    assert waiting == ["n2: budget full (3/3)"]
+
+
+def test_a_stale_pending_start_frees_its_slot_after_the_grace_period() -> None:
+    state = DetectorState(pending=[PendingStart(node="n9", at=NOW - timedelta(minutes=6))])
+    started, _ = decide(DetectorSettings(max_unavailable=1), obs([xid_verdict("n1")]), state)
+    assert started == ["n1"]
+
+
+def test_quarantined_nodes_hold_no_slot_but_count_against_the_quarantine_cap() -> None:
+    o = obs([xid_verdict("n1", 64, Action.QUARANTINE), xid_verdict("n2")],
+            [NodeStatus(node="n7", state=NodeState.QUARANTINED),
+             NodeStatus(node="n8", state=NodeState.QUARANTINED)])
+    started, waiting = decide(DetectorSettings(max_unavailable=2, max_quarantined=2), o)
+    assert started == ["n2"]
+    assert waiting == ["n1: quarantine cap reached (2/2)"]
+
+
+def test_pool_limits_apply_under_the_fleet_limit() -> None:
+    pools = {"a1": "a", "a2": "a", "a3": "a", "a4": "a", "b1": "b", "b2": "b"}
+    o = obs([xid_verdict(n) for n in ("a1", "a2", "b1", "b2")], pools=pools, managed=6)
+    settings = DetectorSettings(max_unavailable=3, pool_label="pool",
+                                breaker_max_flagged_percent=100,
+                                pool_max_unavailable={"a": "25%", "*": 1})
+    started, waiting = decide(settings, o)
+    assert started == ["a1", "b1"]
+    assert waiting == ["a2: pool a full (1/1)", "b2: pool b full (1/1)"]
+
+
+def test_most_severe_first_then_longest_waiting() -> None:
+    state = DetectorState(first_seen={"old": NOW - timedelta(hours=1), "new": NOW})
+    o = obs([xid_verdict("new", 79), xid_verdict("old", 79),
+             xid_verdict("q", 64, Action.QUARANTINE), xid_verdict("r", 48, Action.RESET)])
+    started, waiting = decide(DetectorSettings(max_unavailable=2), o, state)
+    assert started == ["q", "old"]
+    assert [w.split(":")[0] for w in waiting] == ["new", "r"]
+
+
+def test_breaker_trips_on_many_newly_flagged_nodes_and_blocks_every_start() -> None:
+    state = DetectorState()
+    o = obs([xid_verdict(f"n{i}") for i in range(5)], managed=10)
+    started, waiting = decide(DetectorSettings(max_unavailable=5,
+                                               breaker_max_flagged_percent=30), o, state)
+    assert started == [] and len(waiting) == 5
+    assert state.breaker_open and "5 of 10" in state.breaker_reason
+
+
+def test_unreadable_nodes_count_toward_neither_side_of_the_breaker() -> None:
+    o = obs([xid_verdict(f"n{i}") for i in range(3)], managed=100)
+    o.readable_nodes = 50
+    state = DetectorState()
+    decide(DetectorSettings(max_unavailable=5, breaker_max_flagged_percent=5), o, state)
+    assert state.breaker_open, "3 of 50 readable is 6%, over 5%"

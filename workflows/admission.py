@@ -1,0 +1,147 @@
+"""Admission: which flagged nodes may start a remediation now, and why the others wait.
+
+Pure code over one tick's observation and the detector's carried state, so the
+detector workflow and the `gpu-remediate plan` command decide exactly alike.
+Slots are counted from the nodes' state labels (the truth) plus starts not yet
+visible as labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from policy.models import SEVERITY, Action, Finding, Verdict
+from workflows.models import (
+    OUT_OF_SERVICE_STATES,
+    DetectorSettings,
+    DetectorState,
+    FleetObservation,
+    ManualRemediation,
+    NodeState,
+    limit_for,
+)
+
+# A start not yet visible as a node label holds its slot this long at most.
+PENDING_GRACE = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    verdict: Verdict
+    who: str
+    why: str
+
+    @property
+    def node(self) -> str:
+        return self.verdict.node
+
+
+def manual_verdict(m: ManualRemediation) -> Verdict:
+    return Verdict(node=m.node, action=m.action, findings=[Finding(
+        gpu="all", signal="operator", value=0, rule=f"manual-{m.action.value}", action=m.action)])
+
+
+@dataclass
+class Admission:
+    """One tick's admission. Building it updates ``state`` (pending starts, first-seen
+    times, dry-run plans, the breaker); ``admit`` records a start."""
+
+    settings: DetectorSettings
+    state: DetectorState
+    obs: FleetObservation
+    now: datetime
+    closed: set[str] = field(default_factory=set)
+    in_use: list[str] = field(init=False)
+    busy: dict[str, str] = field(init=False)
+    queue: list[Candidate] = field(init=False)
+    budget: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        s, st, obs, now = self.settings, self.state, self.obs, self.now
+        labelled = {n.node: n for n in obs.remediating}
+        # A pending start holds its slot until its label shows, its child is known to
+        # have closed before this observation, or the grace period passes.
+        st.pending = [p for p in st.pending if p.node not in labelled
+                      and p.node not in self.closed and now - p.at < PENDING_GRACE]
+        holding = set(OUT_OF_SERVICE_STATES)
+        if s.cordoned_counts_against_budget:
+            holding.add(NodeState.CORDONED)
+        self.in_use = sorted({n for n, ns in labelled.items() if ns.state in holding}
+                             | {p.node for p in st.pending})
+        self.busy = {**{p.node: "starting" for p in st.pending},
+                     **{n: ns.state.value for n, ns in labelled.items()}}
+        self.quarantined = sum(1 for ns in labelled.values()
+                               if ns.state == NodeState.QUARANTINED)
+        self.budget = s.budget_for(obs.managed_nodes)
+
+        flagged = {v.node: v for v in obs.verdicts}
+        if s.dry_run:
+            # Forget a plan only when the node is no longer flagged for that action.
+            st.planned = {n: a for n, a in st.planned.items()
+                          if n in flagged and flagged[n].action == a}
+        verdicts = {n: v for n, v in flagged.items()
+                    if n not in self.busy and n not in st.planned}
+        # The breaker counts newly flagged nodes: the ones an operator already saw (and
+        # resumed for) or that wait for a slot do not trip it again.
+        self._check_breaker(sum(1 for n in verdicts if n not in st.first_seen))
+        for n in verdicts:
+            st.first_seen.setdefault(n, now)
+        st.first_seen = {n: t for n, t in st.first_seen.items() if n in verdicts}
+
+        st.manual = [m for m in st.manual if m.node not in self.busy]
+        self.queue = [Candidate(manual_verdict(m), m.operator, m.reason) for m in st.manual]
+        manual_nodes = {m.node for m in st.manual}
+        # Most severe first, then longest waiting.
+        for v in sorted(verdicts.values(),
+                        key=lambda v: (-SEVERITY[v.action], st.first_seen[v.node], v.node)):
+            if v.node not in manual_nodes:
+                self.queue.append(Candidate(v, "detector", v.summary))
+
+    def _check_breaker(self, newly_flagged: int) -> None:
+        s, st = self.settings, self.state
+        if st.breaker_open or newly_flagged < s.breaker_min_flagged_nodes:
+            return
+        # Unreadable exporters count toward neither side.
+        readable = self.obs.readable_nodes
+        pct = 100.0 * newly_flagged / max(readable, 1)
+        if newly_flagged > s.breaker_max_flagged_nodes or pct > s.breaker_max_flagged_percent:
+            st.breaker_open = True
+            st.breaker_reason = (
+                f"{newly_flagged} of {readable} readable nodes newly flagged in one tick "
+                f"({pct:.0f}% > {s.breaker_max_flagged_percent:.0f}% or > "
+                f"{s.breaker_max_flagged_nodes}); resume after checking the fleet")
+
+    def _pool(self, node: str) -> str:
+        return self.obs.pool_of.get(node, "")
+
+    def pool_in_use(self, pool: str) -> int:
+        return sum(1 for n in self.in_use if self._pool(n) == pool)
+
+    def blocked(self, c: Candidate) -> str | None:
+        """Why ``c`` cannot start now, or None."""
+        st, s = self.state, self.settings
+        if st.paused:
+            return "paused"
+        if st.breaker_open:
+            return "breaker open"
+        if len(self.in_use) >= self.budget:
+            return f"budget full ({len(self.in_use)}/{self.budget})"
+        if s.pool_label:
+            pool = self._pool(c.node)
+            limit = s.pool_budget_for(pool, self.obs.pool_sizes.get(pool, 0))
+            if limit is not None and self.pool_in_use(pool) >= limit:
+                return f"pool {pool or '(none)'} full ({self.pool_in_use(pool)}/{limit})"
+        if c.verdict.action == Action.QUARANTINE and s.max_quarantined is not None:
+            cap = limit_for(s.max_quarantined, self.obs.managed_nodes)
+            if self.quarantined >= cap:
+                return f"quarantine cap reached ({self.quarantined}/{cap})"
+        return None
+
+    def admit(self, c: Candidate) -> None:
+        """Record a start: it holds a slot from now on."""
+        self.in_use.append(c.node)
+        self.busy[c.node] = "starting"
+        if c.verdict.action == Action.QUARANTINE:
+            self.quarantined += 1
+        self.state.manual = [m for m in self.state.manual if m.node != c.node]
