@@ -100,6 +100,7 @@ def test_the_required_alerts_exist() -> None:
         "GpuRemediateDetectorNotTicking": ("gpu_remediate_observe_seconds_count", "10m"),
         "GpuRemediateScrapeErrors": ("rate(gpu_remediate_scrape_errors_total[5m])", "15m"),
         "GpuRemediateWorkerDown": ('up{job="gpu-remediate"}', None),
+        "GpuRemediateOrphanedRemediation": ("gpu_remediate_orphaned_nodes", "10m"),
     }
     assert set(by_name) == set(expected)
     for name, (fragment, duration) in expected.items():
