@@ -43,9 +43,13 @@ def job_manifest(inp: NodeJobInput) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "nodeName": inp.node,
         "restartPolicy": "Never",
+        # A node Job talks to the GPUs, never to the API server.
+        "automountServiceAccountToken": False,
         "tolerations": [{"operator": "Exists"}],
         "containers": [container],
     }
+    if inp.job.service_account:
+        pod_spec["serviceAccountName"] = inp.job.service_account
     if inp.job.privileged:
         container["securityContext"] = {"privileged": True}
         pod_spec["hostPID"] = True

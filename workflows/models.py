@@ -76,6 +76,9 @@ class JobSettings(_Model):
     command: list[str]
     deadline: timedelta
     privileged: bool = False
+    service_account: str | None = Field(
+        default=None, description="ServiceAccount of the Job's pod (no API token is mounted)."
+    )
 
 
 def _default_validation() -> JobSettings:
