@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime
 
 from kubernetes import client
@@ -13,6 +14,7 @@ from activities.kube import REQUEST_TIMEOUT
 log = logging.getLogger(__name__)
 
 COMPONENT = "gpu-remediate"
+EVENT_RETRY_PAUSES = (0.2, 0.5, 1.0, 0.0)
 
 
 def record_node_event(
@@ -42,9 +44,16 @@ def record_node_event(
         "lastTimestamp": now,
         "count": 1,
     }
-    try:
-        core.create_namespaced_event(
-            "default", client.CoreV1Event.model_validate(body), _request_timeout=REQUEST_TIMEOUT
-        )
-    except ApiException as err:
-        log.warning("could not record event %s on %s: %s", reason, node, err.status)
+    event = client.CoreV1Event.model_validate(body)
+    for attempt, pause in enumerate(EVENT_RETRY_PAUSES):
+        try:
+            core.create_namespaced_event("default", event, _request_timeout=REQUEST_TIMEOUT)
+            return
+        except ApiException as err:
+            # A transient answer gets a short retry; the story of a node should not
+            # lose its last chapter to one 500.
+            transient = err.status in (429, 500, 502, 503, 504)
+            if not transient or attempt == len(EVENT_RETRY_PAUSES) - 1:
+                log.warning("could not record event %s on %s: %s", reason, node, err.status)
+                return
+        time.sleep(pause)

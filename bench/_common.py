@@ -214,5 +214,6 @@ def worker_log_problems(log: Path) -> dict[str, int]:
     markers = {"TMPRL1101": "TMPRL1101", "TMPRL1104": "TMPRL1104",
                "workflow task timed out": "WorkflowTaskTimedOut",
                "activity timed out": "Activity task timed out",
-               "tracebacks": "Traceback"}
+               "tracebacks": "Traceback",
+               "urllib3 pool full": "Connection pool is full, discarding connection"}
     return {k: text.count(v) for k, v in markers.items()}

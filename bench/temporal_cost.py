@@ -35,6 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import itertools
+
 from bench._common import (
     make_stack,
     median,
@@ -43,7 +45,6 @@ from bench._common import (
     worker_log_problems,
     write_scenario,
 )
-
 from workflows.models import AdmissionReport, FleetObservation, ObserveInput
 
 TARGET_REMEDIATION_EVENTS = 120
@@ -69,8 +70,8 @@ def per_tick(events: list[Any]) -> tuple[list[int], list[int]]:
     marks = [i for i, e in enumerate(events)
              if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
              and e.activity_task_scheduled_event_attributes.activity_type.name == "observe_fleet"]
-    counts = [b - a for a, b in zip(marks, marks[1:], strict=False)]
-    sizes = [sum(e.ByteSize() for e in events[a:b]) for a, b in zip(marks, marks[1:], strict=False)]
+    counts = [b - a for a, b in itertools.pairwise(marks)]
+    sizes = [sum(e.ByteSize() for e in events[a:b]) for a, b in itertools.pairwise(marks)]
     return counts, sizes
 
 

@@ -8,10 +8,12 @@ a ReplicaSet (no PDB: with every node cordoned a PDB could never be satisfied), 
 on GPU 0 of every node at once, so the detector admits all of them on its next tick, and
 each remediation runs claim, drain, reboot Job, validation Job, release on the one worker.
 
-Reports: time from injection to all remediations started and to all completed, their
-outcomes, the worker's peak RSS (``VmHWM`` of /proc/<pid>/status) and CPU time, and task
-timeouts: ``WORKFLOW_TASK_TIMED_OUT`` / ``ACTIVITY_TASK_TIMED_OUT`` events in every history,
-and TMPRL1101 (deadlock) / TMPRL1104 markers in the worker log.
+Reports: time from injection to all remediations started and to all settled (the workflow
+closed, or it holds its node quarantined, where it waits for an operator), their outcomes,
+the activity schedule-to-start wait (slot saturation), the worker's peak RSS (``VmHWM`` of
+/proc/<pid>/status) and CPU time, and task timeouts: ``WORKFLOW_TASK_TIMED_OUT`` /
+``ACTIVITY_TASK_TIMED_OUT`` events in every history, and TMPRL1101 (deadlock) / TMPRL1104
+markers in the worker log.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import (
     make_stack,
+    percentile,
     proc_cpu_seconds,
     proc_status_kib,
     save,
@@ -62,14 +65,25 @@ async def run(stack: Any, nodes: list[str], timeout: float) -> dict[str, Any]:
         except Exception:
             return None
 
+    from kubernetes import client as k8s
+    from kubernetes import config
+
+    from activities.node_keys import STATE_LABEL
+
+    core = k8s.CoreV1Api(config.new_client_from_config(config_file=str(stack.kubeconfig)))
     all_started = None
     samples: list[tuple[float, int, int]] = []
     while True:
         statuses = await asyncio.gather(*(status(n) for n in nodes))
+        labels = {n.metadata.name: (n.metadata.labels or {}).get(STATE_LABEL, "")
+                  for n in (await asyncio.to_thread(core.list_node)).items}
         now = time.monotonic() - t0
         started = sum(1 for s in statuses if s is not None)
-        done = sum(1 for s in statuses
-                   if s is not None and s != WorkflowExecutionStatus.RUNNING)
+        # Settled: the workflow closed, or it holds the node quarantined (it then waits
+        # for an operator and never closes by itself).
+        done = sum(1 for n, s in zip(nodes, statuses, strict=True)
+                   if s is not None and (s != WorkflowExecutionStatus.RUNNING
+                                         or labels.get(n) == "quarantined"))
         samples.append((now, started, done))
         if all_started is None and started == len(nodes):
             all_started = now
@@ -85,23 +99,41 @@ async def run(stack: Any, nodes: list[str], timeout: float) -> dict[str, Any]:
     outcomes: collections.Counter[str] = collections.Counter()
     timeouts: collections.Counter[str] = collections.Counter()
     events_total = 0
+    queue_wait: list[float] = []
+    labels = {n.metadata.name: (n.metadata.labels or {}).get(STATE_LABEL, "")
+              for n in core.list_node().items}
     for n in nodes:
         handle = client.get_workflow_handle(remediation_workflow_id(n),
                                             result_type=RemediationResult)
-        try:
-            outcomes[(await asyncio.wait_for(handle.result(), 5)).outcome] += 1
-        except Exception as err:  # still running or failed
-            outcomes[f"not finished ({type(err).__name__})"] += 1
+        if labels.get(n) == "quarantined":
+            outcomes["quarantined (waiting for an operator)"] += 1
+        else:
+            try:
+                outcome = (await asyncio.wait_for(handle.result(), 5)).outcome
+                outcomes[str(getattr(outcome, "value", outcome))] += 1
+            except Exception as err:  # still running or failed
+                outcomes[f"not finished ({type(err).__name__})"] += 1
+        scheduled: dict[int, float] = {}
         async for e in handle.fetch_history_events():
             events_total += 1
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                scheduled[e.event_id] = e.event_time.ToMicroseconds() / 1e6
+            elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                sid = e.activity_task_started_event_attributes.scheduled_event_id
+                queue_wait.append(e.event_time.ToMicroseconds() / 1e6 - scheduled[sid])
             if e.event_type in (EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
                                 EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT,
                                 EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED):
                 timeouts[EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")] += 1
     return {"nodes": len(nodes), "inject_s": injected, "all_started_s": all_started,
-            "all_finished_s": finished if outcomes.get("healthy", 0) == len(nodes) else None,
+            "all_settled_s": finished if sum(outcomes.values()) == len(nodes)
+            and not any(k.startswith("not finished") for k in outcomes) else None,
             "elapsed_s": finished, "outcomes": dict(outcomes), "history_problems": dict(timeouts),
-            "events_total": events_total, "worker_vmhwm_mib": hwm_kib / 1024,
+            "events_total": events_total,
+            "activity_queue_wait_s": {"median": percentile(queue_wait, 50),
+                                      "p95": percentile(queue_wait, 95),
+                                      "max": max(queue_wait, default=0.0)},
+            "worker_vmhwm_mib": hwm_kib / 1024,
             "worker_cpu_s": worker_cpu, "progress": samples}
 
 
@@ -128,14 +160,16 @@ def main() -> None:
         problems = worker_log_problems(stack.data_dir / "logs" / "worker.log")
     r["worker_log"] = problems
     r["stack_startup_s"] = startup
-    print(table(["remediations", "all started s", "all finished s", "outcomes",
+    print(table(["remediations", "all started s", "all settled s", "outcomes",
                  "WFT/activity timeouts (history)", "TMPRL1101", "TMPRL1104", "worker VmHWM MiB",
                  "worker CPU s"],
-                [[r["nodes"], r["all_started_s"], r["all_finished_s"], r["outcomes"],
+                [[r["nodes"], r["all_started_s"], r["all_settled_s"], r["outcomes"],
                   sum(r["history_problems"].values()), problems["TMPRL1101"],
                   problems["TMPRL1104"], r["worker_vmhwm_mib"], r["worker_cpu_s"]]]))
+    print(f"activity schedule-to-start wait: {r['activity_queue_wait_s']}")
     print(f"stack start-up {startup:.1f}s; history events in all remediations: "
-          f"{r['events_total']} ({r['events_total'] / args.nodes:.0f} each); worker log: {problems}")
+          f"{r['events_total']} ({r['events_total'] / args.nodes:.0f} each); "
+          f"worker log: {problems}")
     save("throughput", {**r, "interval_s": args.interval, "data_dir": str(data)})
 
 

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policy.config import PolicyConfig
 from policy.models import Action, Verdict
@@ -130,6 +130,11 @@ class ThermalSettings(_Model):
 
 class RemediationSettings(_Model):
     job_namespace: str = "gpu-remediate-jobs"
+    heartbeat_timeout: timedelta = Field(
+        default=timedelta(seconds=30),
+        description="A drain, Job or thermal watch whose worker died is retried on another "
+                    "worker after this long without a heartbeat.",
+    )
     drain: DrainSettings = Field(default_factory=DrainSettings)
     validation: JobSettings = Field(default_factory=_default_validation)
     gpu_reset: JobSettings = Field(default_factory=_default_reset)
@@ -154,6 +159,13 @@ class RemediationSettings(_Model):
     repeat_offender_window: timedelta = timedelta(days=7)
     approval: ApprovalSettings = Field(default_factory=ApprovalSettings)
     thermal: ThermalSettings = Field(default_factory=ThermalSettings)
+
+    @model_validator(mode="after")
+    def _heartbeats_outlast_pauses(self) -> RemediationSettings:
+        if self.heartbeat_timeout < 2 * self.drain.retry_interval:
+            raise ValueError("heartbeat_timeout must be at least twice drain.retry_interval: a "
+                             "drain heartbeats once per eviction round")
+        return self
 
 
 # ---------------------------------------------------------------- remediation

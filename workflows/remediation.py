@@ -47,7 +47,6 @@ NODE_RETRY = RetryPolicy(
     non_retryable_error_types=["NotFound", "Invalid"],
 )
 NODE_CALL = timedelta(minutes=2)
-HEARTBEAT = timedelta(seconds=30)
 TRANSITIONS_KEPT = 50
 
 
@@ -287,7 +286,7 @@ class RemediationWorkflow:
                                   poll_interval=t.poll_interval, give_up_after=watch_for),
                 result_type=ThermalWatchResult,
                 start_to_close_timeout=watch_for + timedelta(minutes=5),
-                heartbeat_timeout=max(HEARTBEAT, t.poll_interval * 3),
+                heartbeat_timeout=max(self.inp.settings.heartbeat_timeout, t.poll_interval * 3),
                 retry_policy=NODE_RETRY,
                 summary=f"watch {self.inp.node} temperature",
             )
@@ -578,7 +577,8 @@ class RemediationWorkflow:
         try:
             return await workflow.execute_activity(
                 name, arg, result_type=result_type, start_to_close_timeout=timeout,
-                heartbeat_timeout=HEARTBEAT if heartbeat else None, retry_policy=NODE_RETRY,
+                heartbeat_timeout=self.inp.settings.heartbeat_timeout if heartbeat else None,
+                retry_policy=NODE_RETRY,
                 cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                 summary=summary[:200],
             )

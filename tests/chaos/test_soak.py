@@ -28,8 +28,8 @@ from worker.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
-SECONDS = float(os.environ.get("GPU_REMEDIATE_SOAK_SECONDS", "60"))
-NODES = int(os.environ.get("GPU_REMEDIATE_SOAK_NODES", "12"))
+SECONDS = float(os.environ.get("GPU_REMEDIATE_SOAK_SECONDS", "45"))
+NODES = int(os.environ.get("GPU_REMEDIATE_SOAK_NODES", "10"))
 SEED = int(os.environ.get("GPU_REMEDIATE_SOAK_SEED", "7"))
 MAX_UNAVAILABLE = 3
 

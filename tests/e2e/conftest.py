@@ -18,7 +18,8 @@ def make_stack(tmp: Path, scenario: str, **overrides: object) -> LocalStack:
         data_dir=tmp, scenario=scenario, ports=Ports.ephemeral(), headless=True,
         persistent=True, job_seconds=1.0, reboot_seconds=2.0,
         overrides={"detector.interval": "PT1S", "remediation.drain.retry_interval": "PT1S",
-                   **overrides},
+                   # A killed worker's activity is retried elsewhere after this long.
+                   "remediation.heartbeat_timeout": "PT5S", **overrides},
     )
 
 

@@ -280,8 +280,10 @@ def test_row_remap_failure_quarantines_until_released_and_fixed(
     # First release with the fault still there: validation fails, back to quarantine.
     ack = update(fleet, node, "release", reason="reseated GPU 2")
     assert "validating" in ack.message
+    # The node stays labelled quarantined while it is validated (no budget slot);
+    # the step tells the validation apart from the quarantine it returns to.
     wait_for(fleet, "the release validation to fail",
-             lambda: k8s.job_kinds(node) == ["validate"] and view_state(fleet, node).state
+             lambda: k8s.job_kinds(node) == ["validate"] and view_state(fleet, node).step
              == "quarantined" and view_state(fleet, node).attempt == 1, timeout=30)
     assert_quarantined(k8s, node)
     assert "ReleaseRequested" in k8s.event_reasons(node)
