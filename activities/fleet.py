@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-import httpx
+import aiohttp
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
@@ -63,9 +63,17 @@ from workflows.models import (
 log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
-# A non-empty line that is neither a comment nor starts like a sample.
-_NOT_EXPOSITION = re.compile(r"^(?!#|[a-zA-Z_:][a-zA-Z0-9_:]*[{ ]).+$|[\x00-\x08\x0e-\x1f]",
-                             re.M)
+# After a newline: something that is neither a comment, a sample nor an empty line. The
+# pattern starts at a literal, so the engine skips ahead instead of trying every offset.
+_BAD_LINE_START = re.compile(r"\n(?!#|[a-zA-Z_:][a-zA-Z0-9_:]*[{ ]|\n|$)")
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f]")
+
+
+def looks_intact(text: str) -> bool:
+    """Whole exposition text: ends with a newline, every line starts like a comment or a
+    sample, and no control characters (a cut, HTML or binary body fails)."""
+    return (text.endswith("\n") and _BAD_LINE_START.search("\n" + text) is None
+            and _CONTROL.search(text) is None)
 
 
 @dataclass(frozen=True)
@@ -178,23 +186,23 @@ class FleetActivities:
 
     # ------------------------------------------------------------ exporter side
 
-    async def scrape(self, http: httpx.AsyncClient, node: str, url: str) -> NodeReadings:
+    async def scrape(self, http: aiohttp.ClientSession, node: str, url: str) -> NodeReadings:
         try:
-            async with http.stream("GET", url) as resp:
-                if resp.status_code != 200:
-                    raise ScrapeError(f"HTTP {resp.status_code}")
+            async with http.get(url) as resp:
+                if resp.status != 200:
+                    raise ScrapeError(f"HTTP {resp.status}")
                 chunks, size = [], 0
-                async for chunk in resp.aiter_bytes():
+                async for chunk in resp.content.iter_chunked(1 << 16):
                     size += len(chunk)
                     if size > self.exporter.max_bytes:
                         raise ScrapeError(f"larger than {self.exporter.max_bytes} bytes")
                     chunks.append(chunk)
-        except httpx.TimeoutException as err:
+        except TimeoutError as err:
             raise ScrapeError("timed out") from err
-        except httpx.HTTPError as err:
+        except aiohttp.ClientError as err:
             raise ScrapeError(f"{type(err).__name__}: {err}") from err
         text = b"".join(chunks).decode("utf-8", errors="replace")
-        if text and (not text.endswith("\n") or _NOT_EXPOSITION.search(text)):
+        if text and not looks_intact(text):
             # A cut or corrupted body may still hold valid-looking lines; judging a node
             # on part of its data could drain it for nothing.
             raise ScrapeError("the exposition is truncated or corrupted")
@@ -225,15 +233,16 @@ class FleetActivities:
 
     async def scrape_many(self, targets: dict[str, str]) -> tuple[dict[str, NodeReadings],
                                                                    dict[str, str]]:
-        limits = httpx.Limits(max_connections=self.exporter.concurrency,
-                              max_keepalive_connections=self.exporter.concurrency)
-        timeout = httpx.Timeout(self.exporter.timeout_seconds)
+        # aiohttp rather than httpx here: measured at 10,000 nodes, httpx's connection
+        # pool cost ~8 ms of CPU per request against ~0.2 ms (docs/performance.md).
+        connector = aiohttp.TCPConnector(limit=self.exporter.concurrency)
+        timeout = aiohttp.ClientTimeout(total=self.exporter.timeout_seconds)
         sem = asyncio.Semaphore(self.exporter.concurrency)
         readings: dict[str, NodeReadings] = {}
         errors: dict[str, str] = {}
         done = 0
 
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             async def one(node: str, url: str) -> None:
                 nonlocal done
                 async with sem:

@@ -22,14 +22,20 @@ class KubeSettings:
     in_cluster: bool = False
 
 
-def make_api_client(settings: KubeSettings) -> client.ApiClient:
-    """An ApiClient from in-cluster config or a kubeconfig file (KUBECONFIG by default)."""
+def make_api_client(settings: KubeSettings, *, pool_size: int = 64) -> client.ApiClient:
+    """An ApiClient from in-cluster config or a kubeconfig file (KUBECONFIG by default).
+
+    Its connection pool is as large as the worker's activity slots: urllib3's default
+    of 10 made concurrent activities discard and re-open connections under load.
+    """
+    configuration = client.Configuration()
     if settings.in_cluster:
-        config.load_incluster_config()
-        return client.ApiClient()
-    return config.new_client_from_config(
-        config_file=settings.kubeconfig, context=settings.context, persist_config=False
-    )
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        config.load_kube_config(config_file=settings.kubeconfig, context=settings.context,
+                                client_configuration=configuration, persist_config=False)
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
 
 
 def status_message(err: ApiException) -> str:

@@ -33,7 +33,8 @@ log = logging.getLogger("gpu_remediate.worker")
 def kube_client(settings: Settings) -> ApiClient:
     k = settings.kubernetes
     return make_api_client(KubeSettings(kubeconfig=k.kubeconfig, context=k.context,
-                                        in_cluster=k.in_cluster))
+                                        in_cluster=k.in_cluster),
+                           pool_size=settings.worker.max_concurrent_activities)
 
 
 def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
