@@ -99,7 +99,12 @@ def main() -> None:
             latencies.append(time.monotonic() - start)
             print(f"{i + 1:2d}/{args.injections} {node}: {latencies[-1]:.2f}s", flush=True)
             gpu.reboot(node)
-            asyncio.run(abort(node))
+            try:
+                asyncio.run(abort(node))
+            except Exception as err:  # the latency is measured; a failed release is reported
+                stuck.append(f"{node}: abort failed: {err}")
+                print(f"   {stuck[-1]}", flush=True)
+                continue
             try:
                 wait_until(lambda node=node: released(node), 60, f"{node} released", every=0.2)
             except TimeoutError:

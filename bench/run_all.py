@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python bench/run_all.py [--quick]``
 
 ``--quick`` shrinks each benchmark (1,000 nodes only, fewer repeats and injections) for a
-smoke run of a few minutes; the full run takes about 20-25 minutes on a 2-core machine,
+smoke run of a few minutes; the full run takes about 30-40 minutes on a 2-core machine,
 most of it in the 10,000-node detector tick. The benchmarks are not part of the test suite.
 Run them on an otherwise idle machine when possible: they share the CPUs with the
 simulators they start, and every figure is CPU-bound.
