@@ -447,10 +447,16 @@ class RemediationWorkflow:
             self.view.attempt += 1
             # The node stays labelled quarantined while it is validated: quarantined nodes
             # hold no budget slot, and an operator's release must not take one that the
-            # detector has not admitted. It is already cordoned and drained.
+            # detector has not admitted. It is cordoned, so nothing new lands on it.
             await self._enter(NodeState.QUARANTINED, "release-validate", "ReleaseRequested",
                               f"release by {order.operator}: {order.reason}; validating")
-            check = await self._job("validate", self.view.attempt)
+            # Patched: remediations quarantined before this change validate as they did.
+            left = (await self._clear_for_validation()
+                    if workflow.patched("drain-before-release-validation") else "")
+            if left:
+                check = NodeJobResult(succeeded=False, job_name="", message=left)
+            else:
+                check = await self._job("validate", self.view.attempt)
             self.release_order = None
             if check.succeeded:
                 self.quarantine_order = None
@@ -459,6 +465,27 @@ class RemediationWorkflow:
             why = f"release by {order.operator} failed validation: {check.message}"
 
     # ------------------------------------------------------------ building blocks
+
+    async def _clear_for_validation(self) -> str:
+        """Evict what is still on a quarantined node before validating it: a quarantine
+        ordered mid-drain (or a failed step) can leave pods, and validation needs every
+        GPU. Returns why not, or "" once the node is empty."""
+        d = self.inp.settings.drain
+        started = workflow.now()
+        while True:
+            result = await self._call(
+                "drain_node",
+                DrainInput(node=self.inp.node, settings=d, report_after=d.report_after,
+                           dry_run=self.inp.dry_run),
+                DrainResult, timeout=timedelta(minutes=10), heartbeat=True,
+                summary=f"evict what is left on {self.inp.node} before validation")
+            self.view.pods_left = len(result.remaining)
+            if result.outcome in ("drained", "planned"):
+                return ""
+            if workflow.now() - started >= d.deadline:
+                return (f"{len(result.remaining)} pods still on the node, eviction blocked by "
+                        f"{result.blocking_pdb} for {d.deadline}")
+            await workflow.sleep(d.retry_interval, summary="before the next eviction round")
 
     def _acknowledged_xids(self) -> dict[str, int]:
         """XIDs this remediation handles: the exporter keeps showing the last XID, so

@@ -168,6 +168,10 @@ async def _quarantined_from_draining(client: Client, cluster: FakeCluster, queue
     assert "carol" in ack.message
     await reach(handle, NodeState.QUARANTINED)
     await until(lambda: cluster.nodes[node].state == NodeState.QUARANTINED)
+    # Quarantined mid-drain, a pod is still there; by the release its PDB lets it go
+    # (a release evicts what is left before validating).
+    with cluster.lock:
+        cluster.drain_results = [DrainResult(outcome="drained", evicted=["team-a/trainer-1"])]
     return handle
 
 
@@ -231,6 +235,25 @@ async def test_release_that_fails_validation_goes_back_to_quarantine(local_env):
     assert result.outcome == NodeState.HEALTHY
     assert cluster.jobs_run() == ["validate", "validate"]
     assert "released by frank" in result.message
+
+
+async def test_release_with_pods_still_blocked_validates_nothing_and_stays_quarantined(
+        local_env):
+    cluster, node = FakeCluster(drain_results=[BLOCKED]), node_name("rel-blocked")
+    settings = RemediationSettings(drain=DrainSettings(
+        retry_interval=timedelta(milliseconds=200), deadline=timedelta(seconds=2)))
+    async with worker_for(local_env.client, cluster) as queue:
+        handle = await start(local_env.client, queue, node, settings)
+        await reach(handle, NodeState.DRAINING)
+        await handle.execute_update(RemediationWorkflow.quarantine, cmd("carol", "fan"))
+        await until(lambda: cluster.nodes[node].state == NodeState.QUARANTINED)
+        await handle.execute_update(RemediationWorkflow.release, cmd("erin"))
+        # The same remediation's history entry is rewritten with the new outcome.
+        await until(lambda: "pods still on the node" in cluster.nodes[node].history[-1].outcome,
+                    what="second quarantine")
+        assert cluster.jobs_run() == [], "no validation on a node that is not empty"
+        assert cluster.nodes[node].state == NodeState.QUARANTINED
+        await handle.terminate("test over")
 
 
 async def test_quarantine_ordered_during_validation_is_not_dropped(local_env):
