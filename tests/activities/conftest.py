@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,21 +20,11 @@ from prometheus_client import REGISTRY
 from temporalio.testing import ActivityEnvironment
 
 from sim.cluster import ThreadedClusterSim
+from sim.cluster.testkit import wait_for as wait_for  # shared by the activity tests
 from sim.gpu.client import GpuSimClient
 from sim.gpu.server import RunningSimulator, start_gpu_simulator
 
 T = TypeVar("T")
-
-
-def wait_for(fn: Callable[[], T | None], timeout: float = 10.0, interval: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s (last value: {last!r})")
 
 
 def metric(name: str, **labels: str) -> float | None:
