@@ -83,8 +83,19 @@ class Admission:
         verdicts = {n: v for n, v in flagged.items()
                     if n not in self.busy and n not in st.planned}
         # The breaker counts newly flagged nodes: the ones an operator already saw (and
-        # resumed for) or that wait for a slot do not trip it again.
-        self._check_breaker(sum(1 for n in verdicts if n not in st.first_seen))
+        # resumed for) or that wait for a slot do not trip it again. With a window, the
+        # count runs over that window, so a fault spreading tick by tick is caught too.
+        newly = [n for n in verdicts if n not in st.first_seen]
+        window_start = now - s.breaker_window
+        st.recently_flagged = {
+            n: t for n, t in st.recently_flagged.items()
+            if t > window_start and s.breaker_window > timedelta(0)}
+        if s.breaker_window > timedelta(0):
+            for n in newly:
+                st.recently_flagged.setdefault(n, now)
+            self._check_breaker(len(st.recently_flagged))
+        else:
+            self._check_breaker(len(newly))
         for n in verdicts:
             st.first_seen.setdefault(n, now)
         st.first_seen = {n: t for n, t in st.first_seen.items() if n in verdicts}
@@ -107,8 +118,10 @@ class Admission:
         pct = 100.0 * newly_flagged / max(readable, 1)
         if newly_flagged > s.breaker_max_flagged_nodes or pct > s.breaker_max_flagged_percent:
             st.breaker_open = True
+            span = (f"within {s.breaker_window}" if s.breaker_window > timedelta(0)
+                    else "in one tick")
             st.breaker_reason = (
-                f"{newly_flagged} of {readable} readable nodes newly flagged in one tick "
+                f"{newly_flagged} of {readable} readable nodes newly flagged {span} "
                 f"({pct:.0f}% > {s.breaker_max_flagged_percent:.0f}% or > "
                 f"{s.breaker_max_flagged_nodes}); resume after checking the fleet")
 

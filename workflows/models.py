@@ -363,6 +363,11 @@ class DetectorSettings(_Model):
     breaker_min_flagged_nodes: int = Field(
         default=3, ge=1, description="Fewer newly flagged nodes than this never trip the breaker."
     )
+    breaker_window: timedelta = Field(
+        default=timedelta(0),
+        description="Count newly flagged nodes over this sliding window instead of one tick, "
+                    "so a fault spreading over several ticks trips the breaker too.",
+    )
     observe_timeout: timedelta = timedelta(minutes=5)
     ticks_per_run: int = Field(
         default=500, ge=1, description="Continue-as-new after this many ticks at the latest."
@@ -453,6 +458,10 @@ class DetectorState(_Model):
     )
     first_seen: dict[str, datetime] = Field(
         default_factory=dict, description="When each waiting node was first flagged."
+    )
+    recently_flagged: dict[str, datetime] = Field(
+        default_factory=dict,
+        description="Newly flagged nodes within the breaker window, and when.",
     )
     ticks_total: int = 0
     started_total: int = 0

@@ -102,3 +102,33 @@ def test_unreadable_nodes_count_toward_neither_side_of_the_breaker() -> None:
     state = DetectorState()
     decide(DetectorSettings(max_unavailable=5, breaker_max_flagged_percent=5), o, state)
     assert state.breaker_open, "3 of 50 readable is 6%, over 5%"
+
+
+def test_breaker_window_catches_a_fault_spreading_over_several_ticks() -> None:
+    settings = DetectorSettings(max_unavailable=10, breaker_max_flagged_percent=30,
+                                breaker_window=timedelta(minutes=10))
+    state = DetectorState()
+    for tick, nodes in enumerate((["n0", "n1"], ["n2"], ["n3"])):
+        at = NOW + timedelta(minutes=tick)
+        Admission(settings, state, obs([xid_verdict(n) for n in nodes]), at)
+    assert state.breaker_open, "4 of 10 nodes within 10 minutes is over 30%"
+    assert "within 0:10:00" in state.breaker_reason
+
+
+def test_without_a_window_the_same_spread_does_not_trip() -> None:
+    settings = DetectorSettings(max_unavailable=10, breaker_max_flagged_percent=30)
+    state = DetectorState()
+    for tick, nodes in enumerate((["n0", "n1"], ["n2"], ["n3"])):
+        Admission(settings, state, obs([xid_verdict(n) for n in nodes]),
+                  NOW + timedelta(minutes=tick))
+    assert not state.breaker_open
+
+
+def test_flags_older_than_the_window_are_forgotten() -> None:
+    settings = DetectorSettings(max_unavailable=10, breaker_max_flagged_percent=30,
+                                breaker_window=timedelta(minutes=5))
+    state = DetectorState()
+    for tick, nodes in enumerate((["n0", "n1"], ["n2"], ["n3"])):
+        Admission(settings, state, obs([xid_verdict(n) for n in nodes]),
+                  NOW + timedelta(minutes=10 * tick))
+    assert not state.breaker_open
