@@ -58,6 +58,7 @@ from workflows.models import (
     ThermalWatchInput,
     ThermalWatchResult,
     remediation_workflow_id,
+    shard_of,
 )
 
 log = logging.getLogger(__name__)
@@ -282,7 +283,8 @@ class FleetActivities:
     @activity.defn
     async def observe_fleet(self, inp: ObserveInput) -> FleetObservation:
         started = time.monotonic()
-        listed = await asyncio.to_thread(self.list_gpu_nodes)
+        listed = [n for n in await asyncio.to_thread(self.list_gpu_nodes)
+                  if shard_of(n.name, inp.shards) == inp.shard]
         nodes = [n for n in listed if not n.excluded]
         names = [n.name for n in nodes]
         readings, errors = await self.read_many(names, nodes)

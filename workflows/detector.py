@@ -10,6 +10,7 @@ never lets more nodes out of service than the budget.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from datetime import datetime, timedelta
 
@@ -34,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         OrphanRelease,
         PendingStart,
         RemediationInput,
+        merge_observations,
         remediation_workflow_id,
     )
     from workflows.search_attributes import GPU_NODE, REMEDIATION_ACTION, REMEDIATION_STATE
@@ -55,6 +57,7 @@ class DetectorWorkflow:
         self.last_report: AdmissionReport | None = None
         self.wake = False
         self.orphans: list[str] = []
+        self.last_managed = 0
         # Nodes in remediation (label state, or "starting" for a pending start), for the
         # remediate validator.
         self.busy: dict[str, str] = {}
@@ -178,20 +181,29 @@ class DetectorWorkflow:
                 workflow.continue_as_new(DetectorInput(settings=self.settings, state=self.state))
 
     async def _observe(self) -> FleetObservation | None:
+        s = self.settings
+        # Past the shard size, several activities observe disjoint parts of the fleet in
+        # parallel (they spread over worker replicas); below it, one does.
+        shards = max(1, -(-self.last_managed // s.observe_shard_size))
         try:
-            return await workflow.execute_activity(
-                "observe_fleet", ObserveInput(policy=self.settings.policy,
-                                             pool_label=self.settings.pool_label),
+            parts = await asyncio.gather(*(workflow.execute_activity(
+                "observe_fleet", ObserveInput(policy=s.policy, pool_label=s.pool_label,
+                                              shard=i, shards=shards),
                 result_type=FleetObservation,
-                start_to_close_timeout=self.settings.observe_timeout,
+                start_to_close_timeout=s.observe_timeout,
                 retry_policy=RetryPolicy(maximum_attempts=2),
-                summary="scrape and evaluate the fleet",
-            )
+                summary=("scrape and evaluate the fleet" if shards == 1
+                         else f"scrape and evaluate shard {i + 1}/{shards}"),
+            ) for i in range(shards)))
         except ActivityError as err:
-            # No data, no action: a failed observation admits nothing this tick.
+            # No data, no action: a failed observation (of any shard: the budget needs
+            # every labelled node) admits nothing this tick.
             self.last_errors = [f"observation failed: {err.cause or err}"]
             workflow.set_current_details(f"**observation failed**: {err.cause or err}")
             return None
+        obs = parts[0] if len(parts) == 1 else merge_observations(list(parts))
+        self.last_managed = obs.managed_nodes
+        return obs
 
     def _closed_children(self) -> set[str]:
         closed = {n for n, h in self.children.items() if h.done()}

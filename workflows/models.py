@@ -7,6 +7,7 @@ in-flight workflows keep decoding their history after an upgrade.
 
 from __future__ import annotations
 
+import zlib
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
@@ -369,6 +370,11 @@ class DetectorSettings(_Model):
                     "so a fault spreading over several ticks trips the breaker too.",
     )
     observe_timeout: timedelta = timedelta(minutes=5)
+    observe_shard_size: int = Field(
+        default=5000, ge=1,
+        description="Past this many GPU nodes, the fleet is observed by several activities in "
+                    "parallel (one per this many nodes), which spread over worker replicas.",
+    )
     ticks_per_run: int = Field(
         default=500, ge=1, description="Continue-as-new after this many ticks at the latest."
     )
@@ -475,6 +481,8 @@ class DetectorInput(_Model):
 class ObserveInput(_Model):
     policy: PolicyConfig
     pool_label: str | None = None
+    shard: int = Field(default=0, ge=0, description="This activity's share of the fleet ...")
+    shards: int = Field(default=1, ge=1, description="... out of this many (by node name).")
 
 
 class NodeStatus(_Model):
@@ -507,6 +515,29 @@ class OrphanRelease(_Model):
     node: str = Field(min_length=1)
     operator: str = Field(min_length=1)
     reason: str = ""
+
+
+def shard_of(node: str, shards: int) -> int:
+    """A stable shard for a node name (no hash randomisation: workers must agree)."""
+    return zlib.crc32(node.encode()) % shards if shards > 1 else 0
+
+
+def merge_observations(parts: list[FleetObservation]) -> FleetObservation:
+    """One observation from the shards' observations of disjoint node sets."""
+    pool_sizes: dict[str, int] = {}
+    for p in parts:
+        for pool, n in p.pool_sizes.items():
+            pool_sizes[pool] = pool_sizes.get(pool, 0) + n
+    return FleetObservation(
+        managed_nodes=sum(p.managed_nodes for p in parts),
+        readable_nodes=sum(p.readable_nodes for p in parts),
+        verdicts=sorted((v for p in parts for v in p.verdicts), key=lambda v: v.node),
+        remediating=sorted((r for p in parts for r in p.remediating), key=lambda r: r.node),
+        errors=sorted(e for p in parts for e in p.errors)[:50],
+        orphans=sorted(o for p in parts for o in p.orphans),
+        pool_of={k: v for p in parts for k, v in p.pool_of.items()},
+        pool_sizes=pool_sizes,
+    )
 
 
 class DetectorView(_Model):

@@ -42,6 +42,7 @@ from workflows.models import (
     StateInput,
     ThermalWatchInput,
     ThermalWatchResult,
+    shard_of,
 )
 
 
@@ -213,13 +214,16 @@ class FakeCluster:
                 if cluster.observe_error:
                     raise RuntimeError(cluster.observe_error)
                 cluster._sample()
+                # Like the real activity: each shard sees its own part of the fleet.
+                mine = {n: node for n, node in cluster.nodes.items()
+                        if shard_of(n, inp.shards) == inp.shard}
                 remediating = [NodeStatus(node=n.name, state=n.state)
-                               for n in cluster.nodes.values() if n.state != NodeState.HEALTHY]
+                               for n in mine.values() if n.state != NodeState.HEALTHY]
                 busy = {r.node for r in remediating}
                 return FleetObservation(
-                    managed_nodes=len(cluster.nodes), readable_nodes=len(cluster.nodes),
-                    verdicts=[v for v in cluster.verdicts if v.node not in busy
-                              and cluster.node(v.node).acked == {}],
+                    managed_nodes=len(mine), readable_nodes=len(mine),
+                    verdicts=[v for v in cluster.verdicts if v.node in mine
+                              and v.node not in busy and cluster.node(v.node).acked == {}],
                     remediating=remediating)
 
         @activity.defn(name="report_admission")

@@ -132,3 +132,20 @@ def test_flags_older_than_the_window_are_forgotten() -> None:
         Admission(settings, state, obs([xid_verdict(n) for n in nodes]),
                   NOW + timedelta(minutes=10 * tick))
     assert not state.breaker_open
+
+
+def test_shards_split_the_fleet_disjointly_and_merge_back() -> None:
+    from workflows.models import merge_observations, shard_of
+
+    names = [f"gpu-node-{i:05d}" for i in range(1, 1001)]
+    buckets = [[n for n in names if shard_of(n, 3) == s] for s in range(3)]
+    assert sorted(n for b in buckets for n in b) == names
+    assert all(250 < len(b) < 420 for b in buckets), [len(b) for b in buckets]
+    parts = [FleetObservation(managed_nodes=len(b), readable_nodes=len(b) - 1,
+                              verdicts=[xid_verdict(b[0])], errors=[f"{b[1]}: down"],
+                              remediating=[NodeStatus(node=b[2], state=NodeState.DRAINING)],
+                              pool_sizes={"a": len(b)}) for b in buckets]
+    merged = merge_observations(parts)
+    assert merged.managed_nodes == 1000 and merged.readable_nodes == 997
+    assert len(merged.verdicts) == 3 and len(merged.remediating) == 3
+    assert merged.pool_sizes == {"a": 1000}

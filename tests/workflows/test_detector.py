@@ -165,6 +165,28 @@ async def test_budget_is_never_exceeded(detector_ts_env, budget, size, flagged, 
     assert all(r.in_use <= slots for r in cluster.reports)
 
 
+async def test_sharded_observation_keeps_the_budget_across_shards(detector_ts_env):
+    """Past the shard size the fleet is observed by several activities; slots held in one
+    shard still count against the budget when admitting from another."""
+    env = detector_ts_env
+    cluster, names = fleet(9)
+    cluster.drain_blocked_rounds = 4
+    cluster.verdicts = [xid_verdict(n) for n in names[:6]]
+    s = settings(max_unavailable=2, observe_shard_size=4, **NO_BREAKER)
+    async with worker_for(env.client, cluster) as queue:
+        detector = await start(env.client, queue, s)
+        try:
+            await until(lambda: set(cluster.claimed) == set(names[:6])
+                        and all(cluster.nodes[n].state == NodeState.HEALTHY for n in names),
+                        timeout=40, what="every flagged node remediated")
+        finally:
+            await cleanup(env.client, detector, cluster)
+    shard_counts = {c[1].shards for c in cluster.calls if c[0] == "observe_fleet"}
+    assert shard_counts == {1, 3}, "one activity until the fleet size is known, then three"
+    assert cluster.max_out_of_service() == 2
+    assert sorted(cluster.claimed) == sorted(names[:6])
+
+
 async def test_labelled_nodes_hold_slots_and_cordoned_counts_per_setting(detector_ts_env):
     """Truth is on the nodes: slots held by labels the detector did not set count too."""
     env = detector_ts_env
