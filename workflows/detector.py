@@ -118,9 +118,10 @@ class DetectorWorkflow:
                 f"{', '.join(a.value for a in NODE_ACTIONS)}", type="Rejected")
         if any(m.node == req.node for m in self.state.manual):
             raise ApplicationError(f"{req.node} is already queued", type="Rejected")
-        if req.node in self.in_flight or req.node in self.busy:
-            state = self.busy.get(req.node, "in flight")
-            raise ApplicationError(f"{req.node} is already in remediation ({state})",
+        # Every slot holder (in_flight) is also in busy, which adds quarantined nodes.
+        if req.node in self.busy:
+            raise ApplicationError(f"{req.node} is already in remediation "
+                                   f"({self.busy[req.node]})",
                                    type="Rejected")
 
     @workflow.update(description="Release a node left in remediation by a workflow that is "

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -25,6 +24,7 @@ import yaml
 from sim.gpu.client import GpuSimClient
 from sim.gpu.fleet import Fleet
 from sim.gpu.server import RunningSimulator, start_gpu_simulator
+from worker.stack import free_port
 
 T = TypeVar("T")
 
@@ -37,13 +37,6 @@ def find_prometheus() -> str | None:
     if env:
         return env if Path(env).is_file() else None
     return shutil.which("prometheus")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wait_for(fn: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
