@@ -27,6 +27,8 @@ from pydantic import BaseModel, Field
 from policy.models import GpuReading, NodeReadings
 from policy.rules import usable
 
+XID_COUNT_METRIC = "DCGM_EXP_XID_ERRORS_COUNT"
+
 HEALTH_METRICS: dict[str, str] = {
     "DCGM_FI_DEV_XID_ERRORS": "xid",
     "DCGM_FI_DEV_GPU_TEMP": "gpu_temp",
@@ -40,6 +42,8 @@ HEALTH_METRICS: dict[str, str] = {
     # The pre-DCGM-3.3 name of the same field; custom counter files still use it.
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "clock_event_reasons",
     "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION": "recovery_action",
+    # Opt-in exporter family: occurrences of each XID in a sliding window, label ``xid``.
+    XID_COUNT_METRIC: "xid_counts",
 }
 """The metric families the policy reads, and the ``GpuReading`` field each one fills."""
 
@@ -84,7 +88,12 @@ def _selector(names: list[str]) -> re.Pattern[str]:
     return re.compile(rf"\n({re.escape(prefix)}(?:{rest})[{{ \t][^\r\n]*)")
 
 
-_SELECT_RE = _selector(sorted(HEALTH_METRICS, key=len, reverse=True))
+# The DCGM_FI_DEV_ families share a long prefix that the scan hunts for; the opt-in exporter
+# family has another, so it gets its own scan, run only when the payload holds it at all.
+_SELECT_RE = _selector(
+    sorted((n for n in HEALTH_METRICS if n.startswith("DCGM_FI_")), key=len, reverse=True)
+)
+_SELECT_EXTRA_RE = _selector([n for n in HEALTH_METRICS if not n.startswith("DCGM_FI_")])
 
 
 def select_health_lines(text: str) -> list[str]:
@@ -93,10 +102,17 @@ def select_health_lines(text: str) -> list[str]:
     One regex pass in C over the payload; the name must be followed by ``{`` or a blank so that a
     longer metric name sharing the prefix is not picked up.
     """
-    lines = _SELECT_RE.findall(text)
+    lines = _select(_SELECT_RE, text)
+    if XID_COUNT_METRIC in text:
+        lines.extend(_select(_SELECT_EXTRA_RE, text))
+    return lines
+
+
+def _select(pattern: re.Pattern[str], text: str) -> list[str]:
+    lines = pattern.findall(text)
     # The regex anchors on the preceding newline, which the very first line does not have.
     newline = text.find("\n")
-    first = _SELECT_RE.match("\n" + (text if newline == -1 else text[:newline]))
+    first = pattern.match("\n" + (text if newline == -1 else text[:newline]))
     if first is not None:
         lines.insert(0, first.group(1))
     return lines
@@ -213,6 +229,13 @@ class _Fleet:
                 "pci_bus_id": labels.get("pci_bus_id", ""),
             }
         number = usable(value)
+        if field == "xid_counts":
+            counts = gpu.setdefault("xid_counts", {})
+            # The exporter's "no XID in the window" series has no xid label and value 0.
+            xid = _xid_label(labels.get("xid"))
+            if xid is not None and number is not None and number >= 1:
+                counts[xid] = max(counts.get(xid, 0), int(number))
+            return
         if number is None or number < 0:
             return
         if field in _INT_FIELDS:
@@ -243,6 +266,13 @@ class _Fleet:
             unlabelled=self.unlabelled,
             examples=self.examples,
         )
+
+
+def _xid_label(raw: str | None) -> int | None:
+    """The ``xid`` label as an XID number; None when absent or not a positive integer."""
+    if not raw or not raw.isdigit():
+        return None
+    return int(raw) or None
 
 
 def _gpu_sort_key(gpu: GpuReading) -> tuple[int, str, str]:

@@ -13,7 +13,7 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -37,13 +37,15 @@ from activities.node_keys import (
     A_REASON,
     A_SINCE,
     A_WORKFLOW,
+    A_XID_SIGHTINGS,
     EXCLUDE_LABEL,
     STATE_LABEL,
 )
 from activities.nodes import NodeActivities
 from activities.prometheus_source import PrometheusSource
+from activities.xid_sightings import Tracks, dump_tracks, observe, parse_tracks, repeat_counts
 from policy.models import Action, GpuReading, NodeReadings, Verdict
-from policy.rules import evaluate_node, is_thermal_recovered
+from policy.rules import evaluate_node, gpu_key, is_thermal_recovered
 from workflows.models import (
     AdmissionReport,
     FleetObservation,
@@ -107,6 +109,8 @@ class GpuNode:
     labels: dict[str, str]
     orphan_marked: bool = False
     excluded: bool = False
+    xid_tracks: Tracks = field(default_factory=dict)
+    resource_version: str = ""
 
 
 def _state(value: str | None) -> NodeState:
@@ -118,7 +122,7 @@ def _state(value: str | None) -> NodeState:
 
 def _still_shown(acked: dict[str, int], readings: NodeReadings) -> dict[str, int]:
     """The acknowledgements whose GPU still reports exactly that XID value."""
-    shown = {(g.uuid or g.gpu): g.xid for g in readings.gpus}
+    shown = {gpu_key(g): g.xid for g in readings.gpus}
     return {k: v for k, v in acked.items() if shown.get(k) == v}
 
 
@@ -161,7 +165,9 @@ class FleetActivities:
             assert n.metadata is not None and n.metadata.name
             nodes.append(GpuNode(n.metadata.name, state, ann.get(A_WORKFLOW, ""),
                                  _acknowledged(ann.get(A_ACK_XIDS)), labels,
-                                 A_ORPHAN in ann, excluded))
+                                 A_ORPHAN in ann, excluded,
+                                 parse_tracks(ann.get(A_XID_SIGHTINGS)),
+                                 n.metadata.resource_version or ""))
         return nodes
 
     def endpoints(self, nodes: list[str]) -> dict[str, str]:
@@ -289,16 +295,31 @@ class FleetActivities:
         names = [n.name for n in nodes]
         readings, errors = await self.read_many(names, nodes)
         verdicts: list[Verdict] = []
+        writes: list[tuple[GpuNode, dict[str, str | None]]] = []
+        now = time.time()
         for node in nodes:
             r = readings.get(node.name)
             if r is None:
                 continue
-            verdict = evaluate_node(r, inp.policy, acknowledged_xids=node.acknowledged)
+            healthy = node.state == NodeState.HEALTHY
+            tracks = node.xid_tracks
+            annotations: dict[str, str | None] = {}
+            # Only a node in service learns: one in remediation has its XIDs being handled,
+            # and its release rewrites the same annotation. Dry-run writes nothing.
+            if healthy and inp.track_xid_repeats:
+                tracks = observe(node.xid_tracks, r, inp.policy, now)
+                if (text := dump_tracks(tracks)) != dump_tracks(node.xid_tracks):
+                    annotations[A_XID_SIGHTINGS] = text
+            verdict = evaluate_node(r, inp.policy, acknowledged_xids=node.acknowledged,
+                                    xid_repeats=repeat_counts(tracks, inp.policy, now))
             if verdict.action not in (Action.NONE, Action.APP):
                 verdicts.append(verdict)
             kept = _still_shown(node.acknowledged, r)
-            if kept != node.acknowledged and node.state == NodeState.HEALTHY:
-                await asyncio.to_thread(self._write_acknowledged, node.name, kept)
+            if kept != node.acknowledged and healthy:
+                annotations[A_ACK_XIDS] = json.dumps(kept, sort_keys=True) if kept else None
+            if annotations:
+                writes.append((node, annotations))
+        await self._annotate_many(writes)
         labelled = [n for n in listed if n.state != NodeState.HEALTHY]
         remediating = [NodeStatus(node=n.name, state=n.state, workflow_id=n.workflow_id,
                                   excluded=n.excluded) for n in labelled]
@@ -404,15 +425,27 @@ class FleetActivities:
         return NodeHealth(readable=True, thermal_recovered=is_thermal_recovered(r, inp.policy),
                           verdict=evaluate_node(r, inp.policy, acknowledged_xids=acked))
 
-    def _write_acknowledged(self, node: str, acked: dict[str, int]) -> None:
-        """Forget acknowledgements the exporter no longer shows (it restarted, the XID
-        series reset), so the same XID number happening again counts as new."""
-        value = json.dumps(acked, sort_keys=True) if acked else None
-        try:
-            self.core.patch_node(node, {"metadata": {"annotations": {A_ACK_XIDS: value}}},
-                                 _request_timeout=REQUEST_TIMEOUT)
-        except ApiException as err:
-            log.warning("could not update %s on %s: %s", A_ACK_XIDS, node, err.status)
+    async def _annotate_many(self, writes: list[tuple[GpuNode, dict[str, str | None]]]) -> None:
+        """Write what this tick learned: acknowledgements the exporter no longer shows
+        (it restarted, the XID series reset; the same XID again counts as new) and XID
+        sightings. Each patch is conditional on the node being as it was listed, so a claim
+        or release in between wins; the next tick recomputes from the fresh node."""
+        sem = asyncio.Semaphore(8)
+
+        async def one(node: GpuNode, annotations: dict[str, str | None]) -> None:
+            meta: dict[str, object] = {"annotations": annotations}
+            if node.resource_version:
+                meta["resourceVersion"] = node.resource_version
+            async with sem:
+                try:
+                    await asyncio.to_thread(self.core.patch_node, node.name, {"metadata": meta},
+                                            _request_timeout=REQUEST_TIMEOUT)
+                except ApiException as err:
+                    log.log(logging.INFO if err.status == 409 else logging.WARNING,
+                            "could not update %s on %s: %s", ", ".join(sorted(annotations)),
+                            node.name, err.status)
+
+        await asyncio.gather(*(one(n, a) for n, a in writes))
 
     def acknowledged_xids(self, node: str) -> dict[str, int]:
         try:

@@ -25,6 +25,8 @@ A_HISTORY = f"{PREFIX}/history"
 A_PRECORDONED = f"{PREFIX}/pre-cordoned"
 A_ACK_XIDS = f"{PREFIX}/acknowledged-xids"
 A_ORPHAN = f"{PREFIX}/orphaned"
+# Per GPU: last XID shown, app-XID sightings in the escalation window (xid_sightings.py).
+A_XID_SIGHTINGS = f"{PREFIX}/xid-sightings"
 
 # Annotations that describe an in-flight remediation; removed on release.
 IN_FLIGHT_ANNOTATIONS = (A_REASON, A_ACTION, A_STEP, A_WORKFLOW, A_RUN, A_SINCE, A_ATTEMPT,

@@ -35,11 +35,13 @@ from activities.node_keys import (
     A_STEP,
     A_TRANSITION,
     A_WORKFLOW,
+    A_XID_SIGHTINGS,
     HISTORY_LIMIT,
     IN_FLIGHT_ANNOTATIONS,
     STATE_LABEL,
     TAINT_KEY,
 )
+from activities.xid_sightings import clear_sightings, dump_tracks, parse_tracks
 from workflows.models import (
     ClaimInput,
     ClaimResult,
@@ -236,6 +238,10 @@ class NodeActivities:
                     acked = parse_acknowledged(ann.get(A_ACK_XIDS))
                     acked.update(inp.acknowledged_xids)
                     annotations[A_ACK_XIDS] = json.dumps(acked, sort_keys=True)
+                    # Repeat escalation counts from this repair on.
+                    if tracks := parse_tracks(ann.get(A_XID_SIGHTINGS)):
+                        annotations[A_XID_SIGHTINGS] = dump_tracks(
+                            clear_sightings(tracks, inp.acknowledged_xids))
                 spec: dict[str, Any] = {}
                 if inp.outcome == "quarantined":
                     state = NodeState.QUARANTINED.value

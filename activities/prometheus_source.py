@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import httpx
 
-from activities.exposition import HEALTH_METRICS
+from activities.exposition import HEALTH_METRICS, XID_COUNT_METRIC
 from policy.config import PolicyConfig
 from policy.models import SEVERITY, GpuReading, NodeReadings
 from policy.rules import usable
@@ -249,6 +249,7 @@ class _Gpu:
     xid_gauge: bool = False  # an XID series existed (value 0 included)
     clock_held: int | None = None
     clock_seen: int | None = None
+    xid_counts: dict[int, int] | None = None  # DCGM_EXP_XID_ERRORS_COUNT, when exported
 
 
 @dataclass
@@ -261,6 +262,7 @@ class QueryResults:
     gpu_temp: list[Series] = field(default_factory=list)
     memory_temp: list[Series] = field(default_factory=list)
     last: dict[str, list[Series]] = field(default_factory=dict)  # GpuReading field -> series
+    xid_count: list[Series] = field(default_factory=list)
 
 
 def xid_severity(xid: int, config: PolicyConfig) -> int:
@@ -413,6 +415,19 @@ def assemble_readings(
                     found[1], name, _clean(series.samples[-1][1]), integer=name == "recovery_action"
                 )
 
+    for series in results.xid_count:
+        found = gpu_for(series)
+        if found is None or not series.samples:
+            continue
+        gpu = found[1]
+        counts = gpu.xid_counts if gpu.xid_counts is not None else {}
+        gpu.xid_counts = counts
+        raw_xid = series.labels.get("xid", "")
+        count = _clean(series.samples[-1][1])
+        # The exporter's "none in the window" series has no xid label and value 0.
+        if raw_xid.isdigit() and int(raw_xid) > 0 and count is not None and count >= 1:
+            counts[int(raw_xid)] = max(counts.get(int(raw_xid), 0), int(count))
+
     if unlabelled:
         log.warning(
             "%d DCGM series in Prometheus carry none of the node labels %s",
@@ -454,6 +469,8 @@ def assemble_readings(
                 fields["clock_event_reasons"] = mask
             if gpu.clock_seen is not None:
                 out.clock_reasons_seen.setdefault(node, {})[key] = gpu.clock_seen
+            if gpu.xid_counts is not None:
+                fields["xid_counts"] = gpu.xid_counts
             readings.append(
                 GpuReading(
                     gpu=gpu.index,
@@ -551,6 +568,10 @@ class PrometheusSource:
         }
         for metric, name in LAST_VALUE_METRICS.items():
             out[f"last:{name}"] = (f"max by ({by}) (last_over_time({metric}[{window}]))", "vector")
+        # Opt-in exporter family (occurrences per XID in its own sliding window): the last
+        # value per XID, which the detector compares with the previous tick's.
+        out["xid_count"] = (
+            f"max by ({by}, xid) (last_over_time({XID_COUNT_METRIC}[{window}]))", "vector")
         return out
 
     async def _query(
@@ -631,6 +652,7 @@ class PrometheusSource:
             last={
                 name.split(":", 1)[1]: s for name, s in parsed.items() if name.startswith("last:")
             },
+            xid_count=parsed["xid_count"],
         )
         out = assemble_readings(
             results,

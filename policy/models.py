@@ -58,6 +58,10 @@ class GpuReading(BaseModel):
     uncorrectable_remapped_rows: float | None = None
     clock_event_reasons: int | None = None
     recovery_action: int | None = None
+    xid_counts: dict[int, int] | None = None
+    """``DCGM_EXP_XID_ERRORS_COUNT`` (opt-in in dcgm-exporter): XID -> occurrences within the
+    exporter's sliding window. Unlike the ``xid`` gauge it shows a repeat of the same XID.
+    ``None``: the family is not exported; ``{}``: exported, no XID in the window."""
 
 
 class NodeReadings(BaseModel):

@@ -50,10 +50,18 @@ def usable(value: float | None) -> float | None:
     return value
 
 
-def gpu_key(gpu: GpuReading) -> str:
+def gpu_key(gpu: GpuReading | Finding) -> str:
     """How a GPU is keyed in acknowledgements and XID history: its UUID, which survives
-    re-enumeration; the index only when the exporter gave no UUID."""
+    re-enumeration; the index only when the exporter gave no UUID. A finding names its GPU
+    the same way as the reading it came from, so both give the same key."""
     return gpu.uuid or f"index:{gpu.gpu}"
+
+
+def is_app_xid(xid: int, config: PolicyConfig) -> bool:
+    """An application-class XID (catalog or override says ``app``): the ones counted for
+    repeat escalation."""
+    row = config.xid_rule(xid)
+    return row is not None and row.action == Action.APP
 
 
 class XidSighting(BaseModel):
@@ -117,14 +125,18 @@ def _xid_finding(
     if xid == 48 and (remap_pending or any(repeats.get(x, 0) > 0 for x in _XID_48_COMPANIONS)):
         return finding("xid-48-drain-and-reset", row.action)
 
-    escalation = config.app_xid_escalation
-    if (
-        row.action == Action.APP
-        and escalation.enabled
-        and repeats.get(xid, 0) >= escalation.threshold_for(xid)
-    ):
-        return finding(f"xid-{xid}-repeated", escalation.action)
+    if row.action == Action.APP and _app_xid_repeated(xid, config, repeats):
+        return finding(f"xid-{xid}-repeated", config.app_xid_escalation.action)
     return finding(row.rule_id, row.action)
+
+
+def _app_xid_repeated(xid: int, config: PolicyConfig, repeats: Mapping[int, int]) -> bool:
+    escalation = config.app_xid_escalation
+    return (
+        escalation.enabled
+        and is_app_xid(xid, config)
+        and repeats.get(xid, 0) >= escalation.threshold_for(xid)
+    )
 
 
 def _gpu_findings(
@@ -150,9 +162,12 @@ def _gpu_findings(
     if xid_value is not None and xid_value >= 1:
         xid = int(xid_value)
         # The gauge keeps the last XID until the exporter restarts: a value we already
-        # remediated is history, a different value is a new event.
-        if acknowledged_xids.get(key) != xid:
-            findings.append(_xid_finding(gpu, xid, config, xid_repeats.get(key, {}), remap_pending))
+        # remediated is history, a different value is a new event. An acknowledged app XID
+        # still escalates when it keeps repeating: the sightings before the remediation were
+        # cleared with the acknowledgement, so the counted ones are new.
+        repeats = xid_repeats.get(key, {})
+        if acknowledged_xids.get(key) != xid or _app_xid_repeated(xid, config, repeats):
+            findings.append(_xid_finding(gpu, xid, config, repeats, remap_pending))
 
     dbe = usable(gpu.ecc_dbe_volatile)
     if dbe is not None and dbe > 0:

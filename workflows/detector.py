@@ -189,7 +189,8 @@ class DetectorWorkflow:
         try:
             parts = await asyncio.gather(*(workflow.execute_activity(
                 "observe_fleet", ObserveInput(policy=s.policy, pool_label=s.pool_label,
-                                              shard=i, shards=shards),
+                                              shard=i, shards=shards,
+                                              track_xid_repeats=not s.dry_run),
                 result_type=FleetObservation,
                 start_to_close_timeout=s.observe_timeout,
                 retry_policy=RetryPolicy(maximum_attempts=2),

@@ -483,6 +483,9 @@ class ObserveInput(_Model):
     pool_label: str | None = None
     shard: int = Field(default=0, ge=0, description="This activity's share of the fleet ...")
     shards: int = Field(default=1, ge=1, description="... out of this many (by node name).")
+    track_xid_repeats: bool = Field(
+        default=True, description="Record app-XID sightings on the nodes (off in dry-run: "
+                                  "it writes node annotations).")
 
 
 class NodeStatus(_Model):

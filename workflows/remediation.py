@@ -19,6 +19,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action, Verdict
+    from policy.rules import SIG_XID, gpu_key
     from workflows.models import (
         ClaimInput,
         ClaimResult,
@@ -490,8 +491,8 @@ class RemediationWorkflow:
     def _acknowledged_xids(self) -> dict[str, int]:
         """XIDs this remediation handles: the exporter keeps showing the last XID, so
         the detector must not remediate again for the same stale value."""
-        return {f.uuid or f.gpu: int(f.value) for f in self.inp.verdict.findings
-                if f.signal == "DCGM_FI_DEV_XID_ERRORS" and f.value}
+        return {gpu_key(f): int(f.value) for f in self.inp.verdict.findings
+                if f.signal == SIG_XID and f.value}
 
     async def _job(self, kind: Literal["validate", "gpu-reset", "reboot"],
                    attempt: int) -> NodeJobResult:

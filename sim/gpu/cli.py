@@ -66,11 +66,20 @@ def serve(
             help="Also export ECC, remap-pending, clock-event and recovery-action fields.",
         ),
     ] = True,
+    xid_count_window_ms: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Also export DCGM_EXP_XID_ERRORS_COUNT over a sliding window of this many ms "
+            "(the exporter's --xid-count-window-size; its default is 300000). Off if not given.",
+        ),
+    ] = None,
 ) -> None:
     """Serve per-node dcgm-exporter metrics and the control API.
 
     Example: gpu-remediate sim gpu serve --scenario small --port 9400
     Example: gpu-remediate sim gpu serve --nodes 10000 --gpus 8
+    Example: gpu-remediate sim gpu serve --scenario small --xid-count-window-ms 300000
     """
     from sim.gpu.server import build_fleet, run_gpu_simulator
 
@@ -80,6 +89,7 @@ def serve(
         "hostname_label": hostname_label,
         "xid_series": xid_series,
         "extra_fields": extra_fields,
+        "xid_count_window_ms": xid_count_window_ms,
     }
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:

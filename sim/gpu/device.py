@@ -78,6 +78,10 @@ class Gpu:
     faults: tuple[Fault, ...] = ()
     # What the exporter remembers: the last XID it saw since it started (issue #500).
     last_xid: int | None = None
+    # (time, XID) of every XID the exporter saw within the count window, oldest first, for
+    # DCGM_EXP_XID_ERRORS_COUNT. Swapped as a whole tuple like `faults`; only the recording
+    # side prunes, so a render in a worker thread never races a concurrent injection.
+    xid_events: tuple[tuple[float, int], ...] = ()
     pod: PodRef | None = None
     ecc_sbe_vol: int = 0
     ecc_dbe_vol: int = 0
@@ -92,7 +96,7 @@ class Gpu:
     thermal_violation_ns: float = 0.0
     mark: float = 0.0  # time the accumulating counters above were last folded
     # Rendered label sets, keyed by hostname label spelling; owned by exposition.py.
-    label_cache: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    label_cache: dict[str, tuple[str, str, str, str, str]] = field(default_factory=dict)
 
     @property
     def device(self) -> str:
@@ -139,11 +143,33 @@ class Gpu:
         self.thermal_violation_ns += throttle * dt
         self.mark = now
 
-    def apply(self, fault: Fault) -> None:
+    def see_xid(self, xid: int, now: float, window_s: float | None) -> None:
+        """The exporter sees an XID occur: it becomes the last XID and, when the count
+        window is on, one more occurrence (a repeat of the same XID counts again).
+
+        Occurrences older than the window are dropped here, so memory stays bounded by
+        the XIDs of one window.
+        """
+        self.last_xid = xid
+        if window_s is None:
+            return
+        cutoff = now - window_s
+        self.xid_events = (*(e for e in self.xid_events if e[0] > cutoff), (now, xid))
+
+    def xid_counts(self, now: float, window_s: float) -> dict[int, int]:
+        """XID -> occurrences within (now - window, now], ordered by XID number. Read-only."""
+        cutoff = now - window_s
+        counts: dict[int, int] = {}
+        for t, xid in self.xid_events:
+            if cutoff < t <= now:
+                counts[xid] = counts.get(xid, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def apply(self, fault: Fault, window_s: float | None = None) -> None:
         """Effects of a fault occurring: counters bump, the exporter sees the XID."""
         n = fault.value or 0
         if fault.kind == "xid":
-            self.last_xid = n
+            self.see_xid(n, fault.since, window_s)
         elif fault.kind == "ecc-dbe":
             self.ecc_dbe_vol += n
             self.ecc_dbe_agg += n

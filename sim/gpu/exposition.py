@@ -5,6 +5,11 @@ counters-CSV order, a family with no samples prints nothing, labels in the expor
 fixed order (gpu, UUID, pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION,
 then attributes key-sorted), no spaces after commas, integers `%d`, doubles `%f`, no
 timestamps, counters without `_total`.
+
+The opt-in `DCGM_EXP_XID_ERRORS_COUNT` family (fleet switch `xid_count_window_ms`) comes
+last, as from the exporter's separate XID collector: one series per (GPU, XID) seen in the
+window with labels identity, DCGM_FI_DRIVER_VERSION, window_size_in_ms, xid, then the pod
+attributes; a GPU with no XID in the window gets one series without `xid`, value 0.
 """
 
 from __future__ import annotations
@@ -41,6 +46,13 @@ def _f(
 
 
 _XID = "DCGM_FI_DEV_XID_ERRORS"
+
+XID_COUNT = Family(
+    "DCGM_EXP_XID_ERRORS_COUNT",
+    "gauge",
+    "Count of XID Errors within user-specified time window (see xid-count-window-size param).",
+    "",  # not a Sample field: counted from the GPU's XID occurrences
+)
 
 # The 25 series of the stock default-counters.csv (dcgm-exporter 4.x) in file order, with
 # the opt-in health fields slotted where their commented-out CSV lines sit.
@@ -241,8 +253,15 @@ def _esc(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _labels(gpu: Gpu, host_key: str) -> tuple[str, str, str]:
-    """(plain label set, XID head, XID tail); err_code/err_msg go between head and tail.
+_Labels = tuple[str, str, str, str, str]
+
+
+def _labels(gpu: Gpu, host_key: str) -> _Labels:
+    """(plain label set, XID head, XID tail, identity prefix, pod attributes).
+
+    err_code/err_msg go between XID head and tail. The XID count family puts its own
+    labels between the identity prefix (which ends with the driver version) and the pod
+    attributes, because the exporter prints sorted collector labels before attributes.
 
     Cached per GPU: the identity part never changes and the pod part changes only on
     assign/unassign, which empties the cache.
@@ -256,18 +275,25 @@ def _labels(gpu: Gpu, host_key: str) -> tuple[str, str, str]:
         f'DCGM_FI_DRIVER_VERSION="{_esc(gpu.driver)}"'
     )
     pod = gpu.pod
+    result: _Labels
     if pod is None:
-        result = (prefix + "}", prefix, "}")
+        result = (prefix + "}", prefix, "}", prefix, "")
     else:
         # Attributes sort as container < err_code < err_msg < namespace < pod.
         container = f',container="{_esc(pod.container)}"'
         ns_pod = f',namespace="{_esc(pod.namespace)}",pod="{_esc(pod.pod)}"'
-        result = (prefix + container + ns_pod + "}", prefix + container, ns_pod + "}")
+        result = (
+            prefix + container + ns_pod + "}",
+            prefix + container,
+            ns_pod + "}",
+            prefix,
+            container + ns_pod,
+        )
     gpu.label_cache[host_key] = result
     return result
 
 
-_Row = tuple[tuple[str, str, str], tuple[str | None, ...]]
+_Row = tuple[_Labels, tuple[str | None, ...]]
 
 
 def _row(gpu: Gpu, cols: _Columns, host_key: str, now: float, xid_zero: bool) -> _Row | None:
@@ -289,7 +315,7 @@ def _family_lines(fam: Family, col: int, rows: list[_Row]) -> str:
     if name == _XID:
         lines = [
             f'{name}{head},err_code="{v}",err_msg="{_esc(xid_message(int(v)))}"{tail} {v}\n'
-            for (_, head, tail), vals in rows
+            for (_, head, tail, _, _), vals in rows
             if (v := vals[col]) is not None
         ]
     else:
@@ -297,6 +323,17 @@ def _family_lines(fam: Family, col: int, rows: list[_Row]) -> str:
             f"{name}{labels[0]} {v}\n" for labels, vals in rows if (v := vals[col]) is not None
         ]
     return fam.header + "".join(lines) if lines else ""
+
+
+def _xid_count_lines(gpu: Gpu, labels: _Labels, now: float, window_ms: int) -> list[str]:
+    """One GPU's DCGM_EXP_XID_ERRORS_COUNT series: per XID in the window, or one zero."""
+    _, _, _, prefix, attrs = labels
+    name = XID_COUNT.name
+    head = f'{name}{prefix},window_size_in_ms="{window_ms}"'
+    counts = gpu.xid_counts(now, window_ms / 1000.0)
+    if not counts:
+        return [f"{head}{attrs}}} 0\n"]
+    return [f'{head},xid="{xid}"{attrs}}} {n}\n' for xid, n in counts.items()]
 
 
 def render_chunks(fleet: Fleet, nodes: Iterable[Node]) -> Iterator[str]:
@@ -308,16 +345,29 @@ def render_chunks(fleet: Fleet, nodes: Iterable[Node]) -> Iterator[str]:
     now = fleet.clock()
     xid_zero = fleet.xid_series == "zero"
     host_key = fleet.hostname_label
-    rows = [
-        row
-        for node in nodes
-        for gpu in node.gpus
-        if (row := _row(gpu, cols, host_key, now, xid_zero)) is not None
-    ]
+    window_ms = fleet.xid_count_window_ms
+    counts: list[str] = []
+    if window_ms is None:
+        rows = [
+            row
+            for node in nodes
+            for gpu in node.gpus
+            if (row := _row(gpu, cols, host_key, now, xid_zero)) is not None
+        ]
+    else:
+        rows = []
+        for node in nodes:
+            for gpu in node.gpus:
+                row = _row(gpu, cols, host_key, now, xid_zero)
+                if row is not None:  # a GPU DCGM cannot read has no series at all
+                    rows.append(row)
+                    counts += _xid_count_lines(gpu, row[0], now, window_ms)
     for col, fam in enumerate(cols.families):
         text = _family_lines(fam, col, rows)
         if text:
             yield text
+    if counts:
+        yield XID_COUNT.header + "".join(counts)
 
 
 def render_node(fleet: Fleet, node: str) -> str:

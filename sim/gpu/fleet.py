@@ -104,15 +104,28 @@ class Fleet:
         hostname_label: HostnameLabel = "Hostname",
         xid_series: XidSeries = "absent-until-error",
         extra_fields: bool = True,
+        xid_count_window_ms: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if hostname_label not in ("Hostname", "hostname"):
             raise ValueError(f"hostname_label must be Hostname or hostname, got {hostname_label!r}")
         if xid_series not in ("absent-until-error", "zero"):
             raise ValueError(f"xid_series must be absent-until-error or zero, got {xid_series!r}")
+        if xid_count_window_ms is not None and (
+            isinstance(xid_count_window_ms, bool)
+            or not isinstance(xid_count_window_ms, int)
+            or xid_count_window_ms <= 0
+        ):
+            raise ValueError(
+                "xid_count_window_ms must be a positive whole number of milliseconds "
+                f"(dcgm-exporter's --xid-count-window-size, default 300000), "
+                f"got {xid_count_window_ms!r}"
+            )
         self.hostname_label: str = hostname_label
         self.xid_series: str = xid_series
         self.extra_fields = extra_fields
+        # None: DCGM_EXP_XID_ERRORS_COUNT is not exported (the stock exporter's default).
+        self.xid_count_window_ms: int | None = xid_count_window_ms
         self.clock = clock
         self._next_fault_id = 1
         now = clock()
@@ -193,7 +206,7 @@ class Fleet:
         self._next_fault_id += 1
         g.fold(now)
         g.faults = (*g.faults, fault)
-        g.apply(fault)
+        g.apply(fault, self.xid_window_s)
         return fault
 
     def clear(self, node: str, gpu: int | str | None = None) -> list[tuple[int, Fault]]:
@@ -261,10 +274,23 @@ class Fleet:
                     g.apply(f)
         return cleared
 
+    @property
+    def xid_window_s(self) -> float | None:
+        """The XID count window in the clock's unit (seconds); None when the family is off."""
+        ms = self.xid_count_window_ms
+        return None if ms is None else ms / 1000.0
+
     def _restart_exporter(self, node: Node) -> None:
+        """A fresh exporter (and its embedded DCGM) has no XID history: it knows only the
+        XIDs of faults still active, which it sees fire once more now."""
+        now = self.clock()
+        window = self.xid_window_s
         for g in node.gpus:
-            xids = [f.value for f in g.faults if f.kind == "xid"]
-            g.last_xid = xids[-1] if xids else None
+            g.last_xid = None
+            g.xid_events = ()
+            for f in g.faults:
+                if f.kind == "xid" and f.value is not None:
+                    g.see_xid(f.value, now, window)
 
     def health(self, node: str) -> HealthReport:
         """What `dcgmi diag -r 2` would conclude for the node."""
@@ -338,4 +364,5 @@ class Fleet:
             "hostname_label": self.hostname_label,
             "xid_series": self.xid_series,
             "extra_fields": self.extra_fields,
+            "xid_count_window_ms": self.xid_count_window_ms,
         }

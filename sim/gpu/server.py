@@ -296,7 +296,10 @@ def run_gpu_simulator(
     scenario_or_fleet: Fleet | Scenario | str = "small",
     **switches: Any,
 ) -> None:
-    """Serve until interrupted. Switches: hostname_label, xid_series, extra_fields."""
+    """Serve until interrupted.
+
+    Switches: hostname_label, xid_series, extra_fields, xid_count_window_ms.
+    """
     fleet = build_fleet(scenario_or_fleet, **switches)
     # The fleet lives as long as the process; moving it out of the collector's view keeps
     # full GC passes (which hold the GIL) short while a big render allocates heavily.

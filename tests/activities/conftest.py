@@ -83,13 +83,13 @@ class ThreadedGpuSim:
     """The GPU simulator on its own loop in a thread (the cluster simulator's Jobs call it
     over HTTP while the test thread blocks in a sync activity)."""
 
-    def __init__(self, scenario: str = "small") -> None:
+    def __init__(self, scenario: str = "small", **switches: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="gpu-sim")
         self._thread.start()
         fut: Future[RunningSimulator] = asyncio.run_coroutine_threadsafe(
-            start_gpu_simulator(scenario, "127.0.0.1", 0), self._loop)
+            start_gpu_simulator(scenario, "127.0.0.1", 0, **switches), self._loop)
         self.running = fut.result(30)
         self.url = self.running.url
         self.port = int(self.url.rsplit(":", 1)[1])

@@ -9,7 +9,13 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.fleet import ExporterSettings, FleetActivities
-from activities.node_keys import A_ACK_XIDS, A_WORKFLOW, EXCLUDE_LABEL, STATE_LABEL
+from activities.node_keys import (
+    A_ACK_XIDS,
+    A_WORKFLOW,
+    A_XID_SIGHTINGS,
+    EXCLUDE_LABEL,
+    STATE_LABEL,
+)
 from policy.config import PolicyConfig
 from policy.models import Action
 from tests.activities.conftest import Cluster, ThreadedGpuSim
@@ -36,9 +42,16 @@ def discover(gpu: ThreadedGpuSim) -> ExporterSettings:
     return ExporterSettings(mode="discover", port=gpu.port, timeout_seconds=2.0)
 
 
-async def observe(k: Cluster, settings: ExporterSettings) -> FleetObservation:
-    return await ActivityEnvironment().run(FleetActivities(k.api, settings).observe_fleet,
-                                           ObserveInput(policy=POLICY))
+async def observe(k: Cluster, settings: ExporterSettings, *,
+                  track_xid_repeats: bool = True) -> FleetObservation:
+    return await ActivityEnvironment().run(
+        FleetActivities(k.api, settings).observe_fleet,
+        ObserveInput(policy=POLICY, track_xid_repeats=track_xid_repeats))
+
+
+def sightings(k: Cluster, node: str) -> dict:
+    annotations = k.core.read_node(node).metadata.annotations or {}
+    return json.loads(annotations.get(A_XID_SIGHTINGS) or "{}")
 
 
 async def test_observe_fleet_template_mode_flags_only_the_sick_node(
@@ -249,3 +262,58 @@ async def test_acknowledgement_is_forgotten_once_the_exporter_stops_showing_the_
     gpu_sim.client.inject_fault("gpu-node-01", 0, "xid", 48)
     obs = await observe(cluster, template(gpu_sim))
     assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-01", Action.RESET)]
+
+
+async def test_repeated_app_xid_on_one_gpu_escalates_across_ticks(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    """XID 31 is an application fault, but twice on one GPU within a day points at the
+    GPU (NVIDIA's workflow): the detector counts sightings across ticks on the node."""
+    uuid = gpu_sim.client.get_node("gpu-node-01")["gpus"][2]["uuid"]
+    gpu_sim.client.inject_fault("gpu-node-01", 2, "xid", 31)
+    assert (await observe(cluster, template(gpu_sim))).verdicts == []
+    assert (await observe(cluster, template(gpu_sim))).verdicts == []  # same event, still one
+    seen = sightings(cluster, "gpu-node-01")[uuid]
+    assert seen["shown"] == 31 and [x for x, _ in seen["seen"]] == [31]
+    gpu_sim.client.inject_fault("gpu-node-01", 2, "xid", 13)
+    assert (await observe(cluster, template(gpu_sim))).verdicts == []
+    gpu_sim.client.inject_fault("gpu-node-01", 2, "xid", 31)
+    obs = await observe(cluster, template(gpu_sim))
+    assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-01", Action.RESET)]
+    assert [f.rule for f in obs.verdicts[0].findings] == ["xid-31-repeated"]
+    assert [x for x, _ in sightings(cluster, "gpu-node-01")[uuid]["seen"]] == [31, 13, 31]
+    # Other nodes were never written to.
+    assert all(sightings(cluster, n) == {} for n in NODES[1:])
+
+
+async def test_dry_run_and_nodes_in_remediation_record_no_sightings(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    gpu_sim.client.inject_fault("gpu-node-01", 0, "xid", 13)
+    gpu_sim.client.inject_fault("gpu-node-02", 0, "xid", 13)
+    cluster.core.patch_node("gpu-node-02", {"metadata": {"labels": {
+        STATE_LABEL: NodeState.DRAINING.value}}})
+    await observe(cluster, template(gpu_sim), track_xid_repeats=False)
+    assert sightings(cluster, "gpu-node-01") == {}
+    await observe(cluster, template(gpu_sim))
+    assert sightings(cluster, "gpu-node-01") != {}
+    assert sightings(cluster, "gpu-node-02") == {}
+
+
+async def test_count_family_makes_a_repeat_of_the_same_app_xid_visible(
+        cluster: Cluster) -> None:
+    """With dcgm-exporter's opt-in DCGM_EXP_XID_ERRORS_COUNT, XID 13 five times on one GPU
+    escalates although the last-XID gauge shows 13 throughout."""
+    sim = ThreadedGpuSim(xid_count_window_ms=300_000)
+    try:
+        for _ in range(3):
+            sim.client.inject_fault("gpu-node-03", 1, "xid", 13)
+        assert (await observe(cluster, template(sim))).verdicts == []
+        uuid = sim.client.get_node("gpu-node-03")["gpus"][1]["uuid"]
+        assert sightings(cluster, "gpu-node-03")[uuid]["counts"] == {"13": 3}
+        sim.client.inject_fault("gpu-node-03", 1, "xid", 13)
+        assert (await observe(cluster, template(sim))).verdicts == []
+        sim.client.inject_fault("gpu-node-03", 1, "xid", 13)
+        obs = await observe(cluster, template(sim))
+        assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-03", Action.RESET)]
+        assert [f.rule for f in obs.verdicts[0].findings] == ["xid-13-repeated"]
+    finally:
+        sim.stop()

@@ -18,6 +18,7 @@ from activities.node_keys import (
     A_SINCE,
     A_STEP,
     A_WORKFLOW,
+    A_XID_SIGHTINGS,
     IN_FLIGHT_ANNOTATIONS,
     STATE_LABEL,
     TAINT_KEY,
@@ -208,6 +209,20 @@ def test_release_merges_acknowledged_xids_and_bounds_history(
     assert len(history) == 20
     assert history[-1]["workflow_id"] == "wf-21" and history[0]["workflow_id"] == "wf-2"
     assert json.loads(ann[A_ACK_XIDS]) == {"GPU-0": 60, "GPU-1": 61}
+
+
+def test_release_clears_the_xid_sightings_of_the_acknowledged_gpus(
+        cluster: Cluster, acts: NodeActivities, env: ActivityEnvironment) -> None:
+    """Repeat escalation counts from the repair on: the repaired GPU's sightings go, its
+    baseline (last gauge value, counter) and other GPUs' sightings stay."""
+    before = {"GPU-0": {"shown": 13, "counts": {"13": 5}, "seen": [[13, 1.0], [13, 2.0]]},
+              "GPU-1": {"shown": 31, "counts": {}, "seen": [[31, 3.0]]}}
+    cluster.core.patch_node(NODE, {"metadata": {"annotations": {
+        A_XID_SIGHTINGS: json.dumps(before)}}})
+    env.run(acts.release_node, release(acked={"GPU-0": 13}))
+    after = json.loads(cluster.node(NODE).metadata.annotations[A_XID_SIGHTINGS])
+    assert after["GPU-0"] == {"shown": 13, "counts": {"13": 5}, "seen": []}
+    assert after["GPU-1"] == before["GPU-1"]
 
 
 def test_release_of_a_node_cordoned_before_the_claim_keeps_it_cordoned(

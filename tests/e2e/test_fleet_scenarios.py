@@ -18,7 +18,13 @@ import pytest
 from kubernetes import client
 from temporalio.client import WorkflowExecutionStatus
 
-from activities.node_keys import A_ACK_XIDS, A_HISTORY, A_PRECORDONED, A_WORKFLOW
+from activities.node_keys import (
+    A_ACK_XIDS,
+    A_HISTORY,
+    A_PRECORDONED,
+    A_WORKFLOW,
+    A_XID_SIGHTINGS,
+)
 from sim.gpu.client import GpuSimClient
 from tests.e2e.conftest import HERE, make_stack
 from tests.e2e.kit import (
@@ -234,6 +240,38 @@ def test_app_and_ignored_xids_cause_no_node_action(
     assert not k8s.has_our_taint(n)
     assert workflow_status(fleet, node) is None, "no remediation workflow for app XIDs"
     assert not k8s.event_reasons(node)
+
+
+def test_app_xid_repeating_on_one_gpu_escalates_to_a_reset(
+        fleet: LocalStack, k8s: Cluster, gpu: GpuSimClient) -> None:
+    """XID 31 once is the application's; twice on the same GPU within a day is the GPU's
+    (NVIDIA's workflow): the detector counts it across ticks on the node and resets it."""
+    node = "appxid-01"
+    uuid = gpu.get_node(node)["gpus"][4]["uuid"]
+    gpu.inject_fault(node, 4, "xid", 31)
+    settle_ticks(fleet, 2)
+    assert k8s.state(node) == "healthy" and workflow_status(fleet, node) is None
+    seen = json.loads(k8s.annotations(node)[A_XID_SIGHTINGS])[uuid]["seen"]
+    assert [x for x, _ in seen] == [31]
+    gpu.inject_fault(node, 4, "xid", 13)
+    settle_ticks(fleet, 2)
+    assert k8s.state(node) == "healthy"
+    gpu.inject_fault(node, 4, "xid", 31)
+
+    wait_for(fleet, f"{node} claimed", lambda: k8s.state(node) != "healthy", timeout=20)
+    res = result(fleet, node)
+    assert res.outcome == "healthy", res
+    history = k8s.history(node)
+    assert [(h["action"], "xid-31-repeated" in h["reason"]) for h in history] == [
+        ("reset", True)], history
+    wait_for(fleet, f"{node} back in service", lambda: healthy_and_back(k8s, node), timeout=10)
+    annotations = k8s.annotations(node)
+    assert json.loads(annotations[A_ACK_XIDS]) == {uuid: 31}
+    assert json.loads(annotations[A_XID_SIGHTINGS])[uuid]["seen"] == [], \
+        "the repair starts the count again"
+    # The gauge still shows 31: acknowledged, counted from zero, so no second remediation.
+    settle_ticks(fleet, 3)
+    assert k8s.state(node) == "healthy" and len(k8s.history(node)) == 1
 
 
 # ---------------------------------------------------------------- 11. admin cordon

@@ -15,6 +15,7 @@ from policy.rules import (
     XidSighting,
     evaluate_fleet,
     evaluate_node,
+    gpu_key,
     is_thermal_recovered,
     xid_repeat_counts,
 )
@@ -323,6 +324,30 @@ def test_repeated_app_xid_escalates() -> None:
     ]
     # Repeats on another GPU do not count.
     assert evaluate(reading, xid_repeats={"GPU-1": {13: 9}}).action == Action.APP
+
+
+def test_acknowledged_app_xid_still_escalates_when_it_keeps_repeating() -> None:
+    """The gauge still shows the remediated 13; the sightings were cleared with the
+    acknowledgement, so repeats counted since are new occurrences on a repaired GPU."""
+    reading = gpu("0", xid=13)
+    acked = {"GPU-0": 13}
+    assert evaluate(reading, acknowledged_xids=acked).findings == []
+    assert evaluate(reading, acknowledged_xids=acked,
+                    xid_repeats={"GPU-0": {13: 4}}).findings == []
+    verdict = evaluate(reading, acknowledged_xids=acked, xid_repeats={"GPU-0": {13: 5}})
+    assert rules(verdict) == [("xid-13-repeated", Action.RESET)]
+    # A hardware XID once acknowledged stays history, however it is counted.
+    assert evaluate(gpu("0", xid=79), acknowledged_xids={"GPU-0": 79},
+                    xid_repeats={"GPU-0": {79: 9}}).findings == []
+
+
+def test_a_finding_and_its_reading_give_the_same_gpu_key() -> None:
+    """Remediations acknowledge XIDs by the finding's key and the policy looks them up by
+    the reading's: a GPU without a UUID must not be remediated again for the same XID."""
+    no_uuid = GpuReading(gpu="3", xid=79)
+    finding = evaluate(no_uuid).findings[0]
+    assert gpu_key(finding) == gpu_key(no_uuid) == "index:3"
+    assert evaluate(no_uuid, acknowledged_xids={gpu_key(finding): 79}).findings == []
 
 
 def test_app_escalation_can_be_disabled() -> None:

@@ -50,6 +50,8 @@ def kind_of(query: str) -> str:
         return "xid"
     if "CLOCKS_EVENT_REASONS" in query:
         return "clocks"
+    if "DCGM_EXP_XID_ERRORS_COUNT" in query:
+        return "xid_count"
     for metric, name in [
         ("GPU_TEMP", "gpu_temp"),
         ("MEMORY_TEMP", "memory_temp"),
@@ -231,7 +233,7 @@ async def test_requests_are_post_forms_with_the_token(fake: FakePrometheus) -> N
     fake.present(labels("n1"))
     source = src(fake, headers={"Authorization": "Bearer s3cret"})
     await source.read(["n1"], thermal_hold=HOLD)
-    assert len(fake.requests) == len(source.queries(HOLD)) == 11
+    assert len(fake.requests) == len(source.queries(HOLD)) == 12
     assert {r["method"] for r in fake.requests} == {"POST"}
     assert all(r["headers"]["Authorization"] == "Bearer s3cret" for r in fake.requests)
     assert all(
@@ -299,6 +301,25 @@ async def test_last_values_fill_the_reading(fake: FakePrometheus) -> None:
     assert (g0.gpu, g0.uuid, g0.model_name) == ("0", UUID0, "NVIDIA H100 80GB HBM3")
     assert g0.row_remap_pending == 1 and g0.recovery_action == 2 and g1.ecc_dbe_volatile == 3
     assert verdict(readings).action == Action.REBOOT
+
+
+async def test_xid_count_family_fills_xid_counts(fake: FakePrometheus) -> None:
+    fake.present(labels("n1"), labels("n1", gpu="1", uuid=UUID1), labels("n2"))
+    window = {"window_size_in_ms": "300000"}
+    fake.vectors["xid_count"] = [
+        (labels("n1", **window, xid="13"), "3"),
+        (labels("n1", **window, xid="31"), "1"),
+        (labels("n1", **window, xid="garbage"), "9"),
+        # The exporter's "none in the window" series: no xid label, value 0.
+        (labels("n1", gpu="1", uuid=UUID1, **window), "0"),
+    ]
+    readings, errors = await src(fake).read(["n1", "n2"], thermal_hold=HOLD)
+    assert not errors
+    g0, g1 = readings["n1"].gpus
+    assert g0.xid_counts == {13: 3, 31: 1}
+    assert g1.xid_counts == {}  # exported, nothing in the window
+    assert readings["n2"].gpus[0].xid_counts is None  # family not exported
+    assert verdict(readings).action == Action.NONE  # counts alone never act
 
 
 async def test_xid_most_severe_in_window_and_acknowledged(fake: FakePrometheus) -> None:
