@@ -7,6 +7,7 @@ URL configured, validation passes and repairs are no-ops.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import httpx
@@ -19,19 +20,59 @@ class Outcome:
 
 
 class GpuLink:
-    def __init__(self, base_url: str | None, timeout: float = 5.0) -> None:
+    """The simulated Job containers' way to the simulated GPUs.
+
+    A real validation or reset container talks to the GPUs of its own node; it never fails
+    because a network hop is slow. So a transport error, a timeout or a 5xx from the GPU
+    simulator (an overloaded simulator on a small machine) is retried until ``deadline``
+    seconds have passed; only then does the Job fail, saying why. A 4xx is an answer (for
+    example an unknown node) and is never retried. Resets and reboots are retried only when
+    the request cannot have arrived (no connection), never after a read timeout or a 5xx,
+    so a repair is not done twice.
+    """
+
+    def __init__(self, base_url: str | None, timeout: float = 5.0, deadline: float = 120.0,
+                 backoff: float = 0.5) -> None:
         self.base_url = base_url.rstrip("/") if base_url else None
         self._client = httpx.AsyncClient(timeout=timeout) if self.base_url else None
+        self.deadline = deadline
+        self.backoff = backoff
 
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
 
+    async def _call(self, method: str, url: str, body: dict[str, str] | None = None
+                    ) -> httpx.Response:
+        """One request, retried until the deadline; the last error is raised
+        (``httpx.HTTPError``) or the last 5xx response returned."""
+        idempotent = method == "GET"
+        unsent = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+        assert self._client is not None
+        give_up = asyncio.get_running_loop().time() + self.deadline
+        delay = self.backoff
+        while True:
+            try:
+                resp = await self._client.request(method, url, json=body)
+                if resp.status_code < 500 or not idempotent:
+                    return resp
+                failure: httpx.Response | httpx.HTTPError = resp
+            except httpx.TransportError as err:
+                if not idempotent and not isinstance(err, unsent):
+                    raise
+                failure = err
+            if asyncio.get_running_loop().time() + delay > give_up:
+                if isinstance(failure, httpx.Response):
+                    return failure
+                raise failure
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
     async def health(self, node: str) -> Outcome:
         if self._client is None:
             return Outcome(True)
         try:
-            resp = await self._client.get(f"{self.base_url}/api/v1/nodes/{node}/health")
+            resp = await self._call("GET", f"{self.base_url}/api/v1/nodes/{node}/health")
             resp.raise_for_status()
             data = resp.json()
         except (httpx.HTTPError, ValueError) as err:
@@ -42,7 +83,7 @@ class GpuLink:
         if self._client is None:
             return Outcome(True)
         try:
-            resp = await self._client.post(url, json=body)
+            resp = await self._call("POST", url, body)
         except httpx.HTTPError as err:
             return Outcome(False, [f"GPU simulator unreachable: {err}"])
         if resp.status_code < 300:

@@ -27,6 +27,7 @@ seeded workload pod on them is Running.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import logging
@@ -39,10 +40,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from kubernetes import client, config
 
 from sim.cluster import fleet, objects
+from sim.cluster.gpulink import GpuLink, Outcome
 from sim.scenario import Pool, Scenario, load_scenario
 
 log = logging.getLogger("node-agent")
@@ -182,7 +183,6 @@ class NodeAgent:
         self.names = {n for n, _, _ in self.nodes}
         self.index = {n: i for n, _, i in self.nodes}
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="job-pod")
-        self._http = httpx.Client(timeout=10)
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -422,7 +422,6 @@ class NodeAgent:
         node = pod["spec"]["nodeName"]
         kind = labels.get(objects.JOB_LABEL, "")
         time.sleep(self.job_seconds)
-        base = f"{self.gpu_url}/api/v1/nodes/{node}"
         if not self.gpu_url:
             # Without a GPU simulator validation passes and a reset is a no-op; a reboot
             # still takes the node down (as the cluster simulator does).
@@ -431,33 +430,11 @@ class NodeAgent:
                 while self.is_rebooting(node):
                     time.sleep(0.05)
             return 0, ""
-        if kind == "validate":
-            try:
-                resp = self._http.get(f"{base}/health")
-                resp.raise_for_status()
-                data = resp.json()
-            except (httpx.HTTPError, ValueError) as err:
-                return 1, f"cannot read GPU health from the GPU simulator: {err}"
-            if data.get("healthy"):
-                return 0, ""
-            return 1, "; ".join(str(p) for p in data.get("problems") or []) or "GPU unhealthy"
-        if kind in ("gpu-reset", "reboot"):
-            body: Obj = {}
-            if kind == "gpu-reset":
-                gpu = _gpu_index(pod)
-                if gpu is not None:
-                    body["gpu"] = gpu
-            try:
-                resp = self._http.post(f"{base}/{'reset' if kind == 'gpu-reset' else 'reboot'}",
-                                       json=body)
-            except httpx.HTTPError as err:
-                return 1, f"GPU simulator unreachable: {err}"
-            if resp.status_code >= 300:
-                try:
-                    message = str(resp.json().get("error") or resp.text)
-                except ValueError:
-                    message = resp.text
-                return 1, f"HTTP {resp.status_code}: {message}"
+        if kind in ("validate", "gpu-reset", "reboot"):
+            # The same calls, retries and messages as the cluster simulator's Job programs.
+            outcome = asyncio.run(_gpu_call(self.gpu_url, kind, node, _gpu_index(pod)))
+            if not outcome.ok:
+                return 1, "; ".join(outcome.problems) or "GPU unhealthy"
             if kind == "reboot":
                 self.start_reboot(node, self.reboot_seconds, pod["metadata"]["uid"])
                 while self.is_rebooting(node):
@@ -575,3 +552,15 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+async def _gpu_call(url: str, kind: str, node: str, gpu: str | None) -> Outcome:
+    link = GpuLink(url)
+    try:
+        if kind == "validate":
+            return await link.health(node)
+        if kind == "gpu-reset":
+            return await link.reset(node, gpu)
+        return await link.reboot(node)
+    finally:
+        await link.aclose()
