@@ -496,6 +496,18 @@ class NodeAgent:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+async def _gpu_call(url: str, kind: str, node: str, gpu: str | None) -> Outcome:
+    link = GpuLink(url)
+    try:
+        if kind == "validate":
+            return await link.health(node)
+        if kind == "gpu-reset":
+            return await link.reset(node, gpu)
+        return await link.reboot(node)
+    finally:
+        await link.aclose()
+
+
 def _gpu_index(pod: Obj) -> str | None:
     for c in pod["spec"].get("containers") or []:
         for env in c.get("env") or []:
@@ -553,14 +565,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-async def _gpu_call(url: str, kind: str, node: str, gpu: str | None) -> Outcome:
-    link = GpuLink(url)
-    try:
-        if kind == "validate":
-            return await link.health(node)
-        if kind == "gpu-reset":
-            return await link.reset(node, gpu)
-        return await link.reboot(node)
-    finally:
-        await link.aclose()

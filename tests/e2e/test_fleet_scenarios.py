@@ -108,11 +108,12 @@ class Background:
         self.thread.start()
 
 
-def _pdb_scenario(stack: LocalStack, k8s: Cluster, gpu: GpuSimClient,
-                  notes: dict[str, Any]) -> None:
+def pdb_scenario(stack: LocalStack, k8s: Cluster, gpu: GpuSimClient,
+                 notes: dict[str, Any], ready_after: float = 65) -> None:
     """Two replicas of `team-p/blocker` on pdbwait-01 under a minAvailable-1 PDB; their
-    replacements need 65 s to become Ready, longer than the drain activity's first report
-    (60 s), so the workflow's view must name the PDB while the drain waits."""
+    replacements need ``ready_after`` seconds to become Ready, longer than the drain
+    activity's first report (``remediation.drain.report_after``), so the workflow's view
+    must name the PDB while the drain waits. Also run on the real control plane."""
     node, ns = "pdbwait-01", "team-p"
     k8s.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
     labels = {"app": "blocker"}
@@ -141,7 +142,8 @@ def _pdb_scenario(stack: LocalStack, k8s: Cluster, gpu: GpuSimClient,
     wait_for(stack, "two ready blockers", lambda: len(ready_pods()) == 2, timeout=30)
     # Replacements go anywhere in the pool and take 65 s to become Ready.
     k8s.apps.patch_namespaced_replica_set("blocker", ns, {"spec": {"template": {
-        "metadata": {"annotations": {"sim.gpu-remediate.io/readiness-delay-seconds": "65"}},
+        "metadata": {"annotations": {
+            "sim.gpu-remediate.io/readiness-delay-seconds": f"{ready_after:g}"}},
         "spec": {"nodeSelector": {"kubernetes.io/hostname": None,
                                   "sim.gpu-remediate.io/pool": "pdbwait"}}}}})
     gpu.inject_fault(node, "0", "xid", 48)
@@ -153,7 +155,7 @@ def _pdb_scenario(stack: LocalStack, k8s: Cluster, gpu: GpuSimClient,
     notes["metric"] = wait_for(stack, "the drain-blocked metric",
                                lambda: metric in metrics_text(stack), timeout=20)
     min_ready = 2
-    deadline = time.monotonic() + 100
+    deadline = time.monotonic() + ready_after + 35
     view = None
     while time.monotonic() < deadline:
         min_ready = min(min_ready, len(ready_pods()))
@@ -168,7 +170,8 @@ def _pdb_scenario(stack: LocalStack, k8s: Cluster, gpu: GpuSimClient,
     while time.monotonic() < deadline and not healthy_and_back(k8s, node):
         min_ready = min(min_ready, len(ready_pods()))
         time.sleep(0.5)
-    assert healthy_and_back(k8s, node), f"{node} did not come back: {k8s.state(node)}"
+    assert healthy_and_back(k8s, node), \
+        f"{node} did not come back: {k8s.state(node)} {k8s.annotations(node)}"
     notes["min_ready"] = min_ready
     notes["metric_after"] = metric in metrics_text(stack)
     notes["placement"] = sorted(
@@ -178,7 +181,7 @@ def _pdb_scenario(stack: LocalStack, k8s: Cluster, gpu: GpuSimClient,
 
 @pytest.fixture(scope="module")
 def pdb_run(fleet: LocalStack, k8s: Cluster, gpu: GpuSimClient) -> Background:
-    return Background(_pdb_scenario, fleet, k8s, gpu)
+    return Background(pdb_scenario, fleet, k8s, gpu)
 
 
 def test_pdb_scenario_starts_in_background(pdb_run: Background) -> None:
@@ -484,7 +487,10 @@ def test_drain_waits_for_pdb_names_it_and_completes(pdb_run: Background) -> None
     assert not pdb_run.thread.is_alive(), "the PDB scenario did not finish"
     if pdb_run.error is not None:
         raise pdb_run.error
-    notes = pdb_run.notes
+    assert_pdb_scenario(pdb_run.notes)
+
+
+def assert_pdb_scenario(notes: dict[str, Any]) -> None:
     assert "team-p/blocker" in notes["event"]
     assert notes["view"].blocking_pdb == "team-p/blocker"
     assert notes["min_ready"] >= 1, "the PDB (minAvailable 1) was violated"

@@ -1,0 +1,69 @@
+"""Two more end-to-end scenarios on a real control plane (kube-apiserver, the disruption,
+job and replicaset controllers, the garbage collector, the scheduler; node_agent.py as the
+kubelets), the worker holding only deploy/base/rbac.yaml's permissions:
+
+- the budget under several failures: tests/e2e/test_budget_under_load.py's test, unchanged,
+  with this module's ``five_stack``;
+- the PDB-blocked drain: tests/e2e/test_fleet_scenarios.py's ``pdb_scenario`` (the real
+  disruption controller computes the PDB's status), with a shorter readiness delay and first
+  drain report so it takes a minute, not two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sim.gpu.client import GpuSimClient
+from tests.controlplane.stack import REPO, ControlPlaneStack
+from tests.e2e.kit import Cluster
+from tests.e2e.test_budget_under_load import (  # the scenario itself, run with five_stack below
+    test_five_failures_at_once_never_exceed_a_budget_of_two,
+)
+from tests.e2e.test_fleet_scenarios import assert_pdb_scenario, pdb_scenario
+from worker.stack import Ports
+
+pytestmark = [pytest.mark.e2e, pytest.mark.controlplane]
+HERE = Path(__file__).parent
+
+__all__ = ["test_five_failures_at_once_never_exceed_a_budget_of_two"]
+
+
+def _stack(binary: Path, tmp: Path, scenario: Path, **overrides: object) -> ControlPlaneStack:
+    # The settings of tests/e2e/conftest.py's make_stack, on the real control plane.
+    return ControlPlaneStack(
+        data_dir=tmp, scenario=str(scenario), ports=Ports.ephemeral(), headless=True,
+        persistent=True, job_seconds=1.0, reboot_seconds=2.0, binary=binary,
+        service_account=True,
+        overrides={"detector.interval": "PT1S", "remediation.drain.retry_interval": "PT1S",
+                   "remediation.heartbeat_timeout": "PT5S", **overrides})
+
+
+@pytest.fixture(scope="module")
+def five_stack(controlplane_binary: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlaneStack]:
+    with _stack(controlplane_binary, tmp_path_factory.mktemp("cpfive"),
+                REPO / "tests" / "e2e" / "five.yaml",
+                **{"detector.max_unavailable": 2,
+                   "detector.breaker_max_flagged_percent": 100}) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def pdbwait_stack(controlplane_binary: Path,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlaneStack]:
+    with _stack(controlplane_binary, tmp_path_factory.mktemp("cppdb"), HERE / "pdbwait.yaml",
+                **{"detector.max_unavailable": 1,
+                   "remediation.drain.report_after": "PT10S"}) as stack:
+        yield stack
+
+
+def test_drain_waits_for_the_pdb_on_a_real_disruption_controller(
+        pdbwait_stack: ControlPlaneStack) -> None:
+    notes: dict[str, Any] = {}
+    pdb_scenario(pdbwait_stack, Cluster(pdbwait_stack), GpuSimClient(pdbwait_stack.gpu_url),
+                 notes, ready_after=20)
+    assert_pdb_scenario(notes)
