@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -27,7 +26,6 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities import metrics
 from activities.events import record_node_event
-from activities.exposition import ExpositionError, parse_exposition
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
 from activities.node_keys import (
     A_ACK_XIDS,
@@ -42,6 +40,8 @@ from activities.node_keys import (
     STATE_LABEL,
 )
 from activities.nodes import NodeActivities
+from activities.parse_pool import BodyError, ParsePool, default_workers, read_body
+from activities.parse_pool import looks_intact as looks_intact  # re-exported: same check
 from activities.prometheus_source import PrometheusSource
 from activities.xid_sightings import Tracks, dump_tracks, observe, parse_tracks, repeat_counts
 from policy.models import Action, GpuReading, NodeReadings, Verdict
@@ -66,17 +66,6 @@ from workflows.models import (
 log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
-# After a newline: something that is neither a comment, a sample nor an empty line. The
-# pattern starts at a literal, so the engine skips ahead instead of trying every offset.
-_BAD_LINE_START = re.compile(r"\n(?!#|[a-zA-Z_:][a-zA-Z0-9_:]*[{ ]|\n|$)")
-_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f]")
-
-
-def looks_intact(text: str) -> bool:
-    """Whole exposition text: ends with a newline, every line starts like a comment or a
-    sample, and no control characters (a cut, HTML or binary body fails)."""
-    return (text.endswith("\n") and _BAD_LINE_START.search("\n" + text) is None
-            and _CONTROL.search(text) is None)
 
 
 @dataclass(frozen=True)
@@ -92,6 +81,9 @@ class ExporterSettings:
     timeout_seconds: float = 5.0
     max_bytes: int = 16 * 1024 * 1024
     concurrency: int = 64
+    parse_helper_from: int = 2000
+    """Fleets of at least this many scraped nodes also parse in a helper process (when the
+    machine has a core to spare); smaller ones do not pay its start-up. 0: never."""
     prometheus: PrometheusSource | None = None
     prometheus_thermal_hold: timedelta = timedelta(minutes=2)
 
@@ -193,7 +185,13 @@ class FleetActivities:
 
     # ------------------------------------------------------------ exporter side
 
-    async def scrape(self, http: aiohttp.ClientSession, node: str, url: str) -> NodeReadings:
+    async def scrape(self, http: aiohttp.ClientSession, node: str, url: str, *,
+                     pool: ParsePool | None = None) -> NodeReadings:
+        """One node's readings from its exporter, or ``ScrapeError``. With ``pool``, the
+        body may be parsed in the helper process; the result or the error is the same."""
+        return await self._readings(node, await self._fetch(http, url), pool)
+
+    async def _fetch(self, http: aiohttp.ClientSession, url: str) -> bytes:
         try:
             async with http.get(url) as resp:
                 if resp.status != 200:
@@ -208,35 +206,16 @@ class FleetActivities:
             raise ScrapeError("timed out") from err
         except aiohttp.ClientError as err:
             raise ScrapeError(f"{type(err).__name__}: {err}") from err
-        text = b"".join(chunks).decode("utf-8", errors="replace")
-        if text and not looks_intact(text):
-            # A cut or corrupted body may still hold valid-looking lines; judging a node
-            # on part of its data could drain it for nothing.
-            raise ScrapeError("the exposition is truncated or corrupted")
+        return b"".join(chunks)
+
+    async def _readings(self, node: str, raw: bytes, pool: ParsePool | None) -> NodeReadings:
+        # Corruption check, parse and this node's series (activities/parse_pool.read_body),
+        # here or in the helper process: the same fields or the same error either way.
         try:
-            parsed = parse_exposition(text, default_node=node)
-        except ExpositionError as err:
+            gpus = read_body(raw, node) if pool is None else await pool.read(raw, node)
+        except BodyError as err:
             raise ScrapeError(str(err)) from err
-        if parsed.bad_lines:
-            # A truncated or corrupted body may still hold valid-looking lines; judging
-            # a node on part of its data could drain it for nothing.
-            raise ScrapeError(f"{parsed.bad_lines} unparsable lines in the exposition")
-        # One host in the exposition: it is this node's exporter, whatever its Hostname
-        # label says (without hostNetwork that is the exporter pod's name). Several hosts
-        # (a federating endpoint): keep only this node's series.
-        hosts = parsed.nodes
-        if len(hosts) > 1:
-            hosts = [h for h in hosts if h.node == node]
-            if not hosts:
-                raise ScrapeError(f"the exposition holds {len(parsed.nodes)} hosts, none "
-                                  f"named {node}")
-        gpus: dict[str, GpuReading] = {}
-        for readings in hosts:
-            for g in readings.gpus:
-                gpus[g.uuid or g.gpu] = g
-        if not gpus:
-            raise ScrapeError("no GPU series in the exposition")
-        return NodeReadings(node=node, gpus=list(gpus.values()))
+        return NodeReadings(node=node, gpus=[GpuReading(**g) for g in gpus])
 
     async def scrape_many(self, targets: dict[str, str]) -> tuple[dict[str, NodeReadings],
                                                                    dict[str, str]]:
@@ -248,21 +227,44 @@ class FleetActivities:
         readings: dict[str, NodeReadings] = {}
         errors: dict[str, str] = {}
         done = 0
+        # Parsing is most of a scrape's CPU: a large fleet spreads it over a second core.
+        pool: ParsePool | None = None
+        if 0 < self.exporter.parse_helper_from <= len(targets) and default_workers():
+            pool = ParsePool()
+            pool.start()
 
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-            async def one(node: str, url: str) -> None:
-                nonlocal done
-                async with sem:
+        try:
+            async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+                async def one(node: str, url: str) -> None:
+                    nonlocal done
                     try:
-                        readings[node] = await self.scrape(http, node, url)
+                        # The slot is for the connection: parsing does not hold it.
+                        async with sem:
+                            raw = await self._fetch(http, url)
+                        readings[node] = await self._readings(node, raw, pool)
                     except ScrapeError as err:
                         errors[node] = f"{node}: {url}: {err}"
                         metrics.SCRAPE_ERRORS.labels(_reason(str(err))).inc()
-                done += 1
-                if done % 500 == 0 and activity.in_activity():
-                    activity.heartbeat(done)
+                    done += 1
+                    if done % 500 == 0 and activity.in_activity():
+                        activity.heartbeat(done)
 
-            await asyncio.gather(*(one(n, u) for n, u in targets.items()))
+                # A fixed set of workers rather than a task per node: 10,000 waiting tasks
+                # are 10,000 coroutines, futures and frames for the garbage collector to walk.
+                todo = iter(targets.items())
+
+                async def worker() -> None:
+                    for node, url in todo:
+                        await one(node, url)
+
+                # Enough workers to keep every connection busy while the helper process
+                # holds its full share of bodies.
+                workers = min(len(targets), self.exporter.concurrency
+                              + (pool.capacity if pool is not None else 0))
+                await asyncio.gather(*(worker() for _ in range(workers)))
+        finally:
+            if pool is not None:
+                await pool.close()
         return readings, errors
 
     async def read_many(self, names: list[str], nodes: list[GpuNode]) -> tuple[

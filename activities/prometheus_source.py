@@ -425,7 +425,7 @@ def assemble_readings(
         raw_xid = series.labels.get("xid", "")
         count = _clean(series.samples[-1][1])
         # The exporter's "none in the window" series has no xid label and value 0.
-        if raw_xid.isdigit() and int(raw_xid) > 0 and count is not None and count >= 1:
+        if raw_xid.isdecimal() and int(raw_xid) > 0 and count is not None and count >= 1:
             counts[int(raw_xid)] = max(counts.get(int(raw_xid), 0), int(count))
 
     if unlabelled:
@@ -480,7 +480,7 @@ def assemble_readings(
                     **fields,
                 )
             )
-        readings.sort(key=lambda g: (int(g.gpu) if g.gpu.isdigit() else 1 << 30, g.gpu, g.uuid))
+        readings.sort(key=lambda g: (int(g.gpu) if g.gpu.isdecimal() else 1 << 30, g.gpu, g.uuid))
         out.readings[node] = NodeReadings(node=node, gpus=readings)
     return out
 

@@ -228,7 +228,7 @@ def _gpu_findings(
 
 
 def _gpu_order(gpu: str) -> tuple[int, str]:
-    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+    return (int(gpu), "") if gpu.isdecimal() else (1 << 30, gpu)
 
 
 def evaluate_node(

@@ -81,6 +81,10 @@ class ExporterConfig(_Section):
     timeout_seconds: float = Field(default=5.0, gt=0)
     max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     concurrency: int = Field(default=64, ge=1, le=1024)
+    parse_helper_from: int = Field(
+        default=2000, ge=0,
+        description="Fleets of at least this many scraped nodes also parse in one helper "
+                    "process (on a machine with a spare core); 0 never starts it.")
 
     @model_validator(mode="after")
     def _template(self) -> ExporterConfig:

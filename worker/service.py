@@ -52,7 +52,8 @@ def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
     exporter = ExporterSettings(mode=e.mode, url_template=e.url_template, namespace=e.namespace,
                                 label_selector=e.label_selector, port=e.port, path=e.path,
                                 timeout_seconds=e.timeout_seconds, max_bytes=e.max_bytes,
-                                concurrency=e.concurrency, prometheus=prometheus,
+                                concurrency=e.concurrency,
+                                parse_helper_from=e.parse_helper_from, prometheus=prometheus,
                                 prometheus_thermal_hold=e.prometheus_thermal_hold)
     return FleetActivities(api, exporter)
 

@@ -421,9 +421,9 @@ def parse_limit(v: int | str) -> int | str:
             raise ValueError("must be >= 0")
         return v
     text = v.strip()
-    if text.endswith("%") and text[:-1].isdigit() and 0 <= int(text[:-1]) <= 100:
+    if text.endswith("%") and text[:-1].isdecimal() and 0 <= int(text[:-1]) <= 100:
         return text
-    if text.isdigit():
+    if text.isdecimal():
         return int(text)
     raise ValueError("must be a count like 2 or a percent like '10%'")
 

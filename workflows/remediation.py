@@ -502,7 +502,7 @@ class RemediationWorkflow:
         name = f"gr-{kind}-{self.inp.node}"[:50].rstrip("-") + f"-{run}-{attempt}"
         gpu_index = None
         if kind == "gpu-reset":
-            gpus = sorted({f.gpu for f in self.inp.verdict.findings if f.gpu.isdigit()})
+            gpus = sorted({f.gpu for f in self.inp.verdict.findings if f.gpu.isdecimal()})
             gpu_index = gpus[0] if len(gpus) == 1 else None
         self._plan(f"run {kind} Job {name} on {self.inp.node}"
                    + (f" requesting all {self.gpus} GPUs" if kind == "validate" else ""))

@@ -145,6 +145,6 @@ def recovery_action_code(text: str) -> int | None:
     """The NVML code of a recovery action as nvidia-smi prints it; None when unknown."""
     word = re.sub(r"[^a-z0-9]", "", text.lower())
     word = word.removeprefix("nvmlgpurecoveryaction")
-    if word.isdigit():
+    if word.isdecimal():
         return int(word)
     return RECOVERY_ACTION_NAMES.get(word)
