@@ -118,6 +118,37 @@ def _still_shown(acked: dict[str, int], readings: NodeReadings) -> dict[str, int
     return {k: v for k, v in acked.items() if shown.get(k) == v}
 
 
+def _gpu_node(n: client.V1Node) -> GpuNode:
+    labels, ann = meta_dict(n, "labels"), meta_dict(n, "annotations")
+    assert n.metadata is not None and n.metadata.name
+    return GpuNode(n.metadata.name, _state(labels.get(STATE_LABEL)), ann.get(A_WORKFLOW, ""),
+                   _acknowledged(ann.get(A_ACK_XIDS)), labels, A_ORPHAN in ann,
+                   labels.get(EXCLUDE_LABEL) == "true", parse_tracks(ann.get(A_XID_SIGHTINGS)),
+                   n.metadata.resource_version or "")
+
+
+def _learned(node: GpuNode, r: NodeReadings, inp: ObserveInput,
+             now: float) -> tuple[Tracks, dict[str, str | None]]:
+    """What one observation teaches about a node: its XID tracks (for the verdict) and the
+    annotations to write (empty when nothing changed).
+
+    Only a node in service learns: one in remediation has its XIDs being handled, and its
+    release rewrites the same annotations. Dry-run writes nothing.
+    """
+    if node.state != NodeState.HEALTHY:
+        return node.xid_tracks, {}
+    annotations: dict[str, str | None] = {}
+    tracks = node.xid_tracks
+    if inp.track_xid_repeats:
+        tracks = observe(node.xid_tracks, r, inp.policy, now)
+        if (text := dump_tracks(tracks)) != dump_tracks(node.xid_tracks):
+            annotations[A_XID_SIGHTINGS] = text
+    kept = _still_shown(node.acknowledged, r)
+    if kept != node.acknowledged:
+        annotations[A_ACK_XIDS] = json.dumps(kept, sort_keys=True) if kept else None
+    return tracks, annotations
+
+
 def _acknowledged(text: str | None) -> dict[str, int]:
     try:
         raw = json.loads(text or "{}")
@@ -153,13 +184,7 @@ class FleetActivities:
             if str(capacity.get(GPU_RESOURCE, "0")) in ("0", "") and \
                     state == NodeState.HEALTHY:
                 continue
-            ann = meta_dict(n, "annotations")
-            assert n.metadata is not None and n.metadata.name
-            nodes.append(GpuNode(n.metadata.name, state, ann.get(A_WORKFLOW, ""),
-                                 _acknowledged(ann.get(A_ACK_XIDS)), labels,
-                                 A_ORPHAN in ann, excluded,
-                                 parse_tracks(ann.get(A_XID_SIGHTINGS)),
-                                 n.metadata.resource_version or ""))
+            nodes.append(_gpu_node(n))
         return nodes
 
     def endpoints(self, nodes: list[str]) -> dict[str, str]:
@@ -297,31 +322,20 @@ class FleetActivities:
         names = [n.name for n in nodes]
         readings, errors = await self.read_many(names, nodes)
         verdicts: list[Verdict] = []
-        writes: list[tuple[GpuNode, dict[str, str | None]]] = []
+        writes: list[tuple[GpuNode, NodeReadings, dict[str, str | None]]] = []
         now = time.time()
         for node in nodes:
             r = readings.get(node.name)
             if r is None:
                 continue
-            healthy = node.state == NodeState.HEALTHY
-            tracks = node.xid_tracks
-            annotations: dict[str, str | None] = {}
-            # Only a node in service learns: one in remediation has its XIDs being handled,
-            # and its release rewrites the same annotation. Dry-run writes nothing.
-            if healthy and inp.track_xid_repeats:
-                tracks = observe(node.xid_tracks, r, inp.policy, now)
-                if (text := dump_tracks(tracks)) != dump_tracks(node.xid_tracks):
-                    annotations[A_XID_SIGHTINGS] = text
+            tracks, annotations = _learned(node, r, inp, now)
             verdict = evaluate_node(r, inp.policy, acknowledged_xids=node.acknowledged,
                                     xid_repeats=repeat_counts(tracks, inp.policy, now))
             if verdict.action not in (Action.NONE, Action.APP):
                 verdicts.append(verdict)
-            kept = _still_shown(node.acknowledged, r)
-            if kept != node.acknowledged and healthy:
-                annotations[A_ACK_XIDS] = json.dumps(kept, sort_keys=True) if kept else None
             if annotations:
-                writes.append((node, annotations))
-        await self._annotate_many(writes)
+                writes.append((node, r, annotations))
+        await self._annotate_many(writes, inp, now)
         labelled = [n for n in listed if n.state != NodeState.HEALTHY]
         remediating = [NodeStatus(node=n.name, state=n.state, workflow_id=n.workflow_id,
                                   excluded=n.excluded) for n in labelled]
@@ -427,27 +441,47 @@ class FleetActivities:
         return NodeHealth(readable=True, thermal_recovered=is_thermal_recovered(r, inp.policy),
                           verdict=evaluate_node(r, inp.policy, acknowledged_xids=acked))
 
-    async def _annotate_many(self, writes: list[tuple[GpuNode, dict[str, str | None]]]) -> None:
+    async def _annotate_many(
+            self, writes: list[tuple[GpuNode, NodeReadings, dict[str, str | None]]],
+            inp: ObserveInput, now: float, attempts: int = 4) -> None:
         """Write what this tick learned: acknowledgements the exporter no longer shows
         (it restarted, the XID series reset; the same XID again counts as new) and XID
-        sightings. Each patch is conditional on the node being as it was listed, so a claim
-        or release in between wins; the next tick recomputes from the fresh node."""
+        sightings. Each patch is conditional on the node's resourceVersion; on a conflict
+        (a kubelet heartbeat, a claim, a release) the node is read again and what to write
+        is recomputed from its fresh annotations, so nothing is lost and a concurrent
+        release is never overwritten with stale sightings."""
         sem = asyncio.Semaphore(8)
 
-        async def one(node: GpuNode, annotations: dict[str, str | None]) -> None:
-            meta: dict[str, object] = {"annotations": annotations}
-            if node.resource_version:
-                meta["resourceVersion"] = node.resource_version
-            async with sem:
+        async def one(node: GpuNode, r: NodeReadings,
+                      annotations: dict[str, str | None]) -> None:
+            for attempt in range(attempts):
+                meta: dict[str, object] = {"annotations": annotations}
+                if node.resource_version:
+                    meta["resourceVersion"] = node.resource_version
                 try:
-                    await asyncio.to_thread(self.core.patch_node, node.name, {"metadata": meta},
-                                            _request_timeout=REQUEST_TIMEOUT)
+                    async with sem:
+                        await asyncio.to_thread(self.core.patch_node, node.name,
+                                                {"metadata": meta},
+                                                _request_timeout=REQUEST_TIMEOUT)
+                    return
                 except ApiException as err:
-                    log.log(logging.INFO if err.status == 409 else logging.WARNING,
-                            "could not update %s on %s: %s", ", ".join(sorted(annotations)),
-                            node.name, err.status)
+                    if err.status != 409 or attempt == attempts - 1:
+                        log.warning("could not update %s on %s: %s",
+                                    ", ".join(sorted(annotations)), node.name, err.status)
+                        return
+                try:
+                    async with sem:
+                        fresh = await asyncio.to_thread(self.core.read_node, node.name,
+                                                        _request_timeout=REQUEST_TIMEOUT)
+                except ApiException as err:
+                    log.warning("could not re-read %s: %s", node.name, err.status)
+                    return
+                node = _gpu_node(fresh)
+                _, annotations = _learned(node, r, inp, now)
+                if not annotations:
+                    return  # taken into remediation, or someone wrote the same
 
-        await asyncio.gather(*(one(n, a) for n, a in writes))
+        await asyncio.gather(*(one(n, r, a) for n, r, a in writes))
 
     def acknowledged_xids(self, node: str) -> dict[str, int]:
         try:

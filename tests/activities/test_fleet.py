@@ -317,3 +317,24 @@ async def test_count_family_makes_a_repeat_of_the_same_app_xid_visible(
         assert [f.rule for f in obs.verdicts[0].findings] == ["xid-13-repeated"]
     finally:
         sim.stop()
+
+
+async def test_sightings_survive_write_conflicts(cluster: Cluster,
+                                                 gpu_sim: ThreadedGpuSim) -> None:
+    """A 409 (a kubelet heartbeat moved the resourceVersion) re-reads the node and writes
+    again from its fresh annotations; past the attempts it gives up without failing."""
+    uuid = gpu_sim.client.get_node("gpu-node-01")["gpus"][0]["uuid"]
+    gpu_sim.client.inject_fault("gpu-node-01", 0, "xid", 31)
+    cluster.faults({"verb": "patch", "resource": "nodes", "name": "gpu-node-01",
+                    "status": 409, "times": 2})
+    assert (await observe(cluster, template(gpu_sim))).verdicts == []
+    assert [x for x, _ in sightings(cluster, "gpu-node-01")[uuid]["seen"]] == [31]
+    gpu_sim.client.inject_fault("gpu-node-02", 0, "xid", 31)
+    cluster.faults({"verb": "patch", "resource": "nodes", "name": "gpu-node-02",
+                    "status": 409})
+    assert (await observe(cluster, template(gpu_sim))).verdicts == []
+    assert sightings(cluster, "gpu-node-02") == {}
+    cluster.faults()
+    await observe(cluster, template(gpu_sim))
+    assert sightings(cluster, "gpu-node-02") != {}
+    assert [x for x, _ in sightings(cluster, "gpu-node-01")[uuid]["seen"]] == [31]
