@@ -138,7 +138,11 @@ def test_randomized_soak_keeps_every_invariant(soak_stack: LocalStack) -> None:
             return not out
 
         try:
-            wait_for(soak_stack, "every node back in service", settled, timeout=150, every=2)
+            # Faults cleared during the soak may still show on the XID gauge (it holds the
+            # last XID): those are real events still queued under the budget, so the wind-down
+            # lasts as long as that queue, which grows with the fleet.
+            wait_for(soak_stack, "every node back in service", settled,
+                     timeout=150 + 2 * NODES, every=2)
         except AssertionError as err:
             left = {n: k8s.state(n) for n in candidates if k8s.state(n) != "healthy"}
             why = {n: refused.get(n, "") for n in left}
