@@ -356,7 +356,7 @@ class _Fleet:
         if field == "xid_counts":
             counts = gpu.setdefault("xid_counts", {})
             # The exporter's "no XID in the window" series has no xid label and value 0.
-            xid = _xid_label(labels.get("xid"))
+            xid = xid_label(labels.get("xid"))
             if xid is not None and number is not None and number >= 1:
                 counts[xid] = max(counts.get(xid, 0), int(number))
             return
@@ -398,7 +398,7 @@ class _Fleet:
         )
 
 
-def _xid_label(raw: str | None) -> int | None:
+def xid_label(raw: str | None) -> int | None:
     """The ``xid`` label as an XID number; None when absent or not a positive integer."""
     if not raw or not raw.isdecimal():
         return None

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import httpx
 
-from activities.exposition import HEALTH_METRICS, XID_COUNT_METRIC
+from activities.exposition import HEALTH_METRICS, XID_COUNT_METRIC, xid_label
 from policy.config import PolicyConfig
 from policy.models import SEVERITY, GpuReading, NodeReadings
 from policy.rules import usable
@@ -422,11 +422,11 @@ def assemble_readings(
         gpu = found[1]
         counts = gpu.xid_counts if gpu.xid_counts is not None else {}
         gpu.xid_counts = counts
-        raw_xid = series.labels.get("xid", "")
+        count_xid = xid_label(series.labels.get("xid"))
         count = _clean(series.samples[-1][1])
         # The exporter's "none in the window" series has no xid label and value 0.
-        if raw_xid.isdecimal() and int(raw_xid) > 0 and count is not None and count >= 1:
-            counts[int(raw_xid)] = max(counts.get(int(raw_xid), 0), int(count))
+        if count_xid is not None and count is not None and count >= 1:
+            counts[count_xid] = max(counts.get(count_xid, 0), int(count))
 
     if unlabelled:
         log.warning(
