@@ -30,6 +30,7 @@ from tests.e2e.conftest import HERE, make_stack
 from tests.e2e.kit import (
     Cluster,
     metrics_text,
+    release_input,
     result,
     settle_ticks,
     update,
@@ -219,7 +220,12 @@ def test_xid48_gpu_reset_job_then_validation_returns_node(
     assert all((j.status.succeeded or 0) >= 1 for j in jobs)
     history = k8s.history(node)
     assert len(history) == 1 and history[0]["action"] == "reset"
-    assert "48" in k8s.annotations(node)[A_ACK_XIDS]
+    assert list(release_input(fleet, node).acknowledged_xids.values()) == [48]
+    # The reset restarted dcgm-exporter, whose gauge no longer shows 48: the detector
+    # forgets the acknowledgement, so a new XID 48 on this GPU would count as new.
+    wait_for(fleet, f"{node} acknowledgement forgotten",
+             lambda: A_ACK_XIDS not in k8s.annotations(node), timeout=10)
+    assert k8s.state(node) == "healthy" and len(k8s.history(node)) == 1
     reasons = k8s.event_reasons(node)
     for expected in ("RemediationStarted", "RepairStarted", "ValidationStarted",
                      "RemediationSucceeded"):
@@ -268,12 +274,17 @@ def test_app_xid_repeating_on_one_gpu_escalates_to_a_reset(
     assert [(h["action"], "xid-31-repeated" in h["reason"]) for h in history] == [
         ("reset", True)], history
     wait_for(fleet, f"{node} back in service", lambda: healthy_and_back(k8s, node), timeout=10)
-    annotations = k8s.annotations(node)
-    assert json.loads(annotations[A_ACK_XIDS]) == {uuid: 31}
-    assert json.loads(annotations[A_XID_SIGHTINGS])[uuid]["seen"] == [], \
-        "the repair starts the count again"
-    # The gauge still shows 31: acknowledged, counted from zero, so no second remediation.
+    assert release_input(fleet, node).acknowledged_xids == {uuid: 31}
+
+    def sightings() -> list[Any]:
+        tracks = json.loads(k8s.annotations(node).get(A_XID_SIGHTINGS, "{}"))
+        return list(tracks.get(uuid, {}).get("seen", []))
+    assert sightings() == [], "the repair starts the count again"
+    # The reset restarted the exporter (31 is no longer shown, so the acknowledgement is
+    # forgotten, and a GPU with nothing to remember loses its track); the count starts from
+    # zero, so no second remediation.
     settle_ticks(fleet, 3)
+    assert A_ACK_XIDS not in k8s.annotations(node) and sightings() == []
     assert k8s.state(node) == "healthy" and len(k8s.history(node)) == 1
 
 
