@@ -16,7 +16,7 @@ from temporalio import activity
 
 from activities import metrics
 from activities.kube import REQUEST_TIMEOUT, raise_typed
-from activities.node_keys import JOB_LABEL, NODE_LABEL
+from activities.node_keys import JOB_LABEL, NODE_LABEL, label_value
 from workflows.models import NodeJobInput, NodeJobResult
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,10 @@ POLL_SECONDS = 1.0
 def job_manifest(inp: NodeJobInput) -> dict[str, Any]:
     """The Job: pinned by nodeName (so cordon and taints do not stop it), tolerating
     everything, requesting all the node's GPUs for validation (exclusive access)."""
-    labels = {JOB_LABEL: inp.kind, NODE_LABEL: inp.node,
+    labels = {JOB_LABEL: inp.kind, NODE_LABEL: label_value(inp.node),
               "app.kubernetes.io/managed-by": "gpu-remediate"}
+    # The label selects (a node name may be too long for it); the annotation names.
+    annotations = {NODE_LABEL: inp.node}
     container: dict[str, Any] = {
         "name": inp.kind,
         "image": inp.job.image,
@@ -58,12 +60,14 @@ def job_manifest(inp: NodeJobInput) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": inp.name, "namespace": inp.namespace, "labels": labels},
+        "metadata": {"name": inp.name, "namespace": inp.namespace, "labels": labels,
+                     "annotations": annotations},
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": int(inp.job.deadline.total_seconds()),
             "ttlSecondsAfterFinished": 86400,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {"metadata": {"labels": labels, "annotations": annotations},
+                         "spec": pod_spec},
         },
     }
 

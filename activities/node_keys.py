@@ -5,6 +5,8 @@ Everything durable about a remediation lives on the node under one prefix, so
 crash of every worker loses nothing.
 """
 
+import hashlib
+
 PREFIX = "gpu-remediate.io"
 
 STATE_LABEL = f"{PREFIX}/state"
@@ -33,3 +35,16 @@ IN_FLIGHT_ANNOTATIONS = (A_REASON, A_ACTION, A_STEP, A_WORKFLOW, A_RUN, A_SINCE,
                          A_PRECORDONED, A_ORPHAN)
 
 HISTORY_LIMIT = 20
+
+# A label value holds at most 63 characters; a node name may have up to 253.
+LABEL_VALUE_MAX = 63
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value: itself when it fits, else a prefix and a hash of the whole,
+    so two long node names sharing their first 54 characters still label apart. The full
+    name goes in an annotation next to it."""
+    if len(text) <= LABEL_VALUE_MAX:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{text[:LABEL_VALUE_MAX - 9].rstrip('-._')}-{digest}"

@@ -55,6 +55,13 @@ class NodeGone(Exception):
     """The node was deleted while we remediated it."""
 
 
+def node_job_name(kind: str, node: str, run: str, attempt: int) -> str:
+    """A Job name unique per run and attempt (so a retried activity adopts its Job), at
+    most 63 characters (the Job controller copies it into a label) and a valid DNS
+    subdomain even where a long node name is cut after a dot."""
+    return f"gr-{kind}-{node}"[:50].rstrip("-.") + f"-{run}-{attempt}"
+
+
 @workflow.defn
 class RemediationWorkflow:
     @workflow.init
@@ -499,7 +506,7 @@ class RemediationWorkflow:
         s = self.inp.settings
         spec = {"validate": s.validation, "gpu-reset": s.gpu_reset, "reboot": s.reboot}[kind]
         run = workflow.info().run_id[:8]
-        name = f"gr-{kind}-{self.inp.node}"[:50].rstrip("-") + f"-{run}-{attempt}"
+        name = node_job_name(kind, self.inp.node, run, attempt)
         gpu_index = None
         if kind == "gpu-reset":
             gpus = sorted({f.gpu for f in self.inp.verdict.findings if f.gpu.isdecimal()})

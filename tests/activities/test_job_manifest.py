@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from activities.jobs import job_manifest
 from workflows.models import JobSettings, NodeJobInput, RemediationSettings
 
@@ -43,3 +45,39 @@ def test_reset_job_is_privileged_targets_one_gpu_and_requests_none() -> None:
 def test_deadline_comes_from_settings() -> None:
     job = JobSettings(image="x", command=["true"], deadline=timedelta(minutes=3))
     assert manifest("reboot", job)["spec"]["activeDeadlineSeconds"] == 180
+
+
+# A node name may be a 253-character DNS subdomain; label values and Job names stop at 63.
+LONG_NODE = ".".join(["gpu-node-0007", *["a" * 40] * 5, "b" * 26, "example"])
+
+
+def test_a_long_node_name_labels_its_job_with_a_stable_short_value() -> None:
+    from activities.node_keys import label_value
+    from sim.cluster.validation import _LABEL_VALUE
+
+    assert len(LONG_NODE) == 253
+    m = job_manifest(NodeJobInput(node=LONG_NODE, kind="validate", name="gr-validate-x-1",
+                                  namespace="ns", job=RemediationSettings().validation, gpus=8))
+    value = m["metadata"]["labels"]["gpu-remediate.io/node"]
+    assert len(value) <= 63 and _LABEL_VALUE.match(value), value
+    assert value == label_value(LONG_NODE) and value.startswith("gpu-node-0007.")
+    assert m["spec"]["template"]["metadata"]["labels"]["gpu-remediate.io/node"] == value
+    assert m["metadata"]["annotations"]["gpu-remediate.io/node"] == LONG_NODE
+    assert m["spec"]["template"]["spec"]["nodeName"] == LONG_NODE
+    # Two long names sharing the first 54 characters still label apart.
+    assert label_value(LONG_NODE + "x") != value
+    assert label_value("gpu-node-07") == "gpu-node-07"
+
+
+@pytest.mark.parametrize("node", ["gpu-node-07", LONG_NODE,
+                                  "ip-10-0-1-23.us-west-2.compute.internal",
+                                  # "gr-validate-" + the first 38 characters end in a dot
+                                  "node-" + "x" * 32 + ".rack-7.example.com"])
+def test_job_names_are_short_valid_subdomains(node: str) -> None:
+    from sim.cluster.validation import _DNS1123_SUBDOMAIN
+    from workflows.remediation import node_job_name
+
+    for kind in ("validate", "gpu-reset", "reboot"):
+        name = node_job_name(kind, node, "0123abcd", 12)
+        assert len(name) <= 63 and _DNS1123_SUBDOMAIN.match(name), name
+        assert name.endswith("-0123abcd-12")

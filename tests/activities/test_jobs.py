@@ -142,3 +142,21 @@ def test_job_in_a_missing_namespace_is_a_clear_non_retryable_error(
     with pytest.raises(ApplicationError) as err:
         env.run(acts.run_node_job, inp)
     assert err.value.type == "NotFound" and "nowhere" in str(err.value)
+
+
+def test_a_job_for_a_node_with_a_253_character_name_is_accepted(
+        cluster_with_gpus: Cluster, acts: JobActivities) -> None:
+    """A label value stops at 63 characters: the Job's node label is shortened (the API
+    server would answer 422 otherwise), the annotation and nodeName keep the full name."""
+    from activities.node_keys import label_value
+    from workflows.remediation import node_job_name
+
+    long_node = ".".join(["gpu-node-0007", *["a" * 40] * 5, "b" * 26, "example"])
+    assert len(long_node) == 253
+    inp = job(node=long_node, name=node_job_name("validate", long_node, "0123abcd", 1))
+    acts._ensure(inp)
+    created = cluster_with_gpus.batch.read_namespaced_job(inp.name, NS)
+    assert created.metadata.labels["gpu-remediate.io/node"] == label_value(long_node)
+    assert created.metadata.annotations["gpu-remediate.io/node"] == long_node
+    assert created.spec.template.spec.node_name == long_node
+    assert [w["code"] for w in cluster_with_gpus.writes("jobs")] == [201]
