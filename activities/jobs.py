@@ -13,6 +13,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
+from temporalio.exceptions import CancelledError
 
 from activities import metrics
 from activities.kube import REQUEST_TIMEOUT, raise_typed
@@ -123,6 +124,34 @@ class JobActivities:
             return NodeJobResult(succeeded=True, job_name=inp.name,
                                  message=f"would run {inp.kind} Job {inp.name} on {inp.node}")
         self._ensure(inp)
+        try:
+            return self._wait(inp)
+        except CancelledError:
+            details = activity.cancellation_details()
+            # Only an abort stops the Job: a worker shutting down or a paused activity
+            # comes back and adopts it by name.
+            if details is not None and details.cancel_requested and \
+                    not details.worker_shutdown:
+                with activity.shield_thread_cancel_exception():
+                    self._delete(inp)
+            raise
+
+    def _delete(self, inp: NodeJobInput) -> None:
+        """Stop the Job and its pod (background deletion: the pod gets its grace period),
+        so an aborted validation does not keep every GPU of a node back in service."""
+        try:
+            self.batch.delete_namespaced_job(
+                inp.name, inp.namespace, propagation_policy="Background",
+                _request_timeout=REQUEST_TIMEOUT)
+            metrics.JOBS.labels(inp.kind, "aborted").inc()
+            log.info("deleted %s Job %s/%s: remediation of %s aborted",
+                     inp.kind, inp.namespace, inp.name, inp.node)
+        except ApiException as err:
+            if err.status != 404:
+                log.warning("could not delete aborted Job %s/%s: %s %s",
+                            inp.namespace, inp.name, err.status, err.reason)
+
+    def _wait(self, inp: NodeJobInput) -> NodeJobResult:
         while True:
             try:
                 job = self.batch.read_namespaced_job_status(

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import pytest
+from temporalio.activity import ActivityCancellationDetails
+from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities import jobs as jobs_module
 from activities.jobs import JobActivities
-from tests.activities.conftest import Cluster, Heartbeats, ThreadedGpuSim, wait_for
+from tests.activities.conftest import Cluster, Heartbeats, ThreadedGpuSim, _cluster, wait_for
 from workflows.models import JobSettings, NodeJobInput
 
 Kind = Literal["validate", "gpu-reset", "reboot"]
@@ -160,3 +165,65 @@ def test_a_job_for_a_node_with_a_253_character_name_is_accepted(
     assert created.metadata.annotations["gpu-remediate.io/node"] == long_node
     assert created.spec.template.spec.node_name == long_node
     assert [w["code"] for w in cluster_with_gpus.writes("jobs")] == [201]
+
+
+@pytest.fixture
+def slow_jobs(tmp_path: Path, gpu_sim: ThreadedGpuSim,
+              monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Cluster, JobActivities]]:
+    """Jobs that run for a minute, long enough to be aborted."""
+    monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
+    for k in _cluster(tmp_path, gpu_sim_url=gpu_sim.url, job_seconds=60):
+        k.core.create_namespace({"metadata": {"name": NS}})
+        yield k, JobActivities(k.api)
+
+
+def _cancel_while_running(k: Cluster, acts: JobActivities,
+                          details: ActivityCancellationDetails) -> list[Any]:
+    """Start a validation Job, cancel the activity once its pod runs; the Jobs left."""
+    env = ActivityEnvironment()
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            env.run(acts.run_node_job, job())
+        except BaseException as err:  # the test inspects it
+            outcome.append(err)
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: any(p.status.phase == "Running" for p in k.core.list_namespaced_pod(
+        NS, label_selector=f"job-name=validate-{NODE}-1").items))
+    env.cancel(details)
+    thread.join(timeout=10)
+    assert not thread.is_alive() and len(outcome) == 1
+    assert isinstance(outcome[0], CancelledError), outcome
+    return list(k.batch.list_namespaced_job(NS).items)
+
+
+def test_an_aborted_remediation_deletes_its_running_job(
+        slow_jobs: tuple[Cluster, JobActivities]) -> None:
+    """An abort must not leave a validation Job holding every GPU of a node back in
+    service: the Job goes, and its pod with it."""
+    k, acts = slow_jobs
+    left = _cancel_while_running(k, acts, ActivityCancellationDetails(cancel_requested=True))
+    assert [j.metadata.deletion_timestamp is not None for j in left] in ([], [True])
+    deletes = [w for w in k.writes("jobs") if w["verb"] == "delete"]
+    assert [(w["name"], w["code"]) for w in deletes] == [(f"validate-{NODE}-1", 200)]
+    # The garbage collector takes the pod with it: gone, or terminating (grace period).
+    wait_for(lambda: all(p.metadata.deletion_timestamp for p in k.core.list_namespaced_pod(
+        NS, label_selector=f"job-name=validate-{NODE}-1").items))
+
+
+@pytest.mark.parametrize("details", [
+    ActivityCancellationDetails(worker_shutdown=True),
+    ActivityCancellationDetails(timed_out=True),
+    ActivityCancellationDetails(paused=True),
+], ids=["worker-shutdown", "heartbeat-timeout", "paused"])
+def test_a_job_outlives_an_activity_that_will_be_retried(
+        slow_jobs: tuple[Cluster, JobActivities], details: ActivityCancellationDetails) -> None:
+    """A worker going away, a missed heartbeat or a pause is not an abort: the retry adopts
+    the Job by name, so it must keep running."""
+    k, acts = slow_jobs
+    left = _cancel_while_running(k, acts, details)
+    assert [(j.metadata.name, j.metadata.deletion_timestamp) for j in left] == [
+        (f"validate-{NODE}-1", None)]
+    assert not [w for w in k.writes("jobs") if w["verb"] == "delete"]
