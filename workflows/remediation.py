@@ -10,6 +10,7 @@ and so its slot until an operator releases it (fail closed).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -55,10 +56,15 @@ class NodeGone(Exception):
     """The node was deleted while we remediated it."""
 
 
-def node_job_name(kind: str, node: str, run: str, attempt: int) -> str:
-    """A Job name unique per run and attempt (so a retried activity adopts its Job), at
-    most 63 characters (the Job controller copies it into a label) and a valid DNS
-    subdomain even where a long node name is cut after a dot."""
+def node_job_name(kind: str, node: str, run_id: str, attempt: int) -> str:
+    """A Job name unique per run and attempt (so a retried activity adopts its own Job and
+    never an earlier run's), at most 63 characters (the Job controller copies it into a
+    label) and a valid DNS subdomain even where a long node name is cut after a dot.
+
+    The run is named by a hash of its whole ID: run IDs are time-ordered UUIDs, so runs
+    started within about a minute share their first eight characters.
+    """
+    run = hashlib.sha256(run_id.encode()).hexdigest()[:8]
     return f"gr-{kind}-{node}"[:50].rstrip("-.") + f"-{run}-{attempt}"
 
 
@@ -505,8 +511,7 @@ class RemediationWorkflow:
                    attempt: int) -> NodeJobResult:
         s = self.inp.settings
         spec = {"validate": s.validation, "gpu-reset": s.gpu_reset, "reboot": s.reboot}[kind]
-        run = workflow.info().run_id[:8]
-        name = node_job_name(kind, self.inp.node, run, attempt)
+        name = node_job_name(kind, self.inp.node, workflow.info().run_id, attempt)
         gpu_index = None
         if kind == "gpu-reset":
             gpus = sorted({f.gpu for f in self.inp.verdict.findings if f.gpu.isdecimal()})

@@ -78,6 +78,21 @@ def test_job_names_are_short_valid_subdomains(node: str) -> None:
     from workflows.remediation import node_job_name
 
     for kind in ("validate", "gpu-reset", "reboot"):
-        name = node_job_name(kind, node, "0123abcd", 12)
+        name = node_job_name(kind, node, "01a23858-d59a-7c38-98dd-25ad5521cb6d", 12)
         assert len(name) <= 63 and _DNS1123_SUBDOMAIN.match(name), name
-        assert name.endswith("-0123abcd-12")
+        assert name.endswith("-12")
+
+
+def test_runs_started_close_together_never_share_a_job_name() -> None:
+    """Run IDs are time-ordered (UUIDv7): two remediations of one node a few seconds apart
+    share the first eight characters. Had the Job name used them, the second run would
+    adopt the first run's finished Jobs: a reset that never ran, a stale validation."""
+    from workflows.remediation import node_job_name
+
+    first, second = ("01a23858-46b8-7544-8d54-3b7ca2fc61d0",
+                     "01a23858-d59a-7c38-98dd-25ad5521cb6d")
+    for kind in ("validate", "gpu-reset", "reboot"):
+        assert node_job_name(kind, "gpu-node-06", first, 1) != \
+            node_job_name(kind, "gpu-node-06", second, 1)
+    # The same run and attempt always names the same Job (a retry adopts it).
+    assert node_job_name("validate", "n", first, 2) == node_job_name("validate", "n", first, 2)

@@ -158,7 +158,8 @@ def test_a_job_for_a_node_with_a_253_character_name_is_accepted(
 
     long_node = ".".join(["gpu-node-0007", *["a" * 40] * 5, "b" * 26, "example"])
     assert len(long_node) == 253
-    inp = job(node=long_node, name=node_job_name("validate", long_node, "0123abcd", 1))
+    run_id = "01a23858-d59a-7c38-98dd-25ad5521cb6d"
+    inp = job(node=long_node, name=node_job_name("validate", long_node, run_id, 1))
     acts._ensure(inp)
     created = cluster_with_gpus.batch.read_namespaced_job(inp.name, NS)
     assert created.metadata.labels["gpu-remediate.io/node"] == label_value(long_node)
