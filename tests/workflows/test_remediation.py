@@ -65,6 +65,19 @@ async def test_xid79_reboots_validates_and_returns_node_to_service(time_skipping
     assert validate.gpus == 8
 
 
+async def test_each_run_and_attempt_runs_its_own_jobs(time_skipping_env):
+    """Two remediations of one node back to back: no Job name is used twice, so no run
+    adopts another's finished Job (its result would say nothing about this fault)."""
+    cluster = FakeCluster(job_results={"validate": [False, True, True]})
+    for _ in range(2):
+        await remediate(time_skipping_env, cluster,
+                        RemediationInput(node="n1", verdict=xid_verdict("n1")))
+    names = [c[1].name for c in cluster.calls if c[0] == "run_node_job"]
+    assert cluster.jobs_run() == ["reboot", "validate", "reboot", "validate",
+                                  "reboot", "validate"]
+    assert len(set(names)) == len(names) == 6, names
+
+
 async def test_failed_gpu_reset_escalates_to_reboot(time_skipping_env):
     cluster = FakeCluster(job_results={"gpu-reset": [False]})
     result = await remediate(time_skipping_env, cluster, RemediationInput(
