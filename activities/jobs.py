@@ -13,11 +13,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from activities import metrics
 from activities.kube import REQUEST_TIMEOUT, raise_typed
-from activities.node_keys import JOB_LABEL, NODE_LABEL, label_value
+from activities.node_keys import A_RUN, JOB_LABEL, NODE_LABEL, label_value
 from workflows.models import NodeJobInput, NodeJobResult
 
 log = logging.getLogger(__name__)
@@ -25,13 +25,15 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 1.0
 
 
-def job_manifest(inp: NodeJobInput) -> dict[str, Any]:
+def job_manifest(inp: NodeJobInput, run_id: str = "") -> dict[str, Any]:
     """The Job: pinned by nodeName (so cordon and taints do not stop it), tolerating
     everything, requesting all the node's GPUs for validation (exclusive access)."""
     labels = {JOB_LABEL: inp.kind, NODE_LABEL: label_value(inp.node),
               "app.kubernetes.io/managed-by": "gpu-remediate"}
     # The label selects (a node name may be too long for it); the annotation names.
     annotations = {NODE_LABEL: inp.node}
+    if run_id:
+        annotations[A_RUN] = run_id
     container: dict[str, Any] = {
         "name": inp.kind,
         "image": inp.job.image,
@@ -86,14 +88,32 @@ class JobActivities:
         self.core = client.CoreV1Api(api)
 
     def _ensure(self, inp: NodeJobInput) -> None:
+        run_id = activity.info().workflow_run_id or ""
         try:
             self.batch.create_namespaced_job(
-                inp.namespace, client.V1Job.model_validate(job_manifest(inp)),
+                inp.namespace, client.V1Job.model_validate(job_manifest(inp, run_id)),
                 _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as err:
-            if err.status != 409:  # a retry adopts the Job it created before
+            if err.status != 409:
                 raise_typed(err, f"create job {inp.namespace}/{inp.name}")
+            self._adopt(inp, run_id)
+
+    def _adopt(self, inp: NodeJobInput, run_id: str) -> None:
+        """A retry adopts the Job it created before, never another run's: that Job's result
+        would say nothing about this fault (Jobs from before the run annotation existed
+        are adopted as before)."""
+        try:
+            job = self.batch.read_namespaced_job_status(
+                inp.name, inp.namespace, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            raise_typed(err, f"read job {inp.namespace}/{inp.name}")
+        owner = ((job.metadata.annotations or {}) if job.metadata else {}).get(A_RUN)
+        if owner and run_id and owner != run_id:
+            raise ApplicationError(
+                f"Job {inp.namespace}/{inp.name} already exists and belongs to run {owner}, "
+                f"not this one ({run_id}); delete it or release the node by hand",
+                type="JobConflict", non_retryable=True)
 
     def _failure_message(self, inp: NodeJobInput, job: Any) -> str:
         cond = _condition(job, "Failed")

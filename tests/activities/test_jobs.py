@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -160,7 +161,7 @@ def test_a_job_for_a_node_with_a_253_character_name_is_accepted(
     assert len(long_node) == 253
     run_id = "01a23858-d59a-7c38-98dd-25ad5521cb6d"
     inp = job(node=long_node, name=node_job_name("validate", long_node, run_id, 1))
-    acts._ensure(inp)
+    ActivityEnvironment().run(acts._ensure, inp)
     created = cluster_with_gpus.batch.read_namespaced_job(inp.name, NS)
     assert created.metadata.labels["gpu-remediate.io/node"] == label_value(long_node)
     assert created.metadata.annotations["gpu-remediate.io/node"] == long_node
@@ -228,3 +229,22 @@ def test_a_job_outlives_an_activity_that_will_be_retried(
     assert [(j.metadata.name, j.metadata.deletion_timestamp) for j in left] == [
         (f"validate-{NODE}-1", None)]
     assert not [w for w in k.writes("jobs") if w["verb"] == "delete"]
+
+
+def test_a_job_of_another_run_with_the_same_name_is_never_adopted(
+        cluster_with_gpus: Cluster, acts: JobActivities) -> None:
+    """Its result says nothing about this run's fault: the step fails with a reason an
+    operator can act on, and the other run's Job is left alone."""
+    from temporalio.exceptions import ApplicationError
+
+    first, second = ActivityEnvironment(), ActivityEnvironment()
+    first.info = dataclasses.replace(first.info, workflow_run_id="run-a")
+    second.info = dataclasses.replace(second.info, workflow_run_id="run-b")
+    assert first.run(acts.run_node_job, job()).succeeded
+    created = cluster_with_gpus.batch.read_namespaced_job(f"validate-{NODE}-1", NS)
+    assert created.metadata.annotations["gpu-remediate.io/run-id"] == "run-a"
+    with pytest.raises(ApplicationError) as err:
+        second.run(acts.run_node_job, job())
+    assert err.value.type == "JobConflict" and err.value.non_retryable
+    assert "belongs to run run-a" in str(err.value)
+    assert len(cluster_with_gpus.batch.list_namespaced_job(NS).items) == 1
