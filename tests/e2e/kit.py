@@ -230,20 +230,22 @@ def result(stack: LocalStack, node: str, timeout: float = 60) -> RemediationResu
 
 
 def release_input(stack: LocalStack, node: str) -> ReleaseInput:
-    """What the node's latest remediation asked the release activity to write: read from
-    the workflow's history, so a detector tick that changed the node since cannot hide it."""
+    """What the node's latest remediation last asked the release activity to write (a
+    quarantine and a later release are two calls): read from the workflow's history, so a
+    detector tick that changed the node since cannot hide it."""
     async def go() -> ReleaseInput:
         temporal = await _client(stack)
         handle = temporal.get_workflow_handle(remediation_workflow_id(node))
+        last = None
         async for event in handle.fetch_history_events():
             scheduled = event.activity_task_scheduled_event_attributes
             if event.HasField("activity_task_scheduled_event_attributes") and \
                     scheduled.activity_type.name == "release_node":
-                [inp] = await temporal.data_converter.decode(
-                    scheduled.input.payloads, [ReleaseInput])
-                assert isinstance(inp, ReleaseInput)
-                return inp
-        raise AssertionError(f"{node}: the remediation never released the node")
+                last = scheduled.input.payloads
+        assert last is not None, f"{node}: the remediation never released the node"
+        [inp] = await temporal.data_converter.decode(last, [ReleaseInput])
+        assert isinstance(inp, ReleaseInput)
+        return inp
     return run(go())
 
 
