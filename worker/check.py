@@ -1,16 +1,12 @@
 """``gpu-remediate check``: a one-shot health check of this machine's GPUs.
 
-Reads every local GPU through NVML (nvidia-ml-py) or, without it, ``nvidia-smi -q -x``, adds the
-XIDs of the kernel log (or of NVML events), and runs the same policy as ``evaluate``, printing
-the same report (``{"nodes": [...], "errors": [{"source", "message"}]}`` or the same table).
+Reads every local GPU through NVML (nvidia-ml-py) or, without it, ``nvidia-smi -q -x`` (or a
+saved copy of that XML: ``--from-file``), adds the XIDs of the kernel log (or of NVML events, or
+of a saved log: ``--xid-log``), and runs the same policy as ``evaluate``, printing the same
+report (``{"nodes": [...], "errors": [{"source", "message"}]}`` or the same table).
 
-Exit codes:
-
-- 0: healthy (the node's action is ``none`` or ``app``) and every GPU and health field was read;
-- 1: a node action is needed (``thermal``, ``reset``, ``reboot``, ``quarantine``), or the check
-  is incomplete (a GPU or a health field could not be read: no data never passes as healthy);
-- 2: bad usage (bad option value, bad config file, ``--probe nvml`` without nvidia-ml-py);
-- 3: no NVIDIA driver or no NVIDIA GPU on this machine.
+The exit code encodes the node's action by severity, the same numbers the original Go tool's
+``check`` used, so scripts that gate on it keep working (``EXIT_CODES``; docs/check.md).
 
 ``errors`` lists every source that could not be read, including ones that do not fail the check
 (nvidia-ml-py not installed when nvidia-smi answered, a kernel log we may not read).
@@ -41,6 +37,7 @@ from worker.gpu_probe.common import (
     NoDriverError,
     ProbedGpu,
     ProbeIssue,
+    ProbeMissing,
     ProbeResult,
     ProbeUnavailable,
     Runner,
@@ -48,18 +45,53 @@ from worker.gpu_probe.common import (
     pci_key,
     run_command,
 )
-from worker.gpu_probe.kernel_log import KernelXid, parse_kernel_log, read_kernel_log
+from worker.gpu_probe.kernel_log import (
+    KernelXid,
+    parse_kernel_log,
+    read_kernel_log,
+    read_xid_log_file,
+)
 from worker.gpu_probe.nvml import NvmlSession, load_pynvml
-from worker.gpu_probe.smi import probe_nvidia_smi
+from worker.gpu_probe.smi import parse_nvidia_smi_xml, probe_nvidia_smi
 
 EXIT_HEALTHY = 0
-EXIT_ACTION_NEEDED = 1
-EXIT_USAGE = 2
-EXIT_NO_DRIVER = 3
+EXIT_APP = 1
+EXIT_THERMAL = 2
+EXIT_REPAIR = 3
+EXIT_QUARANTINE = 4
+EXIT_ERROR = 10
+EXIT_NO_DRIVER = 11
+EXIT_USAGE = 64
+"""``EX_USAGE`` of sysexits.h: 2 (click's usage code) is a severity here."""
+
+EXIT_BY_ACTION: dict[Action, int] = {
+    Action.NONE: EXIT_HEALTHY,
+    Action.APP: EXIT_APP,
+    Action.THERMAL: EXIT_THERMAL,
+    Action.RESET: EXIT_REPAIR,
+    Action.REBOOT: EXIT_REPAIR,
+    Action.QUARANTINE: EXIT_QUARANTINE,
+}
+"""Reset and reboot share 3, the original's "drain and repair": a script's ``-ge 3`` means
+"take it out of service" in both tools; the JSON says which repair."""
+
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_HEALTHY, "healthy: action none, every GPU and health field read"),
+    (EXIT_APP, "app: application XIDs only; the node stays in service (alert)"),
+    (EXIT_THERMAL, "thermal: cordon, no drain"),
+    (EXIT_REPAIR, "reset or reboot: drain and repair"),
+    (EXIT_QUARANTINE, "quarantine"),
+    (EXIT_ERROR, "error: the check is incomplete or the GPUs cannot be read"),
+    (EXIT_NO_DRIVER, "no NVIDIA driver or no NVIDIA GPU"),
+    (EXIT_USAGE, "bad usage: option, config file, --from-file or --xid-log"),
+)
+"""The table ``check --help`` and docs/check.md print (tests compare them)."""
+
 
 PROBES = ("auto", "nvml", "nvidia-smi")
 XID_SOURCES = ("dmesg", "nvml", "none")
 HEALTHY_ACTIONS = (Action.NONE, Action.APP)
+STDIN = "-"
 
 RETIRED_PAGES_LIMIT = 63
 """DCGM fails a pre-Ampere GPU at 63 retired pages (``DCGM_FR_RETIRED_PAGES_LIMIT``)."""
@@ -77,6 +109,13 @@ def _driver_loaded() -> bool:
     return os.path.exists("/proc/driver/nvidia/version")
 
 
+def _read_text(path: str) -> str:
+    """A file's text, ``-`` for stdin; ``OSError`` as the file system says."""
+    if path == STDIN:
+        return sys.stdin.read()
+    return Path(path).read_text(encoding="utf-8", errors="replace")
+
+
 @dataclass
 class CheckEnv:
     """Everything ``check`` touches on the machine, so tests can replace it."""
@@ -87,6 +126,7 @@ class CheckEnv:
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     uptime_s: Callable[[], float | None] = _read_uptime
     driver_loaded: Callable[[], bool] = _driver_loaded
+    read_text: Callable[[str], str] = _read_text
 
 
 @dataclass
@@ -120,8 +160,24 @@ def node_name(node: str | None, env: CheckEnv) -> str:
 
 
 # ---------------------------------------------------------------------------------- probing
+def _from_file(path: str, env: CheckEnv) -> ProbeResult:
+    """The GPUs of a saved ``nvidia-smi -q -x``; bad input is a usage error naming the file."""
+    try:
+        text = env.read_text(path)
+    except OSError as exc:
+        raise UsageError(f"--from-file {path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        return parse_nvidia_smi_xml(text)
+    except ProbeUnavailable as exc:
+        raise UsageError(f"--from-file {path}: {exc}") from exc
+
+
 def _probe(
-    probe: str, env: CheckEnv, stack: contextlib.ExitStack, issues: list[ProbeIssue]
+    probe: str,
+    env: CheckEnv,
+    stack: contextlib.ExitStack,
+    issues: list[ProbeIssue],
+    nvidia_smi: str = "nvidia-smi",
 ) -> tuple[ProbeResult | None, NvmlSession | None, str | None, bool]:
     """(result, open NVML session, why no result, whether that is "no driver/GPU")."""
     failures: list[str] = []
@@ -151,7 +207,13 @@ def _probe(
                 all_no_driver &= exc.no_driver
     if probe in ("auto", "nvidia-smi") and no_gpu is None:
         try:
-            return probe_nvidia_smi(env.run), None, None, False
+            return probe_nvidia_smi(env.run, binary=nvidia_smi), None, None, False
+        except ProbeMissing as exc:
+            if nvidia_smi != "nvidia-smi":
+                # A path the user gave that is not there is their typo, not "no driver".
+                raise UsageError(f"--nvidia-smi {nvidia_smi}: {exc}") from exc
+            issues.append(ProbeIssue("nvidia-smi", str(exc)))
+            failures.append(str(exc))
         except NoDriverError as exc:
             no_gpu = str(exc)
             failures.append(no_gpu)
@@ -169,6 +231,16 @@ def _probe(
 
 
 # ---------------------------------------------------------------------------------- XIDs
+def _xid_log(path: str, env: CheckEnv) -> tuple[list[_XidEvent], float | None]:
+    """The XIDs of a saved kernel log and the latest boot timestamp in it."""
+    try:
+        text = env.read_text(path)
+    except OSError as exc:
+        raise UsageError(f"--xid-log {path}: cannot read: {exc.strerror or exc}") from exc
+    found, last_s = read_xid_log_file(text)
+    return [_XidEvent(xid=x.xid, at_s=x.at_s, pci=x.pci) for x in found], last_s
+
+
 def _kernel_xids(env: CheckEnv, issues: list[ProbeIssue]) -> list[_XidEvent]:
     text, problems = read_kernel_log(env.run)
     issues.extend(problems)
@@ -253,39 +325,100 @@ def _notes(gpus: list[ProbedGpu]) -> list[str]:
     return notes
 
 
+def _sources(
+    *,
+    probe: str,
+    xid_source: str | None,
+    nvidia_smi: str | None,
+    from_file: str | None,
+    xid_log: str | None,
+) -> tuple[str, str]:
+    """The probe and XID source the options mean; conflicting options name each other."""
+    if probe not in PROBES:
+        raise UsageError(f"--probe must be one of {', '.join(PROBES)}, not {probe!r}")
+    if xid_source is not None and xid_source not in XID_SOURCES:
+        raise UsageError(
+            f"--xid-source must be one of {', '.join(XID_SOURCES)}, not {xid_source!r}"
+        )
+    if from_file is not None:
+        if probe != "auto":
+            raise UsageError(f"--from-file reads a saved nvidia-smi -q -x: drop --probe {probe}")
+        if nvidia_smi is not None:
+            raise UsageError("--from-file and --nvidia-smi both say where the GPUs come from")
+        if xid_source not in (None, "none"):
+            # The saved file comes from another time, often another machine: this one's
+            # kernel log or NVML events would be pinned on GPUs that are not here.
+            raise UsageError(
+                f"--xid-source {xid_source} reads this machine, --from-file a saved one: "
+                "give the saved kernel log with --xid-log FILE"
+            )
+    if nvidia_smi is not None:
+        if probe == "nvml":
+            raise UsageError("--nvidia-smi and --probe nvml: choose one probe")
+        probe = "nvidia-smi"
+    if xid_log is not None:
+        if xid_source not in (None, "dmesg"):
+            raise UsageError(f"--xid-log and --xid-source {xid_source}: choose one XID source")
+        return probe, "file"
+    if xid_source is None:
+        return probe, "none" if from_file is not None else "dmesg"
+    return probe, xid_source
+
+
 def check_host(
     *,
     node: str | None,
     config: PolicyConfig,
-    xid_source: str,
+    xid_source: str | None,
     xid_wait: float,
     probe: str = "auto",
+    nvidia_smi: str | None = None,
+    from_file: str | None = None,
+    xid_log: str | None = None,
     env: CheckEnv | None = None,
 ) -> CheckOutcome:
-    """Probe, add XIDs, evaluate. Raises ``UsageError`` for bad option values."""
+    """Probe (or read ``from_file``), add XIDs, evaluate. Raises ``UsageError`` for bad option
+    values, conflicting options and unreadable ``from_file``/``xid_log``."""
     env = env or CheckEnv()
-    if probe not in PROBES:
-        raise UsageError(f"--probe must be one of {', '.join(PROBES)}, not {probe!r}")
-    if xid_source not in XID_SOURCES:
-        raise UsageError(
-            f"--xid-source must be one of {', '.join(XID_SOURCES)}, not {xid_source!r}"
-        )
+    probe, xid_source = _sources(
+        probe=probe,
+        xid_source=xid_source,
+        nvidia_smi=nvidia_smi,
+        from_file=from_file,
+        xid_log=xid_log,
+    )
     if not xid_wait >= 0:
         raise UsageError(f"--xid-wait must be >= 0 seconds, not {xid_wait!r}")
     issues: list[ProbeIssue] = []
     with contextlib.ExitStack() as stack:
-        result, session, problem, no_driver = _probe(probe, env, stack, issues)
+        session: NvmlSession | None = None
+        result: ProbeResult | None
+        problem: str | None
+        if from_file is not None:
+            problem, no_driver = None, False
+            try:
+                result = _from_file(from_file, env)
+            except NoDriverError as exc:
+                result, problem, no_driver = None, f"{from_file}: {exc}", True
+        else:
+            result, session, problem, no_driver = _probe(
+                probe, env, stack, issues, nvidia_smi or "nvidia-smi"
+            )
         if result is None:
             report = EvaluationReport(
                 errors=[SourceError(source=i.source, message=i.message) for i in issues]
             )
             if not report.errors:
                 report.errors.append(SourceError(source="check", message=problem or ""))
-            code = EXIT_NO_DRIVER if no_driver else EXIT_ACTION_NEEDED
+            code = EXIT_NO_DRIVER if no_driver else EXIT_ERROR
             return CheckOutcome(report=report, exit_code=code, problem=problem)
         issues.extend(result.issues)
         events: list[_XidEvent] = []
-        if xid_source == "dmesg":
+        log_end_s: float | None = None
+        if xid_source == "file":
+            assert xid_log is not None
+            events, log_end_s = _xid_log(xid_log, env)
+        elif xid_source == "dmesg":
             events = _kernel_xids(env, issues)
         elif xid_source == "nvml":
             if session is None:
@@ -306,18 +439,38 @@ def check_host(
                 found, problems = session.wait_xids(xid_wait)
                 issues.extend(problems)
                 events = [_XidEvent(xid=x, at_s=None, uuid=u) for u, x in found]
-    config_now = env.uptime_s() if xid_source == "dmesg" else None
-    gpus, repeats = attach_xids([g.reading for g in result.gpus], events, config, config_now)
-    readings = NodeReadings(node=node_name(node, env), gpus=gpus)
+    now_s = _escalation_now(xid_source, live=from_file is None, log_end_s=log_end_s, env=env)
+    gpus, repeats = attach_xids([g.reading for g in result.gpus], events, config, now_s)
+    name = node or (_file_node(from_file) if from_file is not None else node_name(None, env))
+    readings = NodeReadings(node=name, gpus=gpus)
     verdict = evaluate_node(readings, config, xid_repeats=repeats)
     report = EvaluationReport(
         nodes=[verdict],
         errors=[SourceError(source=i.source, message=i.message) for i in issues],
     )
     incomplete = any(i.fatal for i in issues)
-    needed = verdict.action not in HEALTHY_ACTIONS
-    code = EXIT_ACTION_NEEDED if needed or incomplete else EXIT_HEALTHY
+    code = EXIT_ERROR if incomplete else EXIT_BY_ACTION[verdict.action]
     return CheckOutcome(report=report, exit_code=code, notes=_notes(result.gpus), readings=readings)
+
+
+def _escalation_now(
+    xid_source: str, *, live: bool, log_end_s: float | None, env: CheckEnv
+) -> float | None:
+    """Seconds since boot that the app-XID escalation window ends at: this machine's uptime
+    for its own kernel log; for a saved log the last time it reaches, or the uptime when the
+    check is live and the log is of this boot (the uptime is then later)."""
+    if xid_source == "dmesg":
+        return env.uptime_s()
+    if xid_source != "file":
+        return None
+    uptime = env.uptime_s() if live else None
+    known = [t for t in (log_end_s, uptime) if t is not None]
+    return max(known) if known else None
+
+
+def _file_node(path: str) -> str:
+    """A saved file's node name when ``--node`` is not given: the file, not this host."""
+    return "stdin" if path == STDIN else Path(path).name
 
 
 def run_check(
@@ -325,13 +478,16 @@ def run_check(
     node: str | None,
     config_path: Path | None,
     output: Literal["json", "table"],
-    xid_source: str,
+    xid_source: str | None,
     xid_wait: float,
     probe: str = "auto",
+    nvidia_smi: str | None = None,
+    from_file: str | None = None,
+    xid_log: str | None = None,
     env: CheckEnv | None = None,
 ) -> int:
     """The ``check`` command: prints the report to stdout, humans' notes to stderr, and returns
-    the exit code (0 healthy, 1 action needed or check incomplete, 2 bad usage, 3 no driver)."""
+    the exit code (``EXIT_CODES``)."""
     if output not in ("json", "table"):
         print(f"error: --output must be 'json' or 'table', not {output!r}", file=sys.stderr)
         return EXIT_USAGE
@@ -343,6 +499,9 @@ def run_check(
             xid_source=xid_source,
             xid_wait=xid_wait,
             probe=probe,
+            nvidia_smi=nvidia_smi,
+            from_file=from_file,
+            xid_log=xid_log,
             env=env,
         )
     except (ConfigError, UsageError) as exc:
@@ -356,14 +515,11 @@ def run_check(
         _print_table(outcome.report, sys.stdout)
     for note in outcome.notes:
         print(f"note: {note}", file=sys.stderr)
-    incomplete = (
-        outcome.problem is None
-        and outcome.exit_code == EXIT_ACTION_NEEDED
-        and (outcome.report.nodes[0].action in HEALTHY_ACTIONS)
-    )
-    if incomplete:
+    if outcome.problem is None and outcome.exit_code == EXIT_ERROR:
+        action = outcome.report.nodes[0].action.value
         print(
-            "error: the check is incomplete (see the failed sources): not reporting healthy",
+            "error: the check is incomplete (see the failed sources): the action "
+            f"{action!r} is only what the readable fields show",
             file=sys.stderr,
         )
     sys.stdout.flush()

@@ -494,26 +494,82 @@ def evaluate(
     raise typer.Exit(run_evaluate(metrics, node, config, output))
 
 
-@app.command()
+class _CheckCommand(typer.core.TyperCommand):
+    """`check` exits 2 for a thermal verdict, so its usage errors (click's code 2) exit 64."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except Exception as exc:
+            if getattr(exc, "exit_code", None) == 2:
+                from worker.check import EXIT_USAGE
+
+                exc.exit_code = EXIT_USAGE  # type: ignore[attr-defined]
+            raise
+
+
+def _check_help() -> str:
+    from worker.check import EXIT_CODES
+
+    codes = "\n".join(f"* **{code}** {meaning}" for code, meaning in EXIT_CODES)
+    return f"""Check the GPUs of this machine (NVML, else nvidia-smi) or of a saved
+`nvidia-smi -q -x` (`--from-file`), and print the same verdict as `evaluate`.
+
+Exit codes, by severity (scripts gate on them, as with the original tool's `check`):
+
+{codes}
+
+Examples: `gpu-remediate check -o json`,
+`gpu-remediate check --from-file saved.xml --xid-log kern.log --node gpu-node-07`
+"""
+
+
+@app.command(cls=_CheckCommand, help=_check_help())
 def check(
     node: Annotated[str | None, typer.Option(help="Node name (default $NODE_NAME or the "
-                                                   "hostname).")] = None,
+                                                   "hostname; with --from-file the file's "
+                                                   "name).")] = None,
     config: ConfigOpt = None,
     output: OutputOpt = "table",
     probe: Annotated[str, typer.Option(help="auto, nvml or nvidia-smi.")] = "auto",
-    xid_source: Annotated[str, typer.Option(help="dmesg, nvml or none.")] = "dmesg",
+    nvidia_smi: Annotated[str | None, typer.Option(
+        "--nvidia-smi", metavar="PATH",
+        help="The nvidia-smi to run (implies --probe nvidia-smi).")] = None,
+    from_file: Annotated[str | None, typer.Option(
+        "--from-file", metavar="FILE",
+        help="A saved `nvidia-smi -q -x` ('-' for stdin) instead of this machine's GPUs; "
+             "reads no XIDs unless --xid-log.")] = None,
+    xid_log: Annotated[str | None, typer.Option(
+        "--xid-log", metavar="FILE",
+        help="Read XIDs from this kernel log (dmesg, journalctl -k or kern.log lines with "
+             "'NVRM: Xid') instead of the live one.")] = None,
+    xid_source: Annotated[str | None, typer.Option(
+        help="dmesg, nvml or none (default dmesg; none with --from-file).")] = None,
     xid_wait: Annotated[float, typer.Option(help="Seconds to wait for NVML XID events.")] = 0.0,
 ) -> None:
-    """Check the GPUs of this machine (NVML, else nvidia-smi) and print the same verdict
-    as `evaluate`. Exit 0: healthy; 1: action needed or check incomplete; 2: bad usage;
-    3: no NVIDIA driver or GPU.
-
-    Example: `gpu-remediate check -o json`
-    """
     from worker.check import run_check
 
     raise typer.Exit(run_check(node=node, config_path=config, output=output,
-                               xid_source=xid_source, xid_wait=xid_wait, probe=probe))
+                               xid_source=xid_source, xid_wait=xid_wait, probe=probe,
+                               nvidia_smi=nvidia_smi, from_file=from_file, xid_log=xid_log))
+
+
+@app.command()
+def version(
+    output: OutputOpt = "table",
+) -> None:
+    """Print the version of gpu-remediate and of what it runs on (Python, Temporal SDK,
+    Kubernetes client). Example: `gpu-remediate version -o json`"""
+    from worker.version import versions
+
+    found = versions()
+    if output == "json":
+        print(json.dumps(found, indent=2))
+        return
+    print(f"gpu-remediate {found['gpu-remediate']}")
+    for name, value in found.items():
+        if name != "gpu-remediate":
+            print(f"  {name:<12} {value}")
 
 
 def main() -> Any:

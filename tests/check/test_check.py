@@ -100,17 +100,17 @@ VERDICTS = [
         "h100_remap_pending_dbe.xml",
         "reset",
         {("1", "ecc-dbe-volatile"), ("1", "row-remap-pending")},
-        1,
+        3,
     ),
     (
         "h100_hot_hw_thermal.xml",
         "thermal",
         {("1", "gpu-temp-over-87"), ("1", "clock-sw-thermal"), ("1", "clock-hw-thermal")},
-        1,
+        2,
     ),
-    ("a100_remap_failure.xml", "quarantine", {("1", "row-remap-failure")}, 1),
+    ("a100_remap_failure.xml", "quarantine", {("1", "row-remap-failure")}, 4),
     ("h100_mig_na.xml", "none", set(), 0),
-    ("v100_retired_pages.xml", "reset", {("1", "ecc-dbe-volatile")}, 1),
+    ("v100_retired_pages.xml", "reset", {("1", "ecc-dbe-volatile")}, 3),
 ]
 
 
@@ -151,7 +151,7 @@ def test_json_is_exactly_what_evaluate_prints_for_the_same_gpus(
 ) -> None:
     """The same GPU state as a dcgm-exporter payload through ``evaluate`` gives the same JSON."""
     code, report, _ = check(capsys, machine(xml=fixture("h100_remap_pending_dbe.xml"), dmesg="x\n"))
-    assert code == 1
+    assert code == 3
     assert set(report) == {"nodes", "errors"}
     assert set(report["nodes"][0]) == {"node", "action", "findings"}
     for finding in report["nodes"][0]["findings"]:
@@ -192,7 +192,7 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
         output="table",
         node="a100-node-3",
     )
-    assert code == 1
+    assert code == 4
     assert "GPU node health" in out and "a100-node-3" in out
     assert "row-remap-failure" in out and "quarantine" in out
 
@@ -222,21 +222,21 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
         ),
     ],
 )
-def test_no_driver_exits_3_and_says_so(capsys: pytest.CaptureFixture[str], env: CheckEnv) -> None:
+def test_no_driver_exits_11_and_says_so(capsys: pytest.CaptureFixture[str], env: CheckEnv) -> None:
     code, report, err = check(capsys, env, probe="auto")
-    assert code == 3
+    assert code == 11
     assert "error: no NVIDIA driver found on this machine" in err
     assert report["nodes"] == []
     assert {e["source"] for e in report["errors"]} == {"nvml", "nvidia-smi"}
     code, out, err = check(capsys, env, output="table", probe="auto")
-    assert code == 3 and out == "" and "no NVIDIA driver" in err
+    assert code == 11 and out == "" and "no NVIDIA driver" in err
 
 
-def test_no_gpu_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_gpu_exits_11(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = check(capsys, machine(nvml=FakeNvml([])))
-    assert code == 3 and "no NVIDIA GPU found" in err
+    assert code == 11 and "no NVIDIA GPU found" in err
     code, _, err = check(capsys, machine(xml="No devices were found\n", smi_rc=6))
-    assert code == 3 and "no NVIDIA GPU found" in err
+    assert code == 11 and "no NVIDIA GPU found" in err
 
 
 @pytest.mark.skipif(os.path.exists("/proc/driver/nvidia/version"), reason="a driver is loaded")
@@ -245,7 +245,7 @@ def test_no_driver_with_the_real_binding(capsys: pytest.CaptureFixture[str]) -> 
     if env.load_nvml() is None:
         pytest.skip("nvidia-ml-py not installed")
     code, _report, err = check(capsys, env)
-    assert code == 3, err
+    assert code == 11, err
     assert "NVML Shared Library Not Found" in err or "Driver Not Loaded" in err
 
 
@@ -254,7 +254,7 @@ def test_loaded_driver_without_a_usable_probe_is_not_no_driver(
 ) -> None:
     env = machine(nvml=FakeNvml([], init_error=pynvml.NVML_ERROR_NO_PERMISSION), driver_loaded=True)
     code, _, err = check(capsys, env)
-    assert code == 1 and "although the NVIDIA driver is loaded" in err
+    assert code == 10 and "although the NVIDIA driver is loaded" in err
 
 
 def test_missing_binding_falls_back_to_nvidia_smi(
@@ -272,7 +272,7 @@ def test_missing_binding_falls_back_to_nvidia_smi(
         }
     ]
     code, _, err = check(capsys, env, probe="nvml")
-    assert code == 2 and "nvidia-ml-py" in err
+    assert code == 64 and "nvidia-ml-py" in err
 
 
 def test_nvml_failure_falls_back_to_nvidia_smi(capsys: pytest.CaptureFixture[str]) -> None:
@@ -282,7 +282,7 @@ def test_nvml_failure_falls_back_to_nvidia_smi(capsys: pytest.CaptureFixture[str
         dmesg="x\n",
     )
     code, report, _ = check(capsys, env)
-    assert code == 1 and report["nodes"][0]["action"] == "thermal"
+    assert code == 2 and report["nodes"][0]["action"] == "thermal"
     assert report["errors"][0]["source"] == "nvml"
 
 
@@ -298,7 +298,7 @@ def test_auto_prefers_nvml_and_does_not_run_nvidia_smi(capsys: pytest.CaptureFix
 def test_xid_from_the_kernel_log(capsys: pytest.CaptureFixture[str]) -> None:
     env = machine(xml=fixture("h100x8_healthy.xml"), dmesg=fixture("dmesg_xid.txt"))
     code, report, _ = check(capsys, env)
-    assert code == 1
+    assert code == 3
     node = report["nodes"][0]
     assert node["action"] == "reboot"
     xid = {f["gpu"]: f for f in node["findings"]}
@@ -323,7 +323,7 @@ def test_most_severe_xid_wins_over_a_later_harmless_one(
         "[ 20.0] NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, Graphics Exception\n"
     )
     code, report, _ = check(capsys, machine(xml=fixture("h100x8_healthy.xml"), dmesg=log))
-    assert code == 1 and report["nodes"][0]["findings"][0]["rule"] == "xid-95-reset-gpu"
+    assert code == 3 and report["nodes"][0]["findings"][0]["rule"] == "xid-95-reset-gpu"
 
 
 def test_xid_of_a_gpu_that_fell_off_the_bus(capsys: pytest.CaptureFixture[str]) -> None:
@@ -332,7 +332,8 @@ def test_xid_of_a_gpu_that_fell_off_the_bus(capsys: pytest.CaptureFixture[str]) 
     states[4].errors["handle"] = pynvml.NVML_ERROR_GPU_IS_LOST
     env = machine(nvml=FakeNvml(states), dmesg=fixture("dmesg_xid.txt"))
     code, report, _err = check(capsys, env)
-    assert code == 1
+    # A lost GPU makes the check incomplete: 10 outranks the reboot the readable part shows.
+    assert code == 10 and report["nodes"][0]["action"] == "reboot"
     finding = report["nodes"][0]["findings"][0]
     assert (finding["gpu"], finding["rule"]) == ("00000000:9A:00.0", "xid-79-restart-bm")
     assert {"source": "nvml:gpu 4", "message": "GPU is lost (fallen off the bus?)"} in (
@@ -350,7 +351,7 @@ def test_unreadable_kernel_log_does_not_fail_the_check(capsys: pytest.CaptureFix
 def test_xid_source_nvml(capsys: pytest.CaptureFixture[str]) -> None:
     fake = FakeNvml([h100(i) for i in range(3)], xid_events=[(2, 48)])
     code, report, _ = check(capsys, machine(nvml=fake), xid_source="nvml", xid_wait=0.2)
-    assert code == 1
+    assert code == 3
     finding = report["nodes"][0]["findings"][0]
     assert (finding["gpu"], finding["rule"], finding["action"]) == (
         "2",
@@ -376,7 +377,7 @@ def test_recovery_action_from_nvml(capsys: pytest.CaptureFixture[str]) -> None:
     fake = FakeNvml([h100(0, recovery=pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT)])
     code, report, _ = check(capsys, machine(nvml=fake), xid_source="none")
     finding = report["nodes"][0]["findings"][0]
-    assert code == 1 and finding["signal"] == "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"
+    assert code == 3 and finding["signal"] == "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"
     assert finding["action"] == "reboot" and finding["value"] == 2.0
 
 
@@ -385,7 +386,7 @@ def test_a_field_that_errored_makes_the_check_incomplete(
 ) -> None:
     fake = FakeNvml([h100(0, errors={"nvmlDeviceGetRemappedRows": pynvml.NVML_ERROR_UNKNOWN})])
     code, report, err = check(capsys, machine(nvml=fake), xid_source="none")
-    assert code == 1 and report["nodes"][0]["action"] == "none"
+    assert code == 10 and report["nodes"][0]["action"] == "none"
     assert report["errors"][0]["source"] == "nvml:gpu 0"
     assert "incomplete" in err
 
@@ -408,7 +409,7 @@ def test_node_name_order(capsys: pytest.CaptureFixture[str]) -> None:
         ({"output": "yaml"}, "--output"),
     ],
 )
-def test_bad_usage_exits_2(
+def test_bad_usage_exits_64(
     capsys: pytest.CaptureFixture[str], kwargs: dict[str, Any], message: str
 ) -> None:
     args: dict[str, Any] = {
@@ -421,7 +422,7 @@ def test_bad_usage_exits_2(
         "env": machine(xml=fixture("h100x8_healthy.xml")),
     }
     args.update(kwargs)
-    assert run_check(**args) == 2
+    assert run_check(**args) == 64
     assert message in capsys.readouterr().err
 
 
@@ -430,11 +431,11 @@ def test_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
     bad.write_text("policy:\n  ecc_dbe_action: explode\n")
     env = machine(xml=fixture("h100_remap_pending_dbe.xml"))
     code, _, err = check(capsys, env, config_path=bad)
-    assert code == 2 and "ecc_dbe_action" in err
+    assert code == 64 and "ecc_dbe_action" in err
     good = tmp_path / "good.yaml"
     good.write_text("policy:\n  row_remap_pending_action: reboot\n")
     code, report, _ = check(capsys, env, config_path=good, xid_source="none")
-    assert code == 1 and report["nodes"][0]["action"] == "reboot"
+    assert code == 3 and report["nodes"][0]["action"] == "reboot"
 
 
 def test_the_binding_is_imported_lazily() -> None:

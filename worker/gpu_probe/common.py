@@ -33,6 +33,13 @@ class ProbeUnavailable(Exception):
         self.no_driver = no_driver
 
 
+class ProbeMissing(ProbeUnavailable):
+    """The probe's program is not there (not on PATH, or no file at the path given)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, no_driver=True)
+
+
 @dataclass(frozen=True)
 class ProbeIssue:
     """Something a probe could not read. ``fatal``: a GPU or health field is unknown, so the

@@ -26,9 +26,11 @@ KERNEL_LOG_COMMANDS: tuple[tuple[str, ...], ...] = (
 )
 """Both print the seconds since boot in brackets at the start of each line."""
 
+# The boot timestamp may follow a syslog prefix (``/var/log/kern.log``: ``Mar 11 09:42:17 node7
+# kernel: [ 5000.1] NVRM: ...``); a wall-clock-only line has none.
 _XID_RE = re.compile(
-    r"^(?:\[\s*(?P<ts>\d+(?:\.\d+)?)\])?.*?NVRM: Xid \((?P<pci>(?:PCI:)?[0-9a-fA-F:.]+)\):\s*"
-    r"(?P<xid>\d+)\b"
+    r"^(?:[^\[]*?\[\s*(?P<ts>\d+(?:\.\d+)?)\])?.*?NVRM: Xid "
+    r"\((?P<pci>(?:PCI:)?[0-9a-fA-F:.]+)\):\s*(?P<xid>\d+)\b"
 )
 
 
@@ -60,6 +62,17 @@ def parse_kernel_log(text: str) -> list[KernelXid]:
         ts = match["ts"]
         found.append(KernelXid(pci=key, xid=int(match["xid"]), at_s=float(ts) if ts else None))
     return found
+
+
+def read_xid_log_file(text: str) -> tuple[list[KernelXid], float | None]:
+    """The XIDs of a saved kernel log (``--xid-log``) and its latest boot timestamp: the time
+    the log reaches, against which the app-XID escalation window is counted."""
+    found = parse_kernel_log(text)
+    stamps = [float(m) for m in _ANY_TS_RE.findall(text)]
+    return found, max(stamps) if stamps else None
+
+
+_ANY_TS_RE = re.compile(r"^[^\[\n]*?\[\s*(\d+(?:\.\d+)?)\]", re.M)
 
 
 def read_kernel_log(run: Runner) -> tuple[str | None, list[ProbeIssue]]:

@@ -35,6 +35,7 @@ from worker.gpu_probe.common import (
     NoDriverError,
     ProbedGpu,
     ProbeIssue,
+    ProbeMissing,
     ProbeResult,
     ProbeUnavailable,
     RetiredPages,
@@ -254,13 +255,15 @@ def parse_nvidia_smi_xml(text: str) -> ProbeResult:
     return result
 
 
-def probe_nvidia_smi(run: Runner = run_command) -> ProbeResult:
-    """Run ``nvidia-smi -q -x`` and parse it. ``ProbeUnavailable(no_driver=True)`` when
-    nvidia-smi is not installed or says the driver is not loaded."""
+def probe_nvidia_smi(run: Runner = run_command, *, binary: str = "nvidia-smi") -> ProbeResult:
+    """Run ``nvidia-smi -q -x`` (``binary``: a name looked up on PATH, or a path) and parse it.
+    ``ProbeUnavailable(no_driver=True)`` when it is not installed or says the driver is not
+    loaded."""
     try:
-        done = run(["nvidia-smi", "-q", "-x"], NVIDIA_SMI_TIMEOUT_S)
+        done = run([binary, "-q", "-x"], NVIDIA_SMI_TIMEOUT_S)
     except FileNotFoundError as exc:
-        raise ProbeUnavailable("nvidia-smi not found on PATH", no_driver=True) from exc
+        where = "on PATH" if "/" not in binary else "(no such file)"
+        raise ProbeMissing(f"{binary} not found {where}") from exc
     except PermissionError as exc:
         raise ProbeUnavailable(f"nvidia-smi cannot be executed: {exc}") from exc
     except subprocess.TimeoutExpired as exc:
