@@ -40,6 +40,14 @@ from activities.node_keys import (
     STATE_LABEL,
 )
 from activities.nodes import NodeActivities
+from activities.notices import (
+    GPU_WARNING,
+    TELEMETRY_UNAVAILABLE,
+    NoticeBook,
+    app_xid_notices,
+    telemetry_notices,
+)
+from activities.notices import send as send_notices
 from activities.parse_pool import BodyError, ParsePool, default_workers, read_body
 from activities.parse_pool import looks_intact as looks_intact  # re-exported: same check
 from activities.prometheus_source import PrometheusSource
@@ -157,20 +165,44 @@ def _acknowledged(text: str | None) -> dict[str, int]:
         return {}
 
 
+NOTICE_REPEAT = timedelta(hours=6)
+"""A lasting condition (an exporter down all day) is announced again this often."""
+
+
 class FleetActivities:
-    def __init__(self, api: client.ApiClient, exporter: ExporterSettings) -> None:
+    def __init__(self, api: client.ApiClient, exporter: ExporterSettings, *,
+                 node_selector: str = "") -> None:
         self.core = client.CoreV1Api(api)
         self.nodes = NodeActivities(api)
         self.exporter = exporter
+        self.node_selector = node_selector
+        """A label selector for the GPU nodes (the original tool's ``-node-selector``); empty:
+        every node with ``nvidia.com/gpu`` capacity."""
+        self.notices = NoticeBook(repeat_after=NOTICE_REPEAT)
+        self._last_listed: dict[tuple[int, int], set[str]] = {}
 
     # ------------------------------------------------------------ kubernetes side
 
-    def list_gpu_nodes(self) -> list[GpuNode]:
-        """Nodes with GPU capacity that have not opted out."""
+    def _list_nodes(self) -> list[client.V1Node]:
+        """Every node, or with a selector the selected ones plus every node in remediation:
+        a node that loses the selected label mid-remediation keeps its budget slot."""
         try:
-            items = self.core.list_node(_request_timeout=REQUEST_TIMEOUT).items
+            if not self.node_selector:
+                return list(self.core.list_node(_request_timeout=REQUEST_TIMEOUT).items)
+            chosen = self.core.list_node(label_selector=self.node_selector,
+                                         _request_timeout=REQUEST_TIMEOUT).items
+            labelled = self.core.list_node(label_selector=STATE_LABEL,
+                                           _request_timeout=REQUEST_TIMEOUT).items
         except ApiException as err:
             raise_typed(err, "list nodes")
+        # The later list wins for a node in both: it is the fresher state label.
+        by_name = {n.metadata.name: n for n in chosen if n.metadata}
+        by_name.update({n.metadata.name: n for n in labelled if n.metadata})
+        return list(by_name.values())
+
+    def list_gpu_nodes(self) -> list[GpuNode]:
+        """Nodes with GPU capacity (or the selected ones) that have not opted out."""
+        items = self._list_nodes()
         nodes = []
         for n in items:
             labels = meta_dict(n, "labels")
@@ -181,8 +213,10 @@ class FleetActivities:
             if excluded and state == NodeState.HEALTHY:
                 continue
             capacity = (n.status.capacity or {}) if n.status else {}
-            if str(capacity.get(GPU_RESOURCE, "0")) in ("0", "") and \
-                    state == NodeState.HEALTHY:
+            # With a selector, its label (GPU feature discovery's, set from the PCI bus) says
+            # GPU node, not the capacity: a node whose GPUs all fell off advertises none.
+            if not self.node_selector and state == NodeState.HEALTHY and \
+                    str(capacity.get(GPU_RESOURCE, "0")) in ("0", ""):
                 continue
             nodes.append(_gpu_node(n))
         return nodes
@@ -315,6 +349,13 @@ class FleetActivities:
 
     @activity.defn
     async def observe_fleet(self, inp: ObserveInput) -> FleetObservation:
+        try:
+            return await self._observe_fleet(inp)
+        except Exception as err:
+            metrics.OBSERVATION_ERRORS.labels(type(err).__name__).inc()
+            raise
+
+    async def _observe_fleet(self, inp: ObserveInput) -> FleetObservation:
         started = time.monotonic()
         listed = [n for n in await asyncio.to_thread(self.list_gpu_nodes)
                   if shard_of(n.name, inp.shards) == inp.shard]
@@ -322,6 +363,7 @@ class FleetActivities:
         names = [n.name for n in nodes]
         readings, errors = await self.read_many(names, nodes)
         verdicts: list[Verdict] = []
+        app_only: list[Verdict] = []
         writes: list[tuple[GpuNode, NodeReadings, dict[str, str | None]]] = []
         now = time.time()
         for node in nodes:
@@ -333,6 +375,8 @@ class FleetActivities:
                                     xid_repeats=repeat_counts(tracks, inp.policy, now))
             if verdict.action not in (Action.NONE, Action.APP):
                 verdicts.append(verdict)
+            elif verdict.action == Action.APP:
+                app_only.append(verdict)
             if annotations:
                 writes.append((node, r, annotations))
         await self._annotate_many(writes, inp, now)
@@ -354,13 +398,46 @@ class FleetActivities:
                 sum(1 for n in nodes if n.state == state))
         metrics.FLAGGED.set(len(verdicts))
         metrics.UNREADABLE.set(len(errors))
+        metrics.NODE_STATE.observed(
+            [(n.name, n.state.value) for n in listed],
+            gone=self._last_listed.get((inp.shard, inp.shards), set()) - {n.name for n in listed})
+        self._last_listed[(inp.shard, inp.shards)] = {n.name for n in listed}
+        await self._announce(inp, nodes, errors, app_only)
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
+        metrics.LAST_OBSERVATION.set_to_current_time()
         return FleetObservation(
             managed_nodes=len(nodes), readable_nodes=len(readings),
             verdicts=sorted(verdicts, key=lambda v: v.node), remediating=remediating,
             errors=sorted(errors.values())[:50], orphans=orphans, pool_of=pool_of,
             pool_sizes=pool_sizes,
         )
+
+    async def _announce(self, inp: ObserveInput, nodes: list[GpuNode], errors: dict[str, str],
+                        app_only: list[Verdict]) -> None:
+        """Events for what the observation saw on nodes in service (a node in remediation
+        is expected to go quiet while it reboots), rate-limited
+        (activities/notices.py): ``TelemetryUnavailable`` for an exporter that could not be
+        read, ``GPUWarning`` for application XIDs. Dry-run writes none (it changes nothing in
+        the cluster); an Event is never worth failing the observation."""
+        names = [n.name for n in nodes]
+        in_service = {n.name for n in nodes if n.state == NodeState.HEALTHY}
+        unreadable = {n: errors[n] for n in names if n in errors and n in in_service}
+        warned = app_xid_notices(v for v in app_only if v.node in in_service)
+        # A condition gone (or a node taken into remediation) is forgotten: its return is news.
+        self.notices.settle(TELEMETRY_UNAVAILABLE, unreadable, names)
+        self.notices.settle(GPU_WARNING, [n.node for n in warned], names)
+        # Off in the detector's dry-run (ObserveInput: no writes to nodes) and outside a
+        # worker (`gpu-remediate plan` changes nothing).
+        if not inp.track_xid_repeats or not activity.in_activity():
+            return
+        try:
+            sent = await send_notices(self.core, self.notices,
+                                      telemetry_notices(unreadable) + warned, time.time())
+        except Exception as err:  # Events are best effort: never fail the observation
+            log.warning("could not record node Events: %s", err)
+            return
+        for n in sent:
+            metrics.NODE_EVENTS.labels(n.reason).inc()
 
     async def find_orphans(self, labelled: list[GpuNode]) -> list[str]:
         """Labelled nodes whose remediation is not running (terminated, failed, gone).

@@ -3,7 +3,13 @@
 The worker process serves them on its metrics port; docs/metrics.md lists them.
 """
 
-from prometheus_client import Counter, Gauge, Histogram
+import threading
+import time
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 NODES_BY_STATE = Gauge(
     "gpu_remediate_nodes", "Managed GPU nodes by remediation state (last tick).", ["state"]
@@ -52,3 +58,61 @@ TIME_TO_SERVICE = Histogram(
     "gpu_remediate_time_to_service_seconds",
     "From claim to the node's return to service (remediations that ended healthy).",
     buckets=_DURATIONS)
+OBSERVATION_ERRORS = Counter(
+    "gpu_remediate_observation_errors_total",
+    "Fleet observations (detector ticks, or one shard of one) that failed, by error type.",
+    ["error"])
+LAST_OBSERVATION = Gauge(
+    "gpu_remediate_last_observation_timestamp_seconds",
+    "Unix time of the last fleet observation that completed (any shard, this process).")
+NODE_EVENTS = Counter(
+    "gpu_remediate_node_events_total",
+    "Events the observation recorded on nodes (rate-limited), by reason.", ["reason"])
+
+
+class NodeStates(Collector):
+    """``gpu_remediate_node_state{node,state}``: 1 for each node's current state, one series
+    per node, as the original tool's ``node_state``.
+
+    Series are kept per node with the time they were observed and dropped once not observed
+    for ``stale_after``: a node deleted from the cluster, or a shard now observed by another
+    worker replica, does not leave a series behind. Summing over replicas can briefly count a
+    node twice while a shard moves; ``max by (node, state)`` does not.
+    """
+
+    def __init__(self, *, stale_after_s: float = 1800.0) -> None:
+        self.stale_after_s = stale_after_s
+        self._lock = threading.Lock()
+        self._nodes: dict[str, tuple[str, float]] = {}
+
+    def observed(self, states: Iterable[tuple[str, str]], *, gone: Iterable[str] = (),
+                 now: float | None = None) -> None:
+        """Record ``(node, state)`` pairs from one observation; ``gone``: nodes it looked for
+        (its shard) and did not find."""
+        at = time.monotonic() if now is None else now
+        with self._lock:
+            for node in gone:
+                self._nodes.pop(node, None)
+            for node, state in states:
+                self._nodes[node] = (state, at)
+
+    def collect(self, now: float | None = None) -> Iterator[GaugeMetricFamily]:
+        at = time.monotonic() if now is None else now
+        family = GaugeMetricFamily("gpu_remediate_node_state",
+                                   "1 for each managed GPU node's current remediation state.",
+                                   labels=["node", "state"])
+        with self._lock:
+            for node in [n for n, (_, t) in self._nodes.items()
+                         if at - t > self.stale_after_s]:
+                del self._nodes[node]
+            rows = sorted(self._nodes.items())
+        for node, (state, _) in rows:
+            family.add_metric([node, state], 1.0)
+        yield family
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []  # unchecked: the names are fixed, the series vary
+
+
+NODE_STATE = NodeStates()
+REGISTRY.register(NODE_STATE)
