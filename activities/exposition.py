@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, AnyStr
 
 from pydantic import BaseModel, Field
@@ -52,9 +53,49 @@ HEALTH_METRICS: dict[str, str] = {
 _INT_FIELDS = frozenset({"xid", "clock_event_reasons", "recovery_action"})
 _MAX_EXAMPLES = 5
 
+MAX_XID = 65535
+"""XIDs are small non-negative integers (NVIDIA's catalog stops in the hundreds); a value above
+this, or one that is not an integer (79.5), is not an XID but a garbled line."""
+MAX_INT_FIELD = 2**63 - 1
+"""Clock-event reasons and recovery actions are 64-bit DCGM fields."""
+MAX_NUMBER_CHARS = 64
+"""No well-formed sample value or timestamp is longer (float() of a 100,000-digit token is
+wasted CPU, and int() of one raises)."""
+MAX_GPU_INDEX_CHARS = 4
+MAX_LABEL_VALUE_CHARS = 256
+"""Identity labels (Hostname, UUID, model, PCI bus id, gpu, xid) longer than this are not what
+an exporter writes: the line is bad rather than a huge string carried into verdicts."""
+
 
 class ExpositionError(ValueError):
-    """The text is not Prometheus exposition of dcgm-exporter at all."""
+    """The text is not Prometheus exposition of dcgm-exporter at all, or breaks a limit."""
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """What one payload may hold before it is refused whole (policy as data).
+
+    ``NODE_LIMITS`` is for one node's exporter (the scrape path): a real 8-GPU dcgm-exporter body
+    is 20-100 KB with ~100 health samples, so the caps are far above real bodies and far below
+    what would let one exporter cost the worker seconds of CPU or hundreds of MB.
+    ``FLEET_LIMITS`` is for ``evaluate`` of a whole fleet's federation payload.
+    """
+
+    max_bytes: int
+    max_lines: int
+    max_health_samples: int
+    max_gpus_per_node: int
+
+
+NODE_LIMITS = BodyLimits(
+    # The configured exporter.max_bytes (default 4 MiB) is enforced while reading; this is
+    # the ceiling that configuration may not exceed.
+    max_bytes=64 * 1024 * 1024, max_lines=100_000, max_health_samples=20_000, max_gpus_per_node=64
+)
+FLEET_LIMITS = BodyLimits(
+    max_bytes=64 * 1024 * 1024, max_lines=4_000_000, max_health_samples=2_000_000,
+    max_gpus_per_node=64,
+)
 
 
 class ParseResult(BaseModel):
@@ -87,7 +128,7 @@ def _selector(names: list[str]) -> str:
         while not name.startswith(prefix):
             prefix = prefix[:-1]
     rest = "|".join(re.escape(name[len(prefix) :]) for name in names)
-    return rf"\n({re.escape(prefix)}(?:{rest})[{{ \t][^\r\n]*)"
+    return rf"\n({re.escape(prefix)}(?:{rest})[{{ \t][^\r\n]*+)"
 
 
 # The DCGM_FI_DEV_ families share a long prefix that the scan hunts for; the opt-in exporter
@@ -140,24 +181,100 @@ def _select(pattern: re.Pattern[AnyStr], text: AnyStr, newline: AnyStr) -> list[
     return lines
 
 
+# --- the whole body --------------------------------------------------------------------------
+
+# After a newline: something that is neither a comment, a sample nor an empty line. The
+# pattern starts at a literal, so the engine skips ahead instead of trying every offset.
+_BAD_LINE_START = re.compile(rb"\n(?!#|[a-zA-Z_:][a-zA-Z0-9_:]*+[{ ]|\n|$)")
+_CONTROL = bytes(range(0x00, 0x09)) + bytes(range(0x0E, 0x20))
+_EOF_RE = re.compile(rb"(?:^|\n)# EOF\r?(?:\n|$)")
+
+
+def looks_intact(text: str | bytes) -> bool:
+    """Whole exposition text: ends with a newline, every line starts like a comment or a
+    sample, and no control characters (a cut, HTML or binary body fails).
+
+    Checked on bytes: every character the check looks at is ASCII, and a str answers the same
+    as its UTF-8 encoding (which keeps ASCII as is and writes everything else with bytes >= 0x80).
+    Deleting the control bytes with ``bytes.translate`` finds them ~6x faster than a regex
+    character class, which the engine tries at every offset.
+    """
+    raw = text.encode("utf-8", errors="surrogatepass") if isinstance(text, str) else text
+    return (
+        raw.endswith(b"\n")
+        and _BAD_LINE_START.search(b"\n" + raw) is None
+        and len(raw.translate(None, _CONTROL)) == len(raw)
+    )
+
+
+def check_body(raw: bytes, limits: BodyLimits = NODE_LIMITS) -> None:
+    """Refuse a body that must not be judged at all, before parsing: ``ExpositionError``.
+
+    Over the size or line caps; cut or corrupted (``looks_intact``: a cut body may still hold
+    valid-looking lines, and judging a node on part of its data could drain it for nothing);
+    not UTF-8; anything after an OpenMetrics ``# EOF``. The scrape (``parse_pool.read_body``)
+    and ``evaluate`` both call this, so a body is refused by both or by neither.
+    """
+    if len(raw) > limits.max_bytes:
+        raise ExpositionError(f"the exposition is larger than {limits.max_bytes} bytes")
+    if not raw:
+        return
+    if not looks_intact(raw):
+        raise ExpositionError("the exposition is truncated or corrupted")
+    if not raw.isascii():
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ExpositionError("the exposition is not UTF-8 text") from None
+    lines = raw.count(b"\n")
+    if lines > limits.max_lines:
+        raise ExpositionError(f"the exposition has {lines} lines, more than {limits.max_lines}")
+    eof = _EOF_RE.search(raw)
+    if eof is not None and raw[eof.end() :].strip():
+        raise ExpositionError("the exposition has content after # EOF")
+
+
+def _check_counts(hosts: list[tuple[str, list[dict[str, Any]]]],
+                  limits: BodyLimits) -> None:
+    for node, gpus in hosts:
+        if len(gpus) > limits.max_gpus_per_node:
+            raise ExpositionError(
+                f"the exposition holds {len(gpus)} GPUs for {node[:80]}, more than "
+                f"{limits.max_gpus_per_node}")
+
+
+def _check_selected(lines: list[str], limits: BodyLimits) -> None:
+    if len(lines) > limits.max_health_samples:
+        raise ExpositionError(
+            f"the exposition has {len(lines)} health samples, more than "
+            f"{limits.max_health_samples}")
+
+
 # --- the hand-written line parser -------------------------------------------------------------
 
 # Quoted values use the unrolled form [^"\\]*(?:\\.[^"\\]*)*: same language as (?:[^"\\]|\\.)*, but
 # the regex engine runs through plain characters in one step instead of one branch per character.
-_VALUE = r'"[^"\\]*(?:\\.[^"\\]*)*"'
-_LABEL = rf"[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*{_VALUE}[ \t]*"
-_LABELS = rf"(?:{_LABEL},)*(?:{_LABEL},?)?[ \t]*"
+#
+# Every quantifier in these patterns is possessive (*+, ++, ?+): what it took is never given
+# back. The grammar never needs it back (a blank run is followed by a non-blank, a name by a
+# non-name character, a complete "label," by anything but a label), so the language is the
+# same, and no input can make the engine backtrack: time is linear in the line's length. (With
+# greedy quantifiers, blanks between two optional blank runs made a bad line cost quadratic time,
+# and a 120 KB body held the event loop for seconds.)
+_VALUE = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_LABEL = rf"[ \t]*+[a-zA-Z_][a-zA-Z0-9_]*+[ \t]*+=[ \t]*+{_VALUE}[ \t]*+"
+_LABELS = rf"(?:{_LABEL},)*+(?:{_LABEL})?+[ \t]*+"
 # One pass validates the whole line, label syntax included; the label set cannot end early at a
 # "}" inside a quoted value because values are matched as quoted strings.
 _LINE_RE = re.compile(
-    r"([a-zA-Z_:][a-zA-Z0-9_:]*)"  # metric name
+    r"([a-zA-Z_:][a-zA-Z0-9_:]*+)"  # metric name
     # Label set (blanks before "{" and one leading comma are tolerated, as Prometheus' own
     # parsers do), or the blank before the value.
-    rf"(?:[ \t]*\{{,?({_LABELS})\}}[ \t]*|[ \t]+)"
-    r"(\S+)"  # value
-    r"(?:[ \t]+(\S+))?[ \t]*",  # optional timestamp
+    rf"(?:[ \t]*+\{{,?+({_LABELS})\}}[ \t]*+|[ \t]++)"
+    r"(\S++)"  # value
+    r"(?:[ \t]++(\S++))?+[ \t]*+",  # optional timestamp
 )
-_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"')
+_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*+)[ \t]*+=[ \t]*+"([^"\\]*+(?:\\.[^"\\]*+)*+)"')
 _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 
@@ -170,10 +287,22 @@ def _unescape(value: str) -> str:
 
 
 def _number(token: str) -> float:
-    # float() also takes "1_000", which the text format does not allow.
-    if "_" in token:
-        raise ValueError(f"invalid number {token!r}")
+    # float() also takes "1_000" and non-ASCII digits (full-width, Arabic-Indic, Devanagari...),
+    # which the text format does not allow; and a huge token costs time for nothing.
+    if "_" in token or not token.isascii() or len(token) > MAX_NUMBER_CHARS:
+        raise ValueError(f"invalid number {token[:40]!r}")
     return float(token)
+
+
+def ascii_int(raw: str, *, max_chars: int) -> int | None:
+    """``raw`` as a non-negative integer when it is 1 to ``max_chars`` ASCII digits, else None.
+
+    ``str.isdecimal`` alone also accepts full-width, Arabic-Indic, Devanagari... digits, and
+    ``int()`` of a 5000-digit string raises (Python's digit limit): neither is a GPU index or
+    an XID an exporter writes."""
+    if not raw or len(raw) > max_chars or not raw.isascii() or not raw.isdigit():
+        return None
+    return int(raw)
 
 
 def parse_line(line: str) -> tuple[str, dict[str, str], float]:
@@ -209,8 +338,8 @@ def _labels(body: str) -> dict[str, str]:
 # The fast path of ``_parse_lines``: the text between the first "{" and the last "}" of a line,
 # validated on its own (same ``_LABELS`` as in ``_LINE_RE``) and kept per distinct label set, and
 # what follows the "}" (the same tail as in ``_LINE_RE``).
-_BODY_RE = re.compile(rf",?({_LABELS})")
-_TAIL_RE = re.compile(r"[ \t]*(\S+)(?:[ \t]+(\S+))?[ \t]*")
+_BODY_RE = re.compile(rf",?+({_LABELS})")
+_TAIL_RE = re.compile(r"[ \t]*+(\S++)(?:[ \t]++(\S++))?+[ \t]*+")
 
 
 def _parse_lines(lines: list[str], fleet: _Fleet) -> None:
@@ -224,7 +353,7 @@ def _parse_lines(lines: list[str], fleet: _Fleet) -> None:
     goes through ``parse_line`` itself, which also words the error of a bad line.
     """
     bodies: dict[str, dict[str, str] | None] = {}
-    add = fleet.add
+    add = fleet.add_line
     for line in lines:
         brace = line.find("{")
         close = line.rfind("}")
@@ -245,14 +374,14 @@ def _parse_lines(lines: list[str], fleet: _Fleet) -> None:
                 except ValueError:
                     pass  # parse_line words it
                 else:
-                    add(name, labels, number)
+                    add(line, name, labels, number)
                     continue
         try:
             name, parsed, number = parse_line(line)
         except ValueError as exc:
             fleet.bad(line, str(exc))
             continue
-        add(name, parsed, number)
+        add(line, name, parsed, number)
 
 
 def _body_labels(body: str) -> dict[str, str] | None:
@@ -295,11 +424,11 @@ def _body_labels(body: str) -> dict[str, str] | None:
 
 # The pieces of an escape-free label set, between its values: before the first, between two
 # (the comma), after the last; and one with no value at all.
-_NAME = r"[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"
-_FIRST_NAME_RE = re.compile(rf",?{_NAME}")
-_NEXT_NAME_RE = re.compile(rf"[ \t]*,{_NAME}")
-_END_RE = re.compile(r"[ \t]*,?[ \t]*")
-_EMPTY_BODY_RE = re.compile(r",?[ \t]*")
+_NAME = r"[ \t]*+([a-zA-Z_][a-zA-Z0-9_]*+)[ \t]*+=[ \t]*+"
+_FIRST_NAME_RE = re.compile(rf",?+{_NAME}")
+_NEXT_NAME_RE = re.compile(rf"[ \t]*+,{_NAME}")
+_END_RE = re.compile(r"[ \t]*+,?+[ \t]*+")
+_EMPTY_BODY_RE = re.compile(r",?+[ \t]*+")
 _NEXT_NAMES: dict[str, str] = {}
 """Valid between-values pieces seen (',UUID=' -> 'UUID'): a handful for real exporters."""
 
@@ -326,10 +455,38 @@ class _Fleet:
         self.bad_lines += 1
         self.problem(f"unparsable line ({why}): {line[:120]!r}")
 
+    def add_line(self, line: str, name: str, labels: dict[str, str], value: float) -> None:
+        """``add``, counting a sample ``add`` refuses as a bad line."""
+        try:
+            self.add(name, labels, value)
+        except ValueError as exc:
+            self.bad(line, str(exc))
+
     def add(self, name: str, labels: dict[str, str], value: float) -> None:
+        """Fold one sample in; ``ValueError`` for a sample whose identity labels or integer
+        value are malformed (it must not count, and the payload is not to be judged)."""
         field = HEALTH_METRICS.get(name)
         if field is None:
             return
+        for key in _IDENTITY_LABELS:
+            if len(labels.get(key, "")) > MAX_LABEL_VALUE_CHARS:
+                raise ValueError(f"label {key} longer than {MAX_LABEL_VALUE_CHARS} characters")
+        index = labels.get("gpu", "")
+        if index and ascii_int(index, max_chars=MAX_GPU_INDEX_CHARS) is None:
+            raise ValueError(f"gpu label {index[:20]!r} is not a GPU index (ASCII digits)")
+        number = usable(value)
+        if field in _INT_FIELDS and number is not None and number >= 0:
+            limit = MAX_XID if field == "xid" else MAX_INT_FIELD
+            if not number.is_integer() or number > limit:
+                raise ValueError(f"{name} value {value!r} is not an integer in 0..{limit}")
+        xid: int | None = None
+        if field == "xid_counts":
+            raw_xid = labels.get("xid")
+            xid = xid_label(raw_xid)
+            if raw_xid and xid is None:
+                raise ValueError(f"xid label {raw_xid[:20]!r} is not an XID (1..{MAX_XID})")
+            if number is not None and not number.is_integer():
+                raise ValueError(f"{name} value {value!r} is not a count")
         self.samples += 1
         node = labels.get("Hostname") or labels.get("hostname") or self.default_node
         if not node:
@@ -337,7 +494,6 @@ class _Fleet:
             if self.unlabelled == 1:
                 self.problem(f"{name} series without a Hostname/hostname label")
             return
-        index = labels.get("gpu", "")
         uuid = labels.get("UUID") or labels.get("uuid") or labels.get("gpu_uuid") or ""
         if not index and not uuid:
             # NVSwitch/CPU entities share some field names; they are not GPUs.
@@ -352,11 +508,9 @@ class _Fleet:
                 "model_name": labels.get("modelName") or labels.get("model_name") or "",
                 "pci_bus_id": labels.get("pci_bus_id", ""),
             }
-        number = usable(value)
         if field == "xid_counts":
             counts = gpu.setdefault("xid_counts", {})
             # The exporter's "no XID in the window" series has no xid label and value 0.
-            xid = xid_label(labels.get("xid"))
             if xid is not None and number is not None and number >= 1:
                 counts[xid] = max(counts.get(xid, 0), int(number))
             return
@@ -398,16 +552,21 @@ class _Fleet:
         )
 
 
+_IDENTITY_LABELS = ("Hostname", "hostname", "gpu", "UUID", "uuid", "gpu_uuid", "modelName",
+                    "model_name", "pci_bus_id", "xid")
+
+
 def xid_label(raw: str | None) -> int | None:
-    """The ``xid`` label as an XID number; None when absent or not a positive integer."""
-    if not raw or not raw.isdecimal():
-        return None
-    return int(raw) or None
+    """The ``xid`` label as an XID number; None when absent or not an integer in 1..MAX_XID
+    written in ASCII digits."""
+    xid = ascii_int(raw or "", max_chars=len(str(MAX_XID)))
+    return xid if xid is not None and 0 < xid <= MAX_XID else None
 
 
 def _gpu_sort_key(gpu: dict[str, Any]) -> tuple[int, str, str]:
     index: str = gpu["gpu"]
-    return (int(index) if index.isdecimal() else 1 << 30, index, gpu["uuid"])
+    number = ascii_int(index, max_chars=MAX_GPU_INDEX_CHARS)
+    return (number if number is not None else 1 << 30, index, gpu["uuid"])
 
 
 # --- "is this exposition at all?" -------------------------------------------------------------
@@ -469,19 +628,25 @@ def _hand_parses(line: str) -> bool:
     return True
 
 
-def parse_exposition(text: str, *, default_node: str | None = None) -> ParseResult:
+def parse_exposition(text: str, *, default_node: str | None = None,
+                     limits: BodyLimits = FLEET_LIMITS) -> ParseResult:
     """Parse dcgm-exporter text into one ``NodeReadings`` per node (fast path).
 
     Nodes are named by the ``Hostname`` (released exporters) or ``hostname`` (newer) label;
-    series without either use ``default_node``, or are counted in ``unlabelled``.
+    series without either use ``default_node``, or are counted in ``unlabelled``. More health
+    samples, or more GPUs on one node, than ``limits`` allow raise ``ExpositionError``.
     """
     fleet = _Fleet(default_node)
-    _parse_lines(select_health_lines(text), fleet)
-    return _finish(text, fleet, _hand_parses)
+    lines = select_health_lines(text)
+    _check_selected(lines, limits)
+    _parse_lines(lines, fleet)
+    result = _finish(text, fleet, _hand_parses)
+    _check_counts(fleet.hosts(), limits)
+    return result
 
 
 def parse_gpu_fields(
-    raw: bytes, *, default_node: str | None = None
+    raw: bytes, *, default_node: str | None = None, limits: BodyLimits = NODE_LIMITS
 ) -> tuple[list[tuple[str, list[dict[str, Any]]]], int]:
     """``parse_exposition`` of ``raw.decode("utf-8", errors="replace")``, without decoding the
     whole body and without building models, for the scrape path.
@@ -491,10 +656,14 @@ def parse_gpu_fields(
     ``parse_exposition`` does.
     """
     fleet = _Fleet(default_node)
-    _parse_lines(select_health_lines_bytes(raw), fleet)
+    lines = select_health_lines_bytes(raw)
+    _check_selected(lines, limits)
+    _parse_lines(lines, fleet)
     if fleet.samples == 0:
         _check_is_exposition(raw.decode("utf-8", errors="replace"), _hand_parses)
-    return fleet.hosts(), fleet.bad_lines
+    hosts = fleet.hosts()
+    _check_counts(hosts, limits)
+    return hosts, fleet.bad_lines
 
 
 def _reference_samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
@@ -536,5 +705,5 @@ def parse_exposition_reference(text: str, *, default_node: str | None = None) ->
             except ValueError as exc:
                 fleet.bad(line, str(exc) or "invalid line")
     for name, labels, value in samples:
-        fleet.add(name, labels, value)
+        fleet.add_line(name, name, labels, value)
     return _finish(text, fleet, _reference_parses)
