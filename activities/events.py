@@ -16,6 +16,21 @@ log = logging.getLogger(__name__)
 COMPONENT = "gpu-remediate"
 EVENT_RETRY_PAUSES = (0.2, 0.5, 1.0, 0.0)
 
+_namespace = "default"
+
+
+def set_event_namespace(namespace: str) -> None:
+    """Where the worker records node Events (``kubernetes.event_namespace``): set once at
+    start, before any activity runs. A Node has no namespace; `kubectl describe node` finds
+    its Events in any namespace, and a locked-down cluster may allow ``create events`` only
+    in the controller's own."""
+    global _namespace
+    _namespace = namespace
+
+
+def event_namespace() -> str:
+    return _namespace
+
 
 def record_node_event(
     core: client.CoreV1Api,
@@ -31,7 +46,7 @@ def record_node_event(
     body = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{node}.", "namespace": "default"},
+        "metadata": {"generateName": f"{node}.", "namespace": _namespace},
         # The kubelet records node Events with the node's name as uid, and
         # `kubectl describe node` searches for exactly that.
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
@@ -47,7 +62,7 @@ def record_node_event(
     event = client.CoreV1Event.model_validate(body)
     for attempt, pause in enumerate(EVENT_RETRY_PAUSES):
         try:
-            core.create_namespaced_event("default", event, _request_timeout=REQUEST_TIMEOUT)
+            core.create_namespaced_event(_namespace, event, _request_timeout=REQUEST_TIMEOUT)
             return
         except ApiException as err:
             # A transient answer gets a short retry; the story of a node should not

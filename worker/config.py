@@ -6,13 +6,21 @@ dotted name instead of silently running on defaults.
 
 from __future__ import annotations
 
+import re
 from contextvars import ContextVar
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -50,10 +58,38 @@ class TemporalConfig(_Section):
                                 repr=False)
 
 
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_LABEL_KEY = (r"(?:[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+              r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?"
+_REQUIREMENT = (rf"\s*(?:!\s*{_LABEL_KEY}|{_LABEL_KEY}\s*(?:==|=|!=)\s*{_LABEL_VALUE}"
+                rf"|{_LABEL_KEY}\s+(?:in|notin)\s*\(\s*{_LABEL_VALUE}(?:\s*,\s*{_LABEL_VALUE})*"
+                rf"\s*\)|{_LABEL_KEY})\s*")
+_SELECTOR = re.compile(rf"^{_REQUIREMENT}(?:,{_REQUIREMENT})*$")
+
+
 class KubernetesConfig(_Section):
     kubeconfig: str | None = Field(default=None, description="Path; KUBECONFIG when unset.")
     context: str | None = None
     in_cluster: bool = False
+    event_namespace: str = Field(
+        default="default", pattern=f"^{_DNS_LABEL}$",
+        description="Namespace of the Events recorded on nodes (the original tool's "
+                    "-event-namespace). `kubectl describe node` shows them from any namespace.")
+    node_selector: str = Field(
+        default="",
+        description="Label selector of the GPU nodes to manage, e.g. "
+                    "'nvidia.com/gpu.present=true' (the original tool's -node-selector). Empty: "
+                    "every node with nvidia.com/gpu capacity. Nodes in remediation are always "
+                    "kept, selected or not.")
+
+    @field_validator("node_selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        # The API server would refuse a bad selector on every tick; refuse it at start.
+        if value.strip() and not _SELECTOR.match(value):
+            raise ValueError(f"not a Kubernetes label selector: {value!r}")
+        return value.strip()
 
 
 class ExporterConfig(_Section):

@@ -17,6 +17,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
 from activities.drain import DrainActivities
+from activities.events import set_event_namespace
 from activities.fleet import ExporterSettings, FleetActivities, report_admission
 from activities.jobs import JobActivities
 from activities.kube import KubeSettings, make_api_client
@@ -55,10 +56,11 @@ def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
                                 concurrency=e.concurrency,
                                 parse_helper_from=e.parse_helper_from, prometheus=prometheus,
                                 prometheus_thermal_hold=e.prometheus_thermal_hold)
-    return FleetActivities(api, exporter)
+    return FleetActivities(api, exporter, node_selector=settings.kubernetes.node_selector)
 
 
 def build_activities(settings: Settings) -> list[Callable[..., Any]]:
+    set_event_namespace(settings.kubernetes.event_namespace)
     api = kube_client(settings)
     nodes, drain, jobs = NodeActivities(api), DrainActivities(api), JobActivities(api)
     fleet = build_fleet(settings, api)

@@ -175,3 +175,46 @@ def test_deferred_notices_ignore_the_slot_counts() -> None:
     assert "budget full (1/1)" in one.message
     paused, = deferred_notices(["gpu-node-02 (reset: paused)"])
     assert paused.fingerprint != one.fingerprint
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_events_go_to_the_configured_namespace(cluster: Cluster) -> None:
+    from activities import events
+
+    cluster.core.create_namespace({"metadata": {"name": "gpu-remediate"}})
+    events.set_event_namespace("gpu-remediate")
+    try:
+        events.record_node_event(cluster.core, "gpu-node-01", reason="Probe", message="m")
+    finally:
+        events.set_event_namespace("default")
+    (event,) = cluster.core.list_namespaced_event(
+        "gpu-remediate", field_selector="involvedObject.name=gpu-node-01").items
+    assert event.reason == "Probe" and event.involved_object.kind == "Node"
+    assert cluster.events("gpu-node-01", "Probe") == []  # not in "default"
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ({"kubernetes.event_namespace": "Not_A_Namespace"}, "kubernetes.event_namespace"),
+    ({"kubernetes.node_selector": "nvidia.com/gpu.present=true,"}, "kubernetes.node_selector"),
+    ({"kubernetes.node_selector": "gpu in nvidia"}, "kubernetes.node_selector"),
+])
+def test_bad_namespace_or_selector_fails_at_start_naming_the_field(
+        override: dict[str, str], field: str) -> None:
+    from worker.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_settings(**override)
+
+
+def test_worker_wiring_passes_the_selector() -> None:
+    from worker.config import load_settings
+    from worker.service import build_fleet
+
+    settings = load_settings(**{"kubernetes.node_selector": "nvidia.com/gpu.present=true",
+                                "kubernetes.event_namespace": "ops"})
+    from kubernetes import client
+
+    assert build_fleet(settings, client.ApiClient()).node_selector == \
+        "nvidia.com/gpu.present=true"
