@@ -60,19 +60,25 @@ def test_renderer_agrees_with_kubectl(name: str, rendered: dict[str, list[dict[s
 def test_objects_match_kubernetes_schemas(
     name: str, version: str, rendered: dict[str, list[dict[str, Any]]]
 ) -> None:
+    errors = schema_errors(rendered[name], version)
+    assert not errors, "\n".join(errors)
+
+
+def schema_errors(objects: list[dict[str, Any]], version: str) -> list[str]:
+    """What Kubernetes' OpenAPI schemas (strict: no unknown fields) reject in these objects."""
     kv = pytest.importorskip(
         "kubernetes_validate", reason="kubernetes-validate is not installed (test extra)"
     )
     target = kv.latest_version() if version == "latest" else version
     errors = []
-    for obj in rendered[name]:
+    for obj in objects:
         if obj["kind"] in CRD_KINDS:
             continue
         try:
             kv.validate(obj, target, strict=True)
         except kv.ValidationError as err:
             errors.append(f"{key(obj)}: {err.message} at {list(err.path)}")
-    assert not errors, "\n".join(errors)
+    return errors
 
 
 def test_crd_objects_are_the_expected_ones(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -30,8 +30,15 @@ def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [*spec.get("initContainers", []), *spec["containers"]]
 
 
-@pytest.fixture(scope="module")
-def base(rendered: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+@pytest.fixture(scope="module", params=["kustomize", "helm"])
+def base(
+    request: pytest.FixtureRequest, rendered: dict[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """The first-install objects: the kustomize base, and the Helm chart with its default
+    values, which must pass every check here too."""
+    if request.param == "helm":
+        objects: list[dict[str, Any]] = request.getfixturevalue("helm_rendered")["dry-run"]
+        return objects
     return rendered["base"]
 
 

@@ -1,0 +1,179 @@
+{{/*
+Labels on every object: the kustomize base's (app.kubernetes.io/part-of) and the overlay's
+(gpu-remediate.io/mode), so the chart and `kubectl apply -k deploy/overlays/<mode>` render
+the same objects.
+*/}}
+{{- define "gpu-remediate.labels" -}}
+app.kubernetes.io/part-of: gpu-remediate
+gpu-remediate.io/mode: {{ .Values.mode }}
+{{- end -}}
+
+{{/*
+kustomize's name for a generated ConfigMap: <name>-<hash>, the hash being the first ten hex
+digits of the SHA-256 of the JSON {data, kind, name: ""}, with 0 1 3 a e written g h k m t.
+A new config is a new name, so the pods roll when it changes; and the names equal those of
+`kubectl kustomize` (tests/deploy/kustomize.py has the same function).
+Argument: list NAME DATA.
+*/}}
+{{- define "gpu-remediate.generatedName" -}}
+{{- $name := index . 0 -}}
+{{- $data := index . 1 -}}
+{{- $hash := dict "data" $data "kind" "ConfigMap" "name" "" | toJson | sha256sum | trunc 10 -}}
+{{- printf "%s-%s" $name ($hash | replace "0" "g" | replace "1" "h" | replace "3" "k" | replace "a" "m" | replace "e" "t") -}}
+{{- end -}}
+
+{{/*
+The worker config file: .Values.config with the settings the chart's own values own. A
+value set in both places is an error naming both, never a silent choice.
+*/}}
+{{- define "gpu-remediate.config" -}}
+{{- $v := .Values -}}
+{{- $c := deepCopy $v.config -}}
+{{- range $section := list "detector" "remediation" -}}
+{{- if not (kindIs "map" (get $c $section)) -}}
+{{- $_ := set $c $section (dict) -}}
+{{- end -}}
+{{- end -}}
+{{- $detector := $c.detector -}}
+{{- $remediation := $c.remediation -}}
+{{- if hasKey $detector "dry_run" -}}
+{{- fail "config.detector.dry_run: set mode instead (dry-run, supervised or autonomous)" -}}
+{{- end -}}
+{{- if hasKey $detector "max_unavailable" -}}
+{{- fail "config.detector.max_unavailable: set budget.maxUnavailable instead" -}}
+{{- end -}}
+{{- if hasKey $c "policy" -}}
+{{- fail "config.policy: set policy instead" -}}
+{{- end -}}
+{{- $temporal := get $c "temporal" | default (dict) -}}
+{{- range $field := list "address" "namespace" "api_key" "tls" -}}
+{{- if hasKey $temporal $field -}}
+{{- fail (printf "config.temporal.%s: set temporal.* instead (the address, namespace and API key reach the pods from a ConfigMap and the Secret)" $field) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $detector "dry_run" (eq $v.mode "dry-run") -}}
+{{- $_ := set $detector "max_unavailable" $v.budget.maxUnavailable -}}
+{{- $approval := get $remediation "approval" | default (dict) -}}
+{{- if hasKey $approval "required_for" -}}
+{{- fail "config.remediation.approval.required_for: set approval.requiredFor (and mode) instead" -}}
+{{- end -}}
+{{- $_ := set $approval "required_for" (ternary $v.approval.requiredFor (list) (eq $v.mode "supervised")) -}}
+{{- $_ := set $remediation "approval" $approval -}}
+{{- range $name, $job := $v.jobs -}}
+{{- if hasKey $remediation $name -}}
+{{- fail (printf "config.remediation.%s: set it under jobs.%s only" $name $name) -}}
+{{- end -}}
+{{- $_ := set $remediation $name $job -}}
+{{- end -}}
+{{- if $v.policy -}}
+{{- $_ := set $c "policy" $v.policy -}}
+{{- end -}}
+{{- if $v.temporal.tls.enabled -}}
+{{- $tls := dict "enabled" true -}}
+{{- if $v.temporal.tls.clientCertificate -}}
+{{- $_ := set $tls "client_cert" "/etc/gpu-remediate/temporal/tls.crt" -}}
+{{- $_ := set $tls "client_key" "/etc/gpu-remediate/temporal/tls.key" -}}
+{{- end -}}
+{{- if $v.temporal.tls.privateCA -}}
+{{- $_ := set $tls "server_ca" "/etc/gpu-remediate/temporal/ca.crt" -}}
+{{- end -}}
+{{- if $v.temporal.tls.serverName -}}
+{{- $_ := set $tls "server_name" $v.temporal.tls.serverName -}}
+{{- end -}}
+{{- $_ := set $temporal "tls" $tls -}}
+{{- end -}}
+{{- if $temporal -}}
+{{- $_ := set $c "temporal" $temporal -}}
+{{- end -}}
+{{- toYaml $c -}}
+{{- end -}}
+
+{{/* Data of the three generated ConfigMaps, shared by the objects and their names. */}}
+{{- define "gpu-remediate.configData" -}}
+{{- dict "config.yaml" (include "gpu-remediate.config" . | printf "%s\n") | toJson -}}
+{{- end -}}
+{{- define "gpu-remediate.temporalData" -}}
+{{- dict "address" .Values.temporal.address "namespace" .Values.temporal.namespace | toJson -}}
+{{- end -}}
+{{- define "gpu-remediate.scriptsData" -}}
+{{- dict "search-attributes.sh" (.Files.Get "files/search-attributes.sh") | toJson -}}
+{{- end -}}
+
+{{- define "gpu-remediate.configName" -}}
+{{- include "gpu-remediate.generatedName" (list "gpu-remediate-config" (include "gpu-remediate.configData" . | fromJson)) -}}
+{{- end -}}
+{{- define "gpu-remediate.temporalName" -}}
+{{- include "gpu-remediate.generatedName" (list "gpu-remediate-temporal" (include "gpu-remediate.temporalData" . | fromJson)) -}}
+{{- end -}}
+{{- define "gpu-remediate.scriptsName" -}}
+{{- include "gpu-remediate.generatedName" (list "gpu-remediate-scripts" (include "gpu-remediate.scriptsData" . | fromJson)) -}}
+{{- end -}}
+
+{{- define "gpu-remediate.jobNamespace" -}}
+{{- dig "remediation" "job_namespace" "gpu-remediate-jobs" .Values.config -}}
+{{- end -}}
+
+{{/* Temporal connection of the setup Jobs' temporal CLI (deploy/base/scripts). */}}
+{{- define "gpu-remediate.adminToolsEnv" -}}
+- name: TEMPORAL_ADDRESS
+  valueFrom:
+    configMapKeyRef:
+      name: {{ include "gpu-remediate.temporalName" . }}
+      key: address
+- name: TEMPORAL_NAMESPACE
+  valueFrom:
+    configMapKeyRef:
+      name: {{ include "gpu-remediate.temporalName" . }}
+      key: namespace
+- name: TEMPORAL_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.temporal.secretName }}
+      key: api-key
+      optional: true
+- name: TEMPORAL_TLS_DIR
+  value: /etc/gpu-remediate/temporal
+{{- with .Values.temporal.tls.serverName }}
+- name: TEMPORAL_TLS_SERVER_NAME
+  value: {{ . | quote }}
+{{- end }}
+- name: HOME
+  value: /tmp
+{{- end -}}
+
+{{/* Temporal connection of the gpu-remediate containers (worker/config.py). */}}
+{{- define "gpu-remediate.temporalEnv" -}}
+- name: GPU_REMEDIATE_TEMPORAL__ADDRESS
+  valueFrom:
+    configMapKeyRef:
+      name: {{ include "gpu-remediate.temporalName" . }}
+      key: address
+- name: GPU_REMEDIATE_TEMPORAL__NAMESPACE
+  valueFrom:
+    configMapKeyRef:
+      name: {{ include "gpu-remediate.temporalName" . }}
+      key: namespace
+# Temporal Cloud API key; absent when the Secret or the key is absent.
+- name: GPU_REMEDIATE_TEMPORAL__API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.temporal.secretName }}
+      key: api-key
+      optional: true
+{{- end -}}
+
+{{- define "gpu-remediate.temporalVolume" -}}
+- name: temporal
+  secret:
+    secretName: {{ .Values.temporal.secretName }}
+    optional: true
+    defaultMode: 0440
+{{- end -}}
+
+{{/* Setup Jobs run as Helm hooks: Jobs are immutable, so each install and upgrade
+replaces them (they are idempotent), in this order. */}}
+{{- define "gpu-remediate.hook" -}}
+helm.sh/hook: post-install,post-upgrade
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation
+{{- end -}}
