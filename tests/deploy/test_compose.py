@@ -1,7 +1,11 @@
-"""docker-compose.yml: structure, references, mounted files, pinned images, ports."""
+"""docker-compose.yml: the Compose schema, structure, references, mounted files, pinned
+images, ports."""
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -9,12 +13,21 @@ from typing import Any
 
 import pytest
 import yaml
+from jsonschema.validators import validator_for
 
 from tests.deploy.conftest import DEPLOY, ROOT
 from worker.config import load_settings
 
 COMPOSE = ROOT / "docker-compose.yml"
 SHARED_NETNS = "service:gpu-sim"
+# The Compose Specification's schema, as `docker compose config` checks a file against it
+# (tests/deploy/schemas/README.md says where it comes from); its hash guards the copy.
+COMPOSE_SCHEMA = Path(__file__).resolve().parent / "schemas" / "compose-spec.json"
+COMPOSE_SCHEMA_SHA256 = "d549057ebc2925f39f62799eab0db7b9e2c18b35b6c00595199116da3ed10e64"
+# The Temporal UI's workflow actions offer "Send an Update" (how an operator approves,
+# rejects or releases a node from the UI) from this release on: the UI's built assets in
+# the Go module github.com/temporalio/ui-server/v2 have the action at v2.35.0, not at v2.31.2.
+UI_WITH_SEND_UPDATE = (2, 35, 0)
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +210,58 @@ def test_docker_compose_config_accepts_the_file() -> None:
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
+
+
+def compose_errors(doc: dict[str, Any]) -> list[str]:
+    """What the Compose Specification's schema rejects in a compose file, by path."""
+    schema = json.loads(COMPOSE_SCHEMA.read_text())
+    validator = validator_for(schema)(schema)
+    return sorted(
+        f"{'/'.join(str(p) for p in err.absolute_path) or '(top)'}: {err.message}"
+        for err in validator.iter_errors(doc)
+    )
+
+
+def test_the_compose_schema_is_the_vendored_one() -> None:
+    assert hashlib.sha256(COMPOSE_SCHEMA.read_bytes()).hexdigest() == COMPOSE_SCHEMA_SHA256
+
+
+def test_compose_file_matches_the_compose_specification(compose: dict[str, Any]) -> None:
+    errors = compose_errors(compose)
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        (["services", "worker", "stop_grace_perod"], "45s", "services/worker"),
+        (["services", "worker", "restart"], 5, "services/worker/restart"),
+        (["services", "temporal", "ports"], "7233", "services/temporal/ports"),
+        (
+            ["services", "temporal-ui", "depends_on", "temporal", "condition"],
+            "up",
+            "services/temporal-ui/depends_on",
+        ),
+        (["volumes", "shared"], ["x"], "volumes/shared"),
+        (["service"], {}, "(top)"),
+    ],
+)
+def test_the_schema_check_catches_mistakes(
+    compose: dict[str, Any], path: list[str], value: Any, named: str
+) -> None:
+    broken = copy.deepcopy(compose)
+    node = broken
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    errors = compose_errors(broken)
+    # The error names the broken value's place (schemas with alternatives report the
+    # enclosing object, as docker compose does).
+    assert any(e.startswith(f"{named}:") for e in errors), errors
+
+
+def test_the_temporal_ui_can_send_updates(services: dict[str, dict[str, Any]]) -> None:
+    repo, _, tag = services["temporal-ui"]["image"].rpartition(":")
+    assert repo == "temporalio/ui"
+    version = tuple(int(part) for part in tag.split("."))
+    assert version >= UI_WITH_SEND_UPDATE, f"temporalio/ui:{tag} has no Send an Update"
