@@ -140,6 +140,12 @@ class DrainActivities:
                                    skipped=skipped, message=f"would evict {len(targets)} pods")
             if not targets:
                 clear_blocked(inp.node)
+                message = f"evicted {len(evicted)} pods" + (
+                    f", deleted {len(forced)} past the drain deadline" if forced else "")
+                # The original tool's GPUDrained: the moment the node holds no workload.
+                record_node_event(self.core, inp.node, reason="DrainCompleted",
+                                  message=f"drained: {message}; {len(skipped)} pods left in "
+                                          "place (DaemonSet, mirror, finished or not ours)")
                 return DrainResult(outcome="drained", evicted=sorted(evicted),
                                    forced=sorted(forced), skipped=skipped,
                                    message=f"evicted {len(evicted)} pods")
