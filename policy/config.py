@@ -7,9 +7,10 @@ instead of silently running the defaults. No I/O here: loading the YAML is the c
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policy.models import Action
 from policy.xid import DEFAULT_XID_TABLE, RECOVERY_ACTIONS, Bucket, RecoveryAction, XidRule
@@ -46,6 +47,10 @@ _DEFAULT_THERMAL_REASONS: tuple[ClockReason, ...] = (
     "hw_thermal",
     "hw_power_brake",
 )
+
+
+UNKNOWN_XID_ACTIONS = (Action.ALERT, Action.QUARANTINE)
+"""What an XID outside the catalog may do: tell a human, or hold the node for one."""
 
 
 class _Strict(BaseModel):
@@ -124,24 +129,46 @@ class ThermalPolicy(_Strict):
 class AppXidEscalation(_Strict):
     """Application-class XIDs that keep coming back on one GPU point at the GPU, not the app.
 
-    The XID gauge holds only the last XID, so the caller (the detector) counts sightings per GPU
-    over ``window_s`` and passes them in; the policy only compares them with the thresholds.
-    Defaults follow NVIDIA's health-events analyzer: the same XID five times a day on one GPU,
-    XID 31 (MMU fault) already at two.
+    The XID gauge holds only the last XID, so the caller (the detector) records sightings per
+    GPU and passes in how many *bursts* each XID had within ``window_s``: sightings less than
+    ``burst_gap`` apart are one burst, so one crashing job that logs the same XID a dozen times
+    counts once. Defaults follow NVIDIA NVSentinel's health-events analyzer (3-minute burst gap;
+    five bursts of one XID on one GPU in a day; XID 31 already at two, where NVSentinel asks for
+    DCGM diagnostics). The escalation asks for a deeper diagnostic, not a reset: a GPU that
+    passes ``dcgmi diag -r 3`` has no fault a reset would clear.
     """
 
     enabled: bool = Field(default=True, description="Escalate repeated application XIDs.")
     threshold: int = Field(
-        default=5, ge=1, description="Sightings of one app XID on one GPU within the window."
+        default=5, ge=1, description="Bursts of one app XID on one GPU within the window."
     )
     per_xid_threshold: dict[int, int] = Field(
         default_factory=lambda: {31: 2},
-        description="Per-XID thresholds that replace ``threshold``.",
+        description="Per-XID thresholds (bursts) that replace ``threshold``.",
     )
     window_s: float = Field(
         default=86400.0, gt=0, description="Window (seconds) over which the caller counts."
     )
-    action: Action = Field(default=Action.RESET, description="Action once a threshold is hit.")
+    burst_gap: timedelta = Field(
+        default=timedelta(minutes=3),
+        description="Sightings of one XID on one GPU closer than this belong to one burst "
+        "(seconds or an ISO 8601 duration; 0 counts every sighting).",
+    )
+    action: Action = Field(
+        default=Action.DIAGNOSE,
+        description="Action once a threshold is hit: diagnose (a deeper dcgmi diag before any "
+        "reset) by default; reset restores the old behaviour.",
+    )
+
+    @model_validator(mode="after")
+    def _sane_gap_and_action(self) -> AppXidEscalation:
+        if self.burst_gap < timedelta(0):
+            raise ValueError("burst_gap must not be negative")
+        if self.action in (Action.NONE, Action.APP):
+            raise ValueError(
+                f"action {self.action.value!r} would not escalate; set enabled: false instead"
+            )
+        return self
 
     def threshold_for(self, xid: int) -> int:
         return self.per_xid_threshold.get(xid, self.threshold)
@@ -163,10 +190,11 @@ class PolicyConfig(_Strict):
         "boards where a single-GPU reset is not supported).",
     )
     unknown_xid_action: Action = Field(
-        default=Action.RESET,
-        description="Action for an XID that is not in the catalog. Reset: unknown XIDs on "
-        "current drivers are mostly new hardware/firmware errors, a reset is the cheapest "
-        "action that clears them, and validation after the reset catches what it did not fix.",
+        default=Action.ALERT,
+        description="Action for an XID that is not in the catalog (and for an unknown GPU "
+        "recovery-action code): alert (a Warning Event and a metric, the node stays in "
+        "service) or quarantine (held for a human's review). Never a reset: nobody knows yet "
+        "what the XID needs, and a drain is not free.",
     )
     recovery_action_overrides: dict[int, Action] = Field(
         default_factory=dict,
@@ -208,6 +236,14 @@ class PolicyConfig(_Strict):
         description="Escalation of application XIDs that repeat on one GPU.",
     )
 
+    @field_validator("unknown_xid_action")
+    @classmethod
+    def _alert_or_quarantine(cls, action: Action) -> Action:
+        if action not in UNKNOWN_XID_ACTIONS:
+            allowed = " or ".join(a.value for a in UNKNOWN_XID_ACTIONS)
+            raise ValueError(f"must be {allowed}, not {action.value!r}")
+        return action
+
     @model_validator(mode="after")
     def _valid_xid_keys(self) -> PolicyConfig:
         bad = [x for x in self.xid_overrides if x < 1]
@@ -225,7 +261,7 @@ class PolicyConfig(_Strict):
             return XidRule(
                 xid=xid,
                 mnemonic="UNKNOWN",
-                bucket=Bucket.CONTACT_SUPPORT,
+                bucket=Bucket.NO_BUCKET,
                 action=override,
                 why="Set by configuration.",
             )

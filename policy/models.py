@@ -15,6 +15,12 @@ class Action(StrEnum):
 
     NONE = "none"
     APP = "app"
+    ALERT = "alert"
+    """No node action, but a human should look: a Warning Event and a metric (an XID the
+    catalog does not know, or one whose bucket is a human's check)."""
+    DIAGNOSE = "diagnose"
+    """The GPU needs a deeper diagnostic (``dcgmi diag`` at a higher level) before anyone
+    resets it: application XIDs that keep coming back in separate bursts."""
     THERMAL = "thermal"
     RESET = "reset"
     REBOOT = "reboot"
@@ -24,11 +30,26 @@ class Action(StrEnum):
 SEVERITY: dict[Action, int] = {
     Action.NONE: 0,
     Action.APP: 1,
-    Action.THERMAL: 2,
-    Action.RESET: 3,
-    Action.REBOOT: 4,
-    Action.QUARANTINE: 5,
+    Action.ALERT: 2,
+    Action.DIAGNOSE: 3,
+    Action.THERMAL: 4,
+    Action.RESET: 5,
+    Action.REBOOT: 6,
+    Action.QUARANTINE: 7,
 }
+"""Only the order matters: compare severities, never store or print the numbers."""
+
+NODE_ACTIONS: frozenset[Action] = frozenset(
+    {Action.THERMAL, Action.RESET, Action.REBOOT, Action.QUARANTINE}
+)
+"""Verdicts the detector admits as remediations. The others are reported, not acted on:
+``none`` and ``app`` quietly, ``alert`` and ``diagnose`` with a Warning Event and a metric.
+``diagnose`` stays report-only until the remediation workflow can run a diagnostics-only
+remediation (drain, ``dcgmi diag -r 3``, return or quarantine): admitted today, it would
+reset the GPU, which is exactly what it must come before."""
+
+WARNING_ACTIONS: frozenset[Action] = frozenset({Action.ALERT, Action.DIAGNOSE})
+"""Findings that raise a Warning Event on the node and count in a metric when they appear."""
 
 
 def most_severe(actions: list[Action]) -> Action:

@@ -7,7 +7,7 @@ sandbox and replay them deterministically.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict
@@ -64,6 +64,18 @@ def is_app_xid(xid: int, config: PolicyConfig) -> bool:
     return row is not None and row.action == Action.APP
 
 
+def repeated_rule_id(xid: int) -> str:
+    """The rule id of an application XID that escalated because it kept coming back."""
+    return f"xid-{xid}-repeated"
+
+
+def xid_action(xid: int, config: PolicyConfig) -> Action:
+    """What a new ``xid`` alone asks for: its catalog row (overrides applied), or
+    ``unknown_xid_action`` for an XID the catalog does not list."""
+    row = config.xid_rule(xid)
+    return row.action if row is not None else config.unknown_xid_action
+
+
 class XidSighting(BaseModel):
     """One time the detector saw an XID appear (a new value of the gauge) on one GPU."""
 
@@ -76,18 +88,35 @@ class XidSighting(BaseModel):
     """Seconds since the epoch (``workflow.now().timestamp()`` inside a workflow)."""
 
 
+def burst_count(times: Iterable[float], *, gap_s: float) -> int:
+    """How many bursts the sighting times form: a sighting more than ``gap_s`` after the one
+    before it starts a new burst, so a chain of sightings each within the gap of the last is
+    one burst however long it lasts. A gap of 0 makes every sighting its own burst."""
+    bursts = 0
+    last: float | None = None
+    for t in sorted(times):
+        if last is None or gap_s <= 0 or t - last > gap_s:
+            bursts += 1
+        last = t
+    return bursts
+
+
 def xid_repeat_counts(
     sightings: Iterable[XidSighting], *, now_s: float, config: PolicyConfig
 ) -> dict[str, dict[int, int]]:
-    """Count sightings per GPU and XID inside the app-XID escalation window, in the shape
-    ``evaluate_node(xid_repeats=...)`` takes."""
-    since = now_s - config.app_xid_escalation.window_s
-    counts: Counter[tuple[str, int]] = Counter(
-        (s.gpu, s.xid) for s in sightings if since <= s.at_s <= now_s
-    )
+    """Bursts per GPU and XID inside the app-XID escalation window (see ``burst_count``), in
+    the shape ``evaluate_node(xid_repeats=...)`` takes. Bursts, not sightings: one job that
+    crashes with the same XID many times in a minute is one event, not a failing GPU."""
+    escalation = config.app_xid_escalation
+    since = now_s - escalation.window_s
+    times: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for s in sightings:
+        if since <= s.at_s <= now_s:
+            times[(s.gpu, s.xid)].append(s.at_s)
+    gap_s = escalation.burst_gap.total_seconds()
     out: dict[str, dict[int, int]] = {}
-    for (gpu, xid), n in counts.items():
-        out.setdefault(gpu, {})[xid] = n
+    for (gpu, xid), at in times.items():
+        out.setdefault(gpu, {})[xid] = burst_count(at, gap_s=gap_s)
     return out
 
 
@@ -115,18 +144,21 @@ def _xid_finding(
 
     if xid == 154:
         code = usable(gpu.recovery_action)
-        recovery = config.recovery_action(int(code)) if code is not None else None
-        if recovery is None:
+        if code is None:
             # 154 says "the required recovery changed" but we cannot read to what: the catalog
             # fallback (reset) is the cheapest action that the driver could have asked for.
             return finding("xid-154-recovery-unreadable", row.action)
+        recovery = config.recovery_action(int(code))
+        if recovery is None:
+            # A code newer than NVML as we know it: like an unknown XID, a human decides.
+            return finding(f"xid-154-code-{int(code)}", config.unknown_xid_action)
         return finding(f"xid-154-{recovery.slug}", recovery.action)
 
     if xid == 48 and (remap_pending or any(repeats.get(x, 0) > 0 for x in _XID_48_COMPANIONS)):
         return finding("xid-48-drain-and-reset", row.action)
 
     if row.action == Action.APP and _app_xid_repeated(xid, config, repeats):
-        return finding(f"xid-{xid}-repeated", config.app_xid_escalation.action)
+        return finding(repeated_rule_id(xid), config.app_xid_escalation.action)
     return finding(row.rule_id, row.action)
 
 
@@ -241,7 +273,7 @@ def evaluate_node(
     """What one node needs, with the evidence.
 
     ``acknowledged_xids``: GPU key (UUID) -> XID value already handled by a past remediation;
-    that exact value no longer triggers. ``xid_repeats``: GPU key -> XID -> sightings in the
+    that exact value no longer triggers. ``xid_repeats``: GPU key -> XID -> bursts in the
     escalation window, including the current one (see ``xid_repeat_counts``).
     """
     acked = acknowledged_xids or {}

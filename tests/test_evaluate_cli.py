@@ -312,3 +312,56 @@ def test_same_node_in_two_sources_is_merged(tmp_path: Path) -> None:
     report = evaluate_sources([str(first), str(second)], node=None, config=PolicyConfig())
     assert [v.node for v in report.nodes] == ["n"]
     assert report.nodes[0].action == Action.REBOOT
+
+
+# ---------------------------------------------------------------- the catalog is the oracle
+# One case per XID of NVIDIA's catalog, generated from the catalog data itself: whatever the
+# catalog row says (bucket mapped to an action, or its documented deviation) is what the whole
+# offline path (exporter text -> parser -> policy -> report) must answer.
+
+from policy.xid import DEFAULT_XID_TABLE  # noqa: E402
+
+
+@pytest.mark.parametrize("xid", sorted(DEFAULT_XID_TABLE))
+def test_evaluate_gives_the_catalog_action_for_every_catalog_xid(
+    xid: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    row = DEFAULT_XID_TABLE[xid]
+    path = tmp_path / f"xid-{xid}.prom"
+    path.write_text(exposition("gpu-x", xid=xid))
+    code, doc = run_json(capsys, [str(path)], None, None, "json")
+    assert code == 0
+    (node,) = doc["nodes"]
+    assert node["action"] == row.action.value
+    (finding,) = node["findings"]
+    assert (finding["gpu"], finding["value"], finding["action"]) == ("1", float(xid),
+                                                                      row.action.value)
+    # 154 names the recovery action it followed; here it cannot be read (no field exported).
+    expected_rule = "xid-154-recovery-unreadable" if xid == 154 else row.rule_id
+    assert finding["rule"] == expected_rule
+
+
+@pytest.mark.parametrize("xid", [173, 255, 1000])
+def test_evaluate_alerts_on_an_xid_outside_the_catalog(xid: int, tmp_path: Path) -> None:
+    path = tmp_path / "unknown.prom"
+    path.write_text(exposition("gpu-u", xid=xid))
+    report = evaluate_sources([str(path)], node=None, config=PolicyConfig())
+    (verdict,) = report.nodes
+    assert verdict.action == Action.ALERT
+    assert [(f.rule, f.action) for f in verdict.findings] == [(f"xid-{xid}-unknown", Action.ALERT)]
+
+
+def test_evaluate_holds_an_unknown_xid_for_review_when_configured(tmp_path: Path) -> None:
+    path = tmp_path / "unknown.prom"
+    path.write_text(exposition("gpu-u", xid=200))
+    config = tmp_path / "policy.yaml"
+    config.write_text("policy:\n  unknown_xid_action: quarantine\n")
+    report = evaluate_sources([str(path)], node=None, config=load_policy_config(config))
+    assert report.nodes[0].action == Action.QUARANTINE
+
+
+def test_evaluate_rejects_a_reset_for_unknown_xids_naming_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text("policy:\n  unknown_xid_action: reset\n")
+    with pytest.raises(ConfigError, match=r"policy\.unknown_xid_action: .*alert or quarantine"):
+        load_policy_config(config)

@@ -313,14 +313,14 @@ def test_xid_48_with_recent_63_is_drain_and_reset() -> None:
     assert rules(verdict) == [("xid-48-drain-and-reset", Action.RESET)]
 
 
-def test_repeated_app_xid_escalates() -> None:
+def test_repeated_app_xid_escalates_to_a_diagnostic_not_a_reset() -> None:
     reading = gpu("0", xid=13)
     assert evaluate(reading, xid_repeats={"GPU-0": {13: 4}}).action == Action.APP
     verdict = evaluate(reading, xid_repeats={"GPU-0": {13: 5}})
-    assert rules(verdict) == [("xid-13-repeated", Action.RESET)]
-    # XID 31 escalates at two sightings.
+    assert rules(verdict) == [("xid-13-repeated", Action.DIAGNOSE)]
+    # XID 31 escalates at two bursts.
     assert rules(evaluate(gpu("0", xid=31), xid_repeats={"GPU-0": {31: 2}})) == [
-        ("xid-31-repeated", Action.RESET)
+        ("xid-31-repeated", Action.DIAGNOSE)
     ]
     # Repeats on another GPU do not count.
     assert evaluate(reading, xid_repeats={"GPU-1": {13: 9}}).action == Action.APP
@@ -335,7 +335,7 @@ def test_acknowledged_app_xid_still_escalates_when_it_keeps_repeating() -> None:
     assert evaluate(reading, acknowledged_xids=acked,
                     xid_repeats={"GPU-0": {13: 4}}).findings == []
     verdict = evaluate(reading, acknowledged_xids=acked, xid_repeats={"GPU-0": {13: 5}})
-    assert rules(verdict) == [("xid-13-repeated", Action.RESET)]
+    assert rules(verdict) == [("xid-13-repeated", Action.DIAGNOSE)]
     # A hardware XID once acknowledged stays history, however it is counted.
     assert evaluate(gpu("0", xid=79), acknowledged_xids={"GPU-0": 79},
                     xid_repeats={"GPU-0": {79: 9}}).findings == []
@@ -373,6 +373,67 @@ def test_xid_repeat_counts_window() -> None:
     assert counts == {"GPU-0": {31: 2}, "GPU-1": {13: 1}}
 
 
+def sightings_at(*times: float, xid: int = 31, gpu_key: str = "GPU-0") -> list[XidSighting]:
+    return [XidSighting(gpu=gpu_key, xid=xid, at_s=t) for t in times]
+
+
+def test_sightings_closer_than_the_gap_are_one_burst() -> None:
+    """NVSentinel counts bursts: one job crashing with XID 31 ten times in two minutes is one
+    event, not a failing GPU (the old count reset an 8-GPU node for it)."""
+    now = 10_000.0
+    crashing_job = sightings_at(*(now - 120 + 12 * i for i in range(10)))
+    assert xid_repeat_counts(crashing_job, now_s=now, config=PolicyConfig()) == {
+        "GPU-0": {31: 1}}
+    verdict = evaluate(gpu("0", xid=31), xid_repeats={"GPU-0": {31: 1}})
+    assert verdict.action == Action.APP
+
+
+def test_a_chain_within_the_gap_stays_one_burst_and_a_pause_starts_the_next() -> None:
+    config = PolicyConfig()  # gap 180 s
+    # 0, 170, 340, 510: each within 180 s of the one before, so one burst over 8.5 minutes.
+    assert xid_repeat_counts(sightings_at(0, 170, 340, 510), now_s=600,
+                             config=config) == {"GPU-0": {31: 1}}
+    # A pause just over the gap starts a second burst; exactly the gap does not.
+    assert xid_repeat_counts(sightings_at(0, 181), now_s=600, config=config) == {
+        "GPU-0": {31: 2}}
+    assert xid_repeat_counts(sightings_at(0, 180), now_s=600, config=config) == {
+        "GPU-0": {31: 1}}
+
+
+def test_bursts_are_per_gpu_and_per_xid() -> None:
+    sightings = [*sightings_at(0, 1000), *sightings_at(500, xid=13),
+                 *sightings_at(10, gpu_key="GPU-1")]
+    assert xid_repeat_counts(sightings, now_s=2000, config=PolicyConfig()) == {
+        "GPU-0": {31: 2, 13: 1}, "GPU-1": {31: 1}}
+
+
+@pytest.mark.parametrize(("gap", "expected"), [(0, 3), (60, 2), (600, 1)])
+def test_burst_gap_is_configurable(gap: int, expected: int) -> None:
+    config = PolicyConfig.model_validate({"app_xid_escalation": {"burst_gap": gap}})
+    assert xid_repeat_counts(sightings_at(100, 100, 200), now_s=300,
+                             config=config)["GPU-0"][31] == expected
+
+
+def test_two_bursts_of_31_ask_for_a_diagnostic_and_reset_is_opt_in() -> None:
+    now = 50_000.0
+    counts = xid_repeat_counts(sightings_at(now - 7200, now), now_s=now, config=PolicyConfig())
+    verdict = evaluate(gpu("0", xid=31), xid_repeats=counts)
+    assert rules(verdict) == [("xid-31-repeated", Action.DIAGNOSE)]
+    old_way = PolicyConfig.model_validate({"app_xid_escalation": {"action": "reset"}})
+    assert evaluate(gpu("0", xid=31), config=old_way, xid_repeats=counts).action == Action.RESET
+
+
+@pytest.mark.parametrize(
+    ("section", "field"),
+    [({"burst_gap": -5}, "burst_gap"), ({"action": "app"}, "action"),
+     ({"action": "none"}, "action"), ({"burst_gap": "soon"}, "burst_gap")],
+)
+def test_escalation_config_rejects_nonsense_naming_it(section: dict, field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        PolicyConfig.model_validate({"app_xid_escalation": section})
+    assert "app_xid_escalation" in str(err.value) and field in str(err.value)
+
+
 def test_recovery_action_can_be_ignored_without_xid_154() -> None:
     config = PolicyConfig(follow_recovery_action=False)
     assert evaluate(gpu(recovery_action=2), config=config).findings == []
@@ -380,7 +441,10 @@ def test_recovery_action_can_be_ignored_without_xid_154() -> None:
 
 def test_unknown_recovery_code_uses_unknown_action() -> None:
     verdict = evaluate(gpu(recovery_action=42))
-    assert rules(verdict) == [("recovery-action-code-42", Action.RESET)]
+    assert rules(verdict) == [("recovery-action-code-42", Action.ALERT)]
+    held = PolicyConfig(unknown_xid_action=Action.QUARANTINE)
+    assert rules(evaluate(gpu(recovery_action=42), config=held)) == [
+        ("recovery-action-code-42", Action.QUARANTINE)]
 
 
 def test_gpu_without_uuid_is_keyed_by_index_for_acks() -> None:
