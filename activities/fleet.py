@@ -24,6 +24,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities import annotations as node_annotations
 from activities import metrics
 from activities.events import record_node_event
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
@@ -48,10 +49,11 @@ from activities.notices import (
     telemetry_notices,
 )
 from activities.notices import send as send_notices
+from activities.observation_budget import bound_observation
 from activities.parse_pool import BodyError, ParsePool, default_workers, read_body
 from activities.parse_pool import looks_intact as looks_intact  # re-exported: same check
 from activities.prometheus_source import PrometheusSource
-from activities.xid_sightings import Tracks, dump_tracks, observe, parse_tracks, repeat_counts
+from activities.xid_sightings import Tracks, dump_tracks, observe, repeat_counts
 from policy.models import Action, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_node, gpu_key, is_thermal_recovered
 from workflows.models import (
@@ -87,7 +89,7 @@ class ExporterSettings:
     port: int = 9400
     path: str = "/metrics"
     timeout_seconds: float = 5.0
-    max_bytes: int = 16 * 1024 * 1024
+    max_bytes: int = 4 * 1024 * 1024
     concurrency: int = 64
     parse_helper_from: int = 2000
     """Fleets of at least this many scraped nodes also parse in a helper process (when the
@@ -98,6 +100,11 @@ class ExporterSettings:
 
 class ScrapeError(Exception):
     pass
+
+
+PARSE_ON_LOOP_BYTES = 256 * 1024
+"""Bodies up to this size (a few ms of parsing) are parsed on the event loop; larger ones in
+a thread, or in the helper process for large fleets."""
 
 
 @dataclass
@@ -111,6 +118,9 @@ class GpuNode:
     excluded: bool = False
     xid_tracks: Tracks = field(default_factory=dict)
     resource_version: str = ""
+    unreadable: str = ""
+    """Why an annotation the node carries could not be read (activities/annotations.py):
+    the node is reported unreadable rather than judged on half its state."""
 
 
 def _state(value: str | None) -> NodeState:
@@ -129,10 +139,13 @@ def _still_shown(acked: dict[str, int], readings: NodeReadings) -> dict[str, int
 def _gpu_node(n: client.V1Node) -> GpuNode:
     labels, ann = meta_dict(n, "labels"), meta_dict(n, "annotations")
     assert n.metadata is not None and n.metadata.name
+    acked = node_annotations.parse_acknowledged(A_ACK_XIDS, ann.get(A_ACK_XIDS))
+    tracks = node_annotations.parse_tracks(A_XID_SIGHTINGS, ann.get(A_XID_SIGHTINGS))
+    problem = acked.problem or tracks.problem
     return GpuNode(n.metadata.name, _state(labels.get(STATE_LABEL)), ann.get(A_WORKFLOW, ""),
-                   _acknowledged(ann.get(A_ACK_XIDS)), labels, A_ORPHAN in ann,
-                   labels.get(EXCLUDE_LABEL) == "true", parse_tracks(ann.get(A_XID_SIGHTINGS)),
-                   n.metadata.resource_version or "")
+                   acked.value, labels, A_ORPHAN in ann,
+                   labels.get(EXCLUDE_LABEL) == "true", tracks.value,
+                   n.metadata.resource_version or "", str(problem) if problem else "")
 
 
 def _learned(node: GpuNode, r: NodeReadings, inp: ObserveInput,
@@ -158,11 +171,8 @@ def _learned(node: GpuNode, r: NodeReadings, inp: ObserveInput,
 
 
 def _acknowledged(text: str | None) -> dict[str, int]:
-    try:
-        raw = json.loads(text or "{}")
-        return {str(k): int(v) for k, v in raw.items()}
-    except (ValueError, TypeError, AttributeError):
-        return {}
+    # The one defensive reader (activities/annotations.py); unreadable reads as none here.
+    return node_annotations.parse_acknowledged(A_ACK_XIDS, text).value
 
 
 NOTICE_REPEAT = timedelta(hours=6)
@@ -252,9 +262,12 @@ class FleetActivities:
 
     async def _fetch(self, http: aiohttp.ClientSession, url: str) -> bytes:
         try:
-            async with http.get(url) as resp:
+            # Never follow a redirect: an exporter must not send the worker to another
+            # address (blind requests inside the cluster, their status shown to operators).
+            async with http.get(url, allow_redirects=False) as resp:
                 if resp.status != 200:
-                    raise ScrapeError(f"HTTP {resp.status}")
+                    raise ScrapeError(f"HTTP {resp.status}" + (
+                        " (redirects are not followed)" if 300 <= resp.status < 400 else ""))
                 chunks, size = [], 0
                 async for chunk in resp.content.iter_chunked(1 << 16):
                     size += len(chunk)
@@ -271,7 +284,14 @@ class FleetActivities:
         # Corruption check, parse and this node's series (activities/parse_pool.read_body),
         # here or in the helper process: the same fields or the same error either way.
         try:
-            gpus = read_body(raw, node) if pool is None else await pool.read(raw, node)
+            if pool is not None:
+                gpus = await pool.read(raw, node)
+            elif len(raw) > PARSE_ON_LOOP_BYTES:
+                # A big body is parsed off the event loop: health checks and the other
+                # nodes' scrapes keep running meanwhile (the GIL is handed over every 5 ms).
+                gpus = await asyncio.to_thread(read_body, raw, node)
+            else:
+                gpus = read_body(raw, node)
         except BodyError as err:
             raise ScrapeError(str(err)) from err
         return NodeReadings(node=node, gpus=[GpuReading(**g) for g in gpus])
@@ -360,8 +380,11 @@ class FleetActivities:
         listed = [n for n in await asyncio.to_thread(self.list_gpu_nodes)
                   if shard_of(n.name, inp.shards) == inp.shard]
         nodes = [n for n in listed if not n.excluded]
-        names = [n.name for n in nodes]
+        # A node whose annotations cannot be read is unreadable (that node only, with the
+        # reason), never judged on half its state; its remediation, if any, goes on.
+        names = [n.name for n in nodes if not n.unreadable]
         readings, errors = await self.read_many(names, nodes)
+        errors.update({n.name: f"{n.name}: {n.unreadable}" for n in nodes if n.unreadable})
         verdicts: list[Verdict] = []
         app_only: list[Verdict] = []
         writes: list[tuple[GpuNode, NodeReadings, dict[str, str | None]]] = []
@@ -405,12 +428,12 @@ class FleetActivities:
         await self._announce(inp, nodes, errors, app_only)
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         metrics.LAST_OBSERVATION.set_to_current_time()
-        return FleetObservation(
+        return bound_observation(FleetObservation(
             managed_nodes=len(nodes), readable_nodes=len(readings),
             verdicts=sorted(verdicts, key=lambda v: v.node), remediating=remediating,
             errors=sorted(errors.values())[:50], orphans=orphans, pool_of=pool_of,
             pool_sizes=pool_sizes,
-        )
+        ))
 
     async def _announce(self, inp: ObserveInput, nodes: list[GpuNode], errors: dict[str, str],
                         app_only: list[Verdict]) -> None:
@@ -482,8 +505,8 @@ class FleetActivities:
             raise ApplicationError(f"{req.node} is not an orphan any more", type="NotOrphan",
                                    non_retryable=True)
         now = datetime.now(UTC)
-        since = ann.get(A_SINCE)
-        started = datetime.fromisoformat(since) if since else now
+        # Node-written: a naive or absurd time must not keep the release from finishing.
+        started = node_annotations.parse_timestamp(A_SINCE, ann.get(A_SINCE), now=now).value or now
         why = f"orphan released by {req.operator}" + (f": {req.reason}" if req.reason else "")
         await asyncio.to_thread(self.nodes.release_node, ReleaseInput(
             node=req.node, outcome="released", uncordon=ann.get(A_PRECORDONED) != "true",

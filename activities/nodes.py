@@ -15,10 +15,11 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import annotations as node_annotations
 from activities import metrics
 from activities.drain import clear_blocked
 from activities.events import record_node_event
@@ -60,25 +61,21 @@ UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
 
 def parse_history(text: str | None) -> list[HistoryEntry]:
-    """The node's remediation history; a damaged annotation reads as empty, never fails."""
-    if not text:
-        return []
-    try:
-        return _HISTORY.validate_json(text)
-    except ValidationError:
-        log.warning("ignoring unreadable %s annotation", A_HISTORY)
-        return []
+    """The node's remediation history; a damaged annotation reads as empty, never fails
+    (activities/annotations.py: size, nesting, types, times with an offset)."""
+    read = node_annotations.parse_history(A_HISTORY, text)
+    if read.problem is not None:
+        log.warning("ignoring %s", read.problem)
+    return read.value
 
 
 def parse_acknowledged(text: str | None) -> dict[str, int]:
     """GPU -> acknowledged XID; like the history, a damaged annotation reads as empty
     (it must never make a release fail, which would keep the node out of service)."""
-    try:
-        raw = json.loads(text or "{}")
-        return {str(k): int(v) for k, v in raw.items()}
-    except (ValueError, TypeError, AttributeError):
-        log.warning("ignoring unreadable %s annotation", A_ACK_XIDS)
-        return {}
+    read = node_annotations.parse_acknowledged(A_ACK_XIDS, text)
+    if read.problem is not None:
+        log.warning("ignoring %s", read.problem)
+    return read.value
 
 
 def our_taint() -> dict[str, str]:
@@ -105,9 +102,10 @@ def _observe_state_time(node: Any, now: datetime) -> None:
     since = meta_dict(node, "annotations").get(A_TRANSITION)
     if not state or not since:
         return
-    try:
-        started = datetime.fromisoformat(since)
-    except ValueError:
+    # The node can write this annotation: a naive or absurd time is skipped, never raised
+    # (this runs inside every state change and release).
+    started = node_annotations.parse_timestamp(A_TRANSITION, since, now=now).value
+    if started is None:
         return
     metrics.STATE_SECONDS.labels(state).observe(max(0.0, (now - started).total_seconds()))
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from policy.config import PolicyConfig
 from policy.models import NodeReadings
@@ -52,16 +52,14 @@ Tracks = dict[str, GpuXidTrack]
 
 
 def parse_tracks(text: str | None) -> Tracks:
-    """The annotation's value; a damaged one reads as empty (it only delays escalation)."""
-    if not text:
-        return {}
-    try:
-        raw = json.loads(text)
-        if not isinstance(raw, dict):
-            return {}
-        return {str(k): GpuXidTrack.model_validate(v) for k, v in raw.items()}
-    except (ValueError, TypeError, ValidationError):
-        return {}
+    """The annotation's value; a damaged one reads as empty (it only delays escalation).
+    Read with the caps of ``activities.annotations`` (size, nesting, ranges): the node can
+    write this annotation, and a release must never fail on it."""
+    from activities.annotations import parse_tracks as read_tracks
+    from activities.node_keys import A_XID_SIGHTINGS
+
+    tracks: Tracks = read_tracks(A_XID_SIGHTINGS, text).value
+    return tracks
 
 
 def dump_tracks(tracks: Mapping[str, GpuXidTrack]) -> str | None:
