@@ -43,9 +43,11 @@ from activities.node_keys import (
 from activities.nodes import NodeActivities
 from activities.notices import (
     GPU_WARNING,
+    REMEDIATION_DEFERRED,
     TELEMETRY_UNAVAILABLE,
     NoticeBook,
     app_xid_notices,
+    deferred_notices,
     telemetry_notices,
 )
 from activities.notices import send as send_notices
@@ -58,6 +60,7 @@ from policy.models import Action, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_node, gpu_key, is_thermal_recovered
 from workflows.models import (
     AdmissionReport,
+    DetectorView,
     FleetObservation,
     HistoryEntry,
     NodeHealth,
@@ -623,6 +626,42 @@ class FleetActivities:
             if now - started >= inp.give_up_after.total_seconds():
                 return ThermalWatchResult(outcome="hot", message=last)
             await asyncio.sleep(inp.poll_interval.total_seconds())
+
+
+    @activity.defn(name="report_admission")
+    async def report_admission(self, report: AdmissionReport) -> None:
+        """Publish the detector's admission figures, and a ``RemediationDeferred`` Event on
+        each node that waits (rate-limited: once per node and reason, again after
+        ``NOTICE_REPEAT``), as the original tool did for a node waiting for the budget."""
+        report_admission(report)
+        try:
+            waiting = await self._waiting_nodes(report)
+            notices = deferred_notices(waiting)
+            self.notices.settle(REMEDIATION_DEFERRED, [n.node for n in notices],
+                                self.notices.nodes(REMEDIATION_DEFERRED))
+            sent = await send_notices(self.core, self.notices, notices, time.time())
+        except Exception as err:  # an Event is never worth failing the report
+            log.warning("could not record RemediationDeferred Events: %s", err)
+            return
+        for n in sent:
+            metrics.NODE_EVENTS.labels(n.reason).inc()
+
+    async def _waiting_nodes(self, report: AdmissionReport) -> list[str]:
+        """The detector's waiting list (``"node (action: why)"``), asked of the detector that
+        runs this activity: the report carries only the count.
+
+        The detector sends a report when its figures change, so a node is seen waiting when
+        the count of waiting nodes (or the budget in use) changes, which is when it starts
+        to wait. Once the report carries the names, this query goes.
+        """
+        if report.waiting == 0:
+            return []
+        detector = activity.info().workflow_id
+        if detector is None:
+            return []
+        view = await activity.client().get_workflow_handle(detector).query(
+            "view", result_type=DetectorView)
+        return list(view.waiting)
 
 
 @activity.defn

@@ -65,6 +65,10 @@ class NoticeBook:
     def sent(self, notice: Notice, now: float) -> None:
         self._sent[(notice.node, notice.reason)] = (notice.fingerprint, now)
 
+    def nodes(self, reason: str) -> list[str]:
+        """The nodes with a remembered notice of ``reason``."""
+        return [node for node, r in self._sent if r == reason]
+
     def settle(self, reason: str, current: Iterable[str], nodes: Iterable[str]) -> None:
         """Forget ``reason`` for each of ``nodes`` that no longer has it, so its return is new.
         ``nodes``: those this observation looked at (another shard's are not ours to forget)."""

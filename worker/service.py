@@ -18,7 +18,7 @@ from temporalio.worker import Worker
 
 from activities.drain import DrainActivities
 from activities.events import set_event_namespace
-from activities.fleet import ExporterSettings, FleetActivities, report_admission
+from activities.fleet import ExporterSettings, FleetActivities
 from activities.jobs import JobActivities
 from activities.kube import KubeSettings, make_api_client
 from activities.nodes import NodeActivities
@@ -67,7 +67,7 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,
             jobs.run_node_job, fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
             fleet.release_orphan,
-            report_admission]
+            fleet.report_admission]
 
 
 class Health:
