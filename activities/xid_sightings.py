@@ -11,9 +11,16 @@ detector restarts, and is visible with ``kubectl``). A *sighting* is:
   sliding window): a rise of N is N new occurrences, which is how a repeat of the *same* XID
   becomes visible. A rise that the gauge change already reported is not counted twice.
 
-Sightings older than the policy's escalation window are dropped. A remediation that
-acknowledges a GPU's XID clears that GPU's sightings (``clear_sightings``), so escalation
-counts only what happened after the last repair. Pure functions; the I/O is in ``fleet.py``.
+Sightings older than the policy's escalation window are dropped. The policy counts them in
+*bursts* (sightings less than ``app_xid_escalation.burst_gap`` apart are one burst), so one
+job crashing a dozen times in a minute is one event. A remediation that acknowledges a GPU's
+XID clears that GPU's sightings (``clear_sightings``), so escalation counts only what happened
+after the last repair.
+
+The gauge's last value is also remembered for XIDs that only raise a warning (an XID the
+catalog does not know, a bucket that asks a human to check something), so that
+``new_warnings`` reports each one once, when it appears, and not at every tick while the
+gauge keeps showing it. Pure functions; the I/O is in ``fleet.py``.
 """
 
 from __future__ import annotations
@@ -24,8 +31,17 @@ from collections.abc import Iterable, Mapping
 from pydantic import BaseModel, Field
 
 from policy.config import PolicyConfig
-from policy.models import NodeReadings
-from policy.rules import XidSighting, gpu_key, is_app_xid, usable, xid_repeat_counts
+from policy.models import WARNING_ACTIONS, Finding, NodeReadings, Verdict
+from policy.rules import (
+    SIG_XID,
+    XidSighting,
+    gpu_key,
+    is_app_xid,
+    repeated_rule_id,
+    usable,
+    xid_action,
+    xid_repeat_counts,
+)
 
 MAX_SIGHTINGS_PER_GPU = 64
 """Far above any sane threshold; bounds the annotation if a GPU floods XIDs."""
@@ -44,7 +60,15 @@ class GpuXidTrack(BaseModel):
     )
 
     def worth_keeping(self, config: PolicyConfig) -> bool:
-        return bool(self.seen or self.counts or (self.shown and is_app_xid(self.shown, config)))
+        return bool(self.seen or self.counts or (self.shown and _remembered(self.shown, config)))
+
+
+def _remembered(xid: int, config: PolicyConfig) -> bool:
+    """XIDs whose gauge value is kept between ticks: app XIDs (a change is a sighting) and
+    the ones that warn (a change is a new warning), unknown ones included whatever their
+    configured action."""
+    return (is_app_xid(xid, config) or config.xid_rule(xid) is None
+            or xid_action(xid, config) in WARNING_ACTIONS)
 
 
 Tracks = dict[str, GpuXidTrack]
@@ -135,3 +159,54 @@ def clear_sightings(tracks: Mapping[str, GpuXidTrack], gpus: Iterable[str]) -> T
     cleared = set(gpus)
     return {k: (t.model_copy(update={"seen": []}) if k in cleared else t)
             for k, t in tracks.items()}
+
+
+class XidWarning(BaseModel):
+    """A finding worth a Warning Event on the node, the first time it is seen."""
+
+    reason: str
+    """The Event reason: ``UnknownXid``, ``XidAlert`` or ``GPUDiagnosticNeeded``."""
+    message: str
+    finding: Finding
+
+
+def new_warnings(before: Mapping[str, GpuXidTrack], after: Mapping[str, GpuXidTrack],
+                 verdict: Verdict, config: PolicyConfig, now_s: float) -> list[XidWarning]:
+    """The XID findings of ``verdict`` that warn and are new at this observation.
+
+    ``before``/``after``: the node's tracks before and after ``observe`` at ``now_s``. A gauge
+    value warns when it differs from what the GPU showed before (it keeps showing it until the
+    exporter restarts); an escalation warns when this observation added a sighting of its XID,
+    i.e. at each new burst that keeps it over the threshold, not at every tick in the window.
+    """
+    out: list[XidWarning] = []
+    for f in verdict.findings:
+        if f.signal != SIG_XID:
+            continue
+        xid, key = int(f.value), gpu_key(f)
+        where = f"GPU {f.gpu}" + (f" ({f.uuid})" if f.uuid else "")
+        if f.rule == repeated_rule_id(xid):
+            track = after.get(key)
+            if f.action in WARNING_ACTIONS and track and (xid, now_s) in track.seen:
+                bursts = config.app_xid_escalation.threshold_for(xid)
+                out.append(XidWarning(
+                    reason="GPUDiagnosticNeeded", finding=f,
+                    message=f"{where}: application XID {xid} came back in {bursts} or more "
+                            f"separate bursts; run a deeper diagnostic (dcgmi diag -r 3) "
+                            f"before any reset"))
+            continue
+        old = before.get(key)
+        if old is not None and old.shown == xid:
+            continue
+        if config.xid_rule(xid) is None:
+            out.append(XidWarning(
+                reason="UnknownXid", finding=f,
+                message=f"{where}: XID {xid} is not in NVIDIA's XID catalog as this version "
+                        f"knows it; action {f.action.value} (policy.unknown_xid_action)"))
+        elif f.action in WARNING_ACTIONS:
+            row = config.xid_rule(xid)
+            why = row.why if row is not None else ""
+            out.append(XidWarning(
+                reason="XidAlert", finding=f,
+                message=f"{where}: XID {xid} needs a human, no node action: {why}"))
+    return out
