@@ -40,6 +40,19 @@ case "${1:-}" in
     "$VENV/bin/ruff" check .
     echo "==> mypy"
     "$VENV/bin/mypy" policy activities workflows worker sim
+    echo "==> shellcheck"
+    # Every shell script: *.sh, and files whose first line is a shell shebang (.ci/run).
+    scripts=()
+    while IFS= read -r -d '' file; do
+      first=
+      [[ $file == *.sh ]] || IFS= read -r first < "$file" || true
+      if [[ $file == *.sh || $first =~ ^\#!.*[/\ ](ba|da|k)?sh([[:space:]]|$) ]]; then
+        scripts+=("$file")
+      fi
+    done < <(find . \( -name .git -o -name "$(basename "$VENV")" -o -name node_modules \
+                      -o -name .gpu-remediate -o -name '*.egg-info' \) -prune \
+                    -o -type f -print0 | LC_ALL=C sort -z)
+    "$VENV/bin/shellcheck" "${scripts[@]}"
     echo "==> pytest"
     set +e
     "$VENV/bin/pytest" -q -p no:cacheprovider "$@"

@@ -15,7 +15,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here"
 
-hash=$(cat go.mod go.sum $(ls *.go | LC_ALL=C sort) | sha256sum | cut -c1-16)
+mapfile -t sources < <(printf '%s\n' ./*.go | LC_ALL=C sort)
+hash=$(cat go.mod go.sum "${sources[@]}" | sha256sum | cut -c1-16)
 k8s=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' go.mod)
 if [[ -z "$k8s" ]]; then
   k8s=$(awk '/k8s.io\/kubernetes v[0-9]/ {for (i = 1; i <= NF; i++) if ($i ~ /^v[0-9]/) {print $i; exit}}' go.mod)
