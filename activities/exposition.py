@@ -219,13 +219,16 @@ def check_body(raw: bytes, limits: BodyLimits = NODE_LIMITS) -> None:
         raise ExpositionError(f"the exposition is larger than {limits.max_bytes} bytes")
     if not raw:
         return
-    if not looks_intact(raw):
-        raise ExpositionError("the exposition is truncated or corrupted")
     if not raw.isascii():
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise ExpositionError("the exposition is not UTF-8 text") from None
+            raise ExpositionError("the exposition is not UTF-8 text (binary?)") from None
+    head = raw[:512].lstrip()
+    if head[:1] == b"<" or b"<html" in head.lower():
+        raise ExpositionError("payload is HTML/XML, not Prometheus text exposition")
+    if not looks_intact(raw):
+        raise ExpositionError("the exposition is truncated or corrupted")
     lines = raw.count(b"\n")
     if lines > limits.max_lines:
         raise ExpositionError(f"the exposition has {lines} lines, more than {limits.max_lines}")
@@ -468,9 +471,9 @@ class _Fleet:
         field = HEALTH_METRICS.get(name)
         if field is None:
             return
-        for key in _IDENTITY_LABELS:
-            if len(labels.get(key, "")) > MAX_LABEL_VALUE_CHARS:
-                raise ValueError(f"label {key} longer than {MAX_LABEL_VALUE_CHARS} characters")
+        for label in _IDENTITY_LABELS:
+            if len(labels.get(label, "")) > MAX_LABEL_VALUE_CHARS:
+                raise ValueError(f"label {label} longer than {MAX_LABEL_VALUE_CHARS} characters")
         index = labels.get("gpu", "")
         if index and ascii_int(index, max_chars=MAX_GPU_INDEX_CHARS) is None:
             raise ValueError(f"gpu label {index[:20]!r} is not a GPU index (ASCII digits)")

@@ -11,7 +11,10 @@ Exit codes: 0 every source was evaluated, 1 at least one source failed (it is li
 
 A source either counts whole or not at all: one unparsable line, unlabelled series or an empty
 payload fails the source, because a half-read payload could hide the sick GPU, and "no data"
-must never read as "healthy".
+must never read as "healthy". A payload is refused by the same checks as a scrape of the node's
+exporter (``activities.exposition.check_body``: cut, corrupted, not UTF-8, content after
+``# EOF``, over the caps of ``FLEET_LIMITS``), so what the detector would not judge, ``evaluate``
+does not judge either. HTTP redirects are not followed.
 """
 
 from __future__ import annotations
@@ -26,12 +29,18 @@ from pydantic import BaseModel, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from activities.exposition import ExpositionError, ParseResult, parse_exposition
+from activities.exposition import (
+    FLEET_LIMITS,
+    ExpositionError,
+    ParseResult,
+    check_body,
+    parse_exposition,
+)
 from policy.config import PolicyConfig
 from policy.models import GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_fleet
 
-MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+MAX_PAYLOAD_BYTES = FLEET_LIMITS.max_bytes
 """A fleet-wide federation payload is tens of MiB; more than this is not a metrics endpoint."""
 
 
@@ -93,11 +102,12 @@ def _read_limited(stream: Any) -> bytes:
 def _fetch(url: str, timeout_s: float) -> bytes:
     try:
         with (
-            httpx.Client(timeout=timeout_s, follow_redirects=True) as client,
+            httpx.Client(timeout=timeout_s, follow_redirects=False) as client,
             client.stream("GET", url, headers={"Accept": "text/plain"}) as response,
         ):
             if response.status_code != 200:
-                raise _SourceFailed(f"HTTP {response.status_code} from {url}")
+                moved = " (redirects are not followed)" if response.is_redirect else ""
+                raise _SourceFailed(f"HTTP {response.status_code} from {url}{moved}")
             chunks: list[bytes] = []
             size = 0
             for chunk in response.iter_bytes():
@@ -114,7 +124,7 @@ def _fetch(url: str, timeout_s: float) -> bytes:
         raise _SourceFailed(f"cannot fetch {url}: {exc}") from exc
 
 
-def _read_source(source: str, timeout_s: float) -> str:
+def _read_source(source: str, timeout_s: float) -> bytes:
     if source == "-":
         raw = _read_limited(sys.stdin.buffer)
     elif source.startswith(("http://", "https://")):
@@ -125,15 +135,13 @@ def _read_source(source: str, timeout_s: float) -> str:
                 raw = _read_limited(handle)
         except OSError as exc:
             raise _SourceFailed(f"cannot read file: {exc.strerror or exc}") from exc
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _SourceFailed("payload is not UTF-8 text (binary?)") from exc
+    return raw
 
 
-def _parse_source(text: str, node: str | None) -> ParseResult:
+def _parse_source(raw: bytes, node: str | None) -> ParseResult:
     try:
-        result = parse_exposition(text, default_node=node)
+        check_body(raw, FLEET_LIMITS)
+        result = parse_exposition(raw.decode("utf-8"), default_node=node, limits=FLEET_LIMITS)
     except ExpositionError as exc:
         raise _SourceFailed(str(exc)) from exc
     if result.bad_lines:
@@ -147,6 +155,9 @@ def _parse_source(text: str, node: str | None) -> ParseResult:
         )
     if result.empty:
         raise _SourceFailed("no DCGM health samples in the payload (empty scrape?)")
+    if not result.nodes:
+        # Only NVSwitch/CPU entities: a scrape of such a node is refused too ("no GPU series").
+        raise _SourceFailed("no GPU series in the payload")
     return result
 
 

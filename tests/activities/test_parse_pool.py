@@ -79,13 +79,13 @@ def old_read(raw: bytes, node: str, parse: Callable[..., ParseResult] = old_pars
 
     The body-level caps and checks (size, lines, UTF-8, ``# EOF``) came later, on the bytes:
     the oracle applies them first, so what it checks is the text path's parse."""
-    text = raw.decode("utf-8", errors="replace")
-    if text and not old_looks_intact(text):
-        return "the exposition is truncated or corrupted"
     try:
         check_body(raw, NODE_LIMITS)
     except ExpositionError as err:
         return str(err)
+    text = raw.decode("utf-8", errors="replace")
+    if text and not old_looks_intact(text):
+        return "the exposition is truncated or corrupted"
     try:
         parsed = parse(text, default_node=node)
     except ExpositionError as err:
@@ -265,7 +265,9 @@ def test_read_body_errors_are_the_scrape_errors() -> None:
     healthy = sim_bodies()[0]
     cases = {
         healthy[: len(healthy) // 2]: "the exposition is truncated or corrupted",
-        b"<html>502</html>\n": "the exposition is truncated or corrupted",
+        b"<html>502</html>\n": "payload is HTML/XML, not Prometheus text exposition",
+        b"\xff\xfe\n": "the exposition is not UTF-8 text (binary?)",
+        (NODE_A + "# EOF\n" + NODE_B).encode(): "the exposition has content after # EOF",
         b"": "no GPU series in the exposition",
         b"# HELP only comments\n": "no GPU series in the exposition",
         b"not exposition at all\n": "no valid dcgm-exporter sample line found "
