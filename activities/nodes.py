@@ -154,6 +154,11 @@ class NodeActivities:
             seen["history"] = parse_history(ann.get(A_HISTORY))
             capacity = (node.status.capacity or {}) if node.status else {}
             seen["gpus"] = int(str(capacity.get("nvidia.com/gpu", "0")) or 0)
+            # Identity and boot at claim: a reboot is confirmed by a new boot ID, and a
+            # node that comes back under the same name with another UID is a new machine.
+            info = node.status.node_info if node.status else None
+            seen["boot_id"] = (info.boot_id if info else "") or ""
+            seen["uid"] = node.metadata.uid or ""
             if inp.dry_run:
                 return None
             now = inp.now.isoformat()
@@ -189,7 +194,8 @@ class NodeActivities:
         )
         return ClaimResult(
             previously_cordoned=seen["pre"], recent_remediations=len(seen["history"]),
-            gpus=seen["gpus"], history=seen["history"],
+            gpus=seen["gpus"], history=seen["history"], boot_id=seen["boot_id"],
+            uid=seen["uid"],
         )
 
     @activity.defn

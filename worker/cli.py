@@ -21,6 +21,7 @@ from temporalio.service import RPCError
 
 from policy.models import Action
 from sim.cluster.cli import cluster_app
+from sim.cluster.node_cli import node_app
 from sim.gpu.cli import gpu_app
 from worker import operator as ops
 from worker.config import ConfigError, Settings, TemporalConfig, load_settings
@@ -50,6 +51,7 @@ sim_app = typer.Typer(help="Simulators for laptops and tests: a GPU fleet and a 
                       no_args_is_help=True)
 sim_app.add_typer(gpu_app, name="gpu")
 sim_app.add_typer(cluster_app, name="cluster")
+sim_app.add_typer(node_app, name="node")
 app.add_typer(detector_app, name="detector")
 app.add_typer(sim_app, name="sim")
 

@@ -21,6 +21,7 @@ from activities.events import set_event_namespace
 from activities.fleet import ExporterSettings, FleetActivities
 from activities.jobs import JobActivities
 from activities.kube import KubeSettings, make_api_client
+from activities.node_return import NodeReturnActivities
 from activities.nodes import NodeActivities
 from activities.prometheus_source import PrometheusSource
 from worker.config import Settings
@@ -67,6 +68,7 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,
             jobs.run_node_job, fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
             fleet.release_orphan,
+            NodeReturnActivities(api, fleet).check_node_returned,
             fleet.report_admission]
 
 

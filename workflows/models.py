@@ -151,6 +151,11 @@ class RemediationSettings(_Model):
     external_timeout: timedelta | None = Field(
         default=None, description="Quarantine if an external repair is not reported in time."
     )
+    reboot_return_timeout: timedelta = Field(
+        default=timedelta(minutes=20), gt=timedelta(0),
+        description="After a reboot, how long the node has to come back (new boot ID, Ready, "
+                    "GPUs allocatable, exporter answering) before it is quarantined.",
+    )
     max_repair_attempts: int = Field(
         default=2, ge=1, description="Repair + validation rounds before quarantine."
     )
@@ -257,6 +262,10 @@ class ClaimResult(_Model):
     recent_remediations: int
     gpus: int
     history: list[HistoryEntry] = Field(default_factory=list)
+    boot_id: str = Field(
+        default="", description="status.nodeInfo.bootID at claim ('' if the kubelet reports none)."
+    )
+    uid: str = Field(default="", description="metadata.uid at claim: the node's identity.")
 
 
 class StateInput(_Model):
@@ -564,3 +573,31 @@ class AdmissionReport(_Model):
     breaker_open: bool
     paused: bool
     breaker_reason: str = ""
+
+
+# ---------------------------------------------------------------- node return
+
+
+class ReturnInput(_Model):
+    """One look at a node after its reboot was requested (``check_node_returned``)."""
+
+    node: str
+    uid: str = Field(default="", description="metadata.uid at claim; '' skips the check.")
+    old_boot_id: str = Field(
+        default="", description="bootID at claim; '' (older kubelets) falls back to Ready's "
+                                "transition after reboot_requested_at.",
+    )
+    expected_gpus: int = Field(ge=0, description="allocatable nvidia.com/gpu it must show.")
+    check_exporter: bool = Field(default=True, description="Also require its exporter to answer.")
+    reboot_requested_at: datetime = Field(
+        description="When the reboot was requested: a Ready transition after it proves a "
+                    "reboot when no boot ID can be compared.",
+    )
+
+
+class ReturnResult(_Model):
+    boot_id: str
+    allocatable_gpus: int
+    confirmed_by: Literal["boot-id", "ready-transition"]
+    ready_since: datetime | None = None
+    message: str

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sim.cluster.kubeconfig import write_kubeconfig
+from sim.cluster.machines import NodeTiming
 from sim.cluster.runtime import BANNER, start_cluster_simulator
 
 cluster_app = typer.Typer(
@@ -34,7 +35,7 @@ async def _serve(
     gpu_sim_url: str | None,
     kubeconfig_out: Path | None,
     job_seconds: float,
-    reboot_seconds: float,
+    node_timing: NodeTiming,
 ) -> None:
     sim = await start_cluster_simulator(
         host=host,
@@ -42,7 +43,7 @@ async def _serve(
         scenario=scenario,
         gpu_sim_url=gpu_sim_url,
         job_seconds=job_seconds,
-        reboot_seconds=reboot_seconds,
+        node_timing=node_timing,
     )
     # Plain, flushed lines: scripts read the chosen port from them.
     print(BANNER.format(url=sim.url), flush=True)
@@ -74,14 +75,38 @@ def serve(
     reboot_seconds: Annotated[
         float, typer.Option(help="How long a reboot keeps a node NotReady.")
     ] = 3.0,
+    shutdown_seconds: Annotated[
+        float, typer.Option(help="Longest delay from a reboot command to the shutdown.")
+    ] = 1.0,
+    device_plugin_seconds: Annotated[
+        float, typer.Option(help="After boot, how long nvidia.com/gpu stays 0 allocatable.")
+    ] = 1.0,
+    status_grace_seconds: Annotated[
+        float, typer.Option(help="A silent kubelet's node turns Unknown after this long.")
+    ] = 4.0,
+    reregister_seconds: Annotated[
+        float, typer.Option(help="A replaced node is absent this long before it registers.")
+    ] = 1.0,
+    reboot_seed: Annotated[
+        int, typer.Option(help="Seed of the draw: reboot command returns first or is killed.")
+    ] = 0,
 ) -> None:
     """Serve a simulated cluster seeded from a scenario until interrupted."""
     if host not in LOOPBACK:
         # No authentication or authorization exists here, so never expose it.
         raise typer.BadParameter(f"{host!r} is not a loopback address", param_hint="--host")
     try:
+        timing = NodeTiming(
+            reboot_seconds=reboot_seconds, shutdown_seconds=shutdown_seconds,
+            device_plugin_seconds=device_plugin_seconds,
+            status_grace_seconds=status_grace_seconds, reregister_seconds=reregister_seconds,
+            seed=reboot_seed,
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
+    try:
         asyncio.run(
-            _serve(host, port, scenario, gpu_sim_url, kubeconfig_out, job_seconds, reboot_seconds)
+            _serve(host, port, scenario, gpu_sim_url, kubeconfig_out, job_seconds, timing)
         )
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--scenario") from err

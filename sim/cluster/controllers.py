@@ -18,6 +18,7 @@ from sim.cluster.gc import GarbageCollector
 from sim.cluster.gpulink import GpuLink
 from sim.cluster.jobs import JobController, JobPrograms, JobTiming
 from sim.cluster.kubelet import Kubelet
+from sim.cluster.machines import NodeTiming
 from sim.cluster.nodelifecycle import NodeLifecycle
 from sim.cluster.scheduler import Scheduler
 from sim.cluster.store import Store
@@ -55,11 +56,12 @@ class DisruptionController:
 
 
 class ControllerManager:
-    def __init__(self, store: Store, nodes: list[str], gpu: GpuLink, timing: JobTiming) -> None:
+    def __init__(self, store: Store, nodes: list[str], gpu: GpuLink, timing: JobTiming,
+                 node_timing: NodeTiming | None = None) -> None:
         self.store = store
         self.gpu = gpu
         self.programs = JobPrograms(gpu, timing, None)
-        self.kubelet = Kubelet(store, nodes, self.programs.run)
+        self.kubelet = Kubelet(store, nodes, self.programs.run, node_timing)
         self.programs.kubelet = self.kubelet
         # Order matters only for latency: status flows kubelet -> workloads -> PDBs.
         self.controllers: list[Controller] = [

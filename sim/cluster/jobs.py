@@ -2,8 +2,9 @@
 
 Job pods' behaviour is chosen by the pod label `gpu-remediate.io/job`:
 `validate` asks the GPU simulator for node health, `gpu-reset` resets a GPU,
-`reboot` reboots the node (GPU simulator plus a NotReady period), anything
-else succeeds after `job_seconds`.
+`reboot` reboots the node's GPUs in the GPU simulator and the machine
+(sim/cluster/machines.py: the command returns before the shutdown or is
+killed by it), anything else succeeds after `job_seconds`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from sim.cluster.store import Obj, Store
 @dataclass
 class JobTiming:
     job_seconds: float = 2.0
-    reboot_seconds: float = 3.0
 
 
 class JobPrograms:
@@ -49,10 +49,12 @@ class JobPrograms:
             outcome = await self.gpu.reboot(node)
             if not outcome.ok:
                 return 1, "; ".join(outcome.problems)
-            self.kubelet.start_reboot(node, self.timing.reboot_seconds, pod["metadata"]["uid"])
-            while self.kubelet.is_rebooting(node):
-                await asyncio.sleep(0.05)
-            return 0, ""
+            if self.kubelet.request_reboot(node):
+                return 0, ""  # `systemctl reboot` returned before the shutdown began
+            # The shutdown kills this container: the kubelet cancels it. Should that not
+            # happen (the machine vanished), end as a killed process would.
+            await asyncio.sleep(self.kubelet.timing.shutdown_seconds + 30.0)
+            return 137, "killed by the node shutdown"
         return 0, ""
 
 

@@ -3,20 +3,26 @@
 For every node the simulator registered from the scenario: heartbeat the
 Ready condition and the node Lease, keep one static mirror pod, start bound
 pods (Running, then Ready after the readiness delay), run Job pods' programs,
-finish graceful deletions when the grace period is over, and reboot the node
-on request. Nodes created through the API have no kubelet, as a Node object
-without a machine behind it would not.
+finish graceful deletions when the grace period is over, and act out what the
+node's machine does (sim/cluster/machines.py): reboots that kill every pod and
+come back with a new boot ID and the GPUs allocatable only after the device
+plugin re-registers, reboots that never return, a kubelet that stops, a machine
+replaced under the same name. Nodes created through the API have no kubelet, as
+a Node object without a machine behind it would not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from sim.cluster import clock, objects
 from sim.cluster import resources as r
+from sim.cluster.defaults import GPU
+from sim.cluster.machines import Machine, Machines, NodeCommand, NodeTiming
 from sim.cluster.podutil import (
     allocatable_gpus,
     controller_ref,
@@ -32,6 +38,13 @@ HEARTBEAT_SECONDS = 10.0
 LEASE_SECONDS = 40
 MIRROR_PREFIX = "node-local-agent"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+UNKNOWN_MESSAGE = "Kubelet stopped posting node status."
+# What a healthy kubelet reports for the conditions other than Ready.
+HEALTHY_CONDITIONS = {
+    "MemoryPressure": ("KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+    "DiskPressure": ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+    "PIDPressure": ("KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+}
 
 Program = Callable[[Obj], Awaitable[tuple[int, str]]]
 
@@ -43,33 +56,193 @@ class _Running:
 
 
 class Kubelet:
-    def __init__(self, store: Store, nodes: list[str], program: Program) -> None:
+    def __init__(
+        self, store: Store, nodes: list[str], program: Program, timing: NodeTiming | None = None
+    ) -> None:
         self.store = store
         self.nodes = set(nodes)
         self.node_index = {n: i for i, n in enumerate(nodes)}
         self.program = program
+        self.machines = Machines(nodes, timing or NodeTiming())
+        # What each machine registers with: a replaced node comes back as this, under a
+        # new UID, with none of the labels, annotations or taints written since.
+        self._registration = {
+            n: copy.deepcopy(obj) for n in nodes if (obj := store.find(r.NODES, "", n))
+        }
         self._running: dict[str, _Running] = {}
-        self._rebooting: dict[str, float] = {}
         self._heartbeat: dict[str, float] = {}
         self._deleting: dict[str, float] = {}
         self._ip_seq = 10
 
     # -- node state -------------------------------------------------------------
 
-    def is_rebooting(self, node: str) -> bool:
-        return node in self._rebooting
+    @property
+    def timing(self) -> NodeTiming:
+        return self.machines.timing
 
-    def start_reboot(self, node: str, seconds: float, keep_pod_uid: str) -> None:
-        """Shut the node down now and bring it back after `seconds`."""
+    def is_running(self, node: str) -> bool:
+        return self.machines.get(node).kubelet_running
+
+    def request_reboot(self, node: str) -> bool:
+        """A reboot command on the node; True when it returns before the shutdown."""
+        return self.machines.plan_reboot(node, clock.now())
+
+    def command(self, node: str, what: NodeCommand) -> dict[str, object]:
+        """A scripted machine fault or its end (`gpu-remediate sim node ...`)."""
+        m = self.machines.get(node)
         now = clock.now()
-        self._rebooting[node] = now + seconds
-        self._set_ready(node, False, now)
+        if what == "hang":
+            if not m.powered and m.registered:
+                m.boot_at = None  # already down: this reboot never returns
+            else:
+                m.hang_next_reboot = True
+            m.events.append("hang: the next reboot never returns")
+        elif what == "wedge":
+            if not m.wedged:
+                m.wedged = True
+                m.silent_since = m.silent_since or now
+                m.events.append("wedged: the kubelet stopped")
+        elif what == "replace":
+            self._replace(node, m, now)
+        elif what == "recover":
+            self._recover(node, m, now)
+        else:  # pragma: no cover - the HTTP layer checks the command
+            raise ValueError(f"unknown node command {what!r}")
+        return {"node": node, **m.describe()}
+
+    def describe(self) -> dict[str, dict[str, object]]:
+        return {n: self.machines.get(n).describe() for n in sorted(self.nodes)}
+
+    def _recover(self, node: str, m: Machine, now: float) -> None:
+        m.hang_next_reboot = False
+        if not m.registered:
+            m.register_at = now  # registers on this tick
+        if m.wedged:
+            m.wedged = False
+            m.events.append("recovered: the kubelet runs again")
+            if m.powered:
+                self._kubelet_back(node, now)
+        if m.registered and not m.powered and m.boot_at is None:
+            m.boot_at = now
+            m.events.append("recovered: the hung reboot completes")
+
+    def _shutdown(self, node: str, m: Machine, now: float) -> None:
+        """Graceful node shutdown: every pod on the node is killed, the kubelet stops."""
+        m.shutdown_at = None
+        m.powered = False
+        m.plugin_at = None
+        m.reboots += 1
+        m.silent_since = now
+        m.marked_unknown = False
+        if m.hang_next_reboot:
+            m.hang_next_reboot = False
+            m.boot_at = None
+            m.events.append("shut down; this reboot never returns (hang)")
+        else:
+            m.boot_at = now + self.timing.reboot_seconds
+            m.events.append("shut down for a reboot")
+        self._set_ready(node, False, now, "node is shutting down for a reboot (simulated)")
         for pod in self.store.list(r.PODS):
-            if (pod.get("spec") or {}).get("nodeName") != node or pod["metadata"][
-                "uid"
-            ] == keep_pod_uid:
-                continue
-            self._shutdown_pod(pod, now)
+            if (pod.get("spec") or {}).get("nodeName") == node:
+                self._shutdown_pod(pod, now)
+
+    def _boot(self, node: str, m: Machine, now: float) -> None:
+        """The machine is up: a new boot ID, Ready, and no GPUs until the plugin registers."""
+        m.powered = True
+        m.boot_at = None
+        m.events.append("booted")
+        obj = self.store.find(r.NODES, "", node)
+        if obj is None:
+            return
+        status = obj.setdefault("status", {})
+        status.setdefault("nodeInfo", {})["bootID"] = str(uuid.uuid4())
+        if GPU in (status.get("capacity") or {}):
+            status.setdefault("allocatable", {})[GPU] = "0"
+            m.plugin_at = now + self.timing.device_plugin_seconds
+        self.store.put_internal(r.NODES, obj)
+        self._kubelet_back(node, now)
+
+    def _plugin_registered(self, node: str, m: Machine) -> None:
+        m.plugin_at = None
+        obj = self.store.find(r.NODES, "", node)
+        if obj is None:
+            return
+        status = obj.setdefault("status", {})
+        status.setdefault("allocatable", {})[GPU] = (status.get("capacity") or {}).get(GPU, "0")
+        self.store.put_internal(r.NODES, obj)
+        m.events.append("device plugin registered")
+
+    def _kubelet_back(self, node: str, now: float) -> None:
+        m = self.machines.get(node)
+        m.silent_since = None
+        m.marked_unknown = False
+        self._heartbeat.pop(node, None)
+        obj = self.store.find(r.NODES, "", node)
+        if obj is None:
+            return
+        ts = clock.rfc3339(now)
+        for kind, (reason, message) in HEALTHY_CONDITIONS.items():
+            cond = {"type": kind, "status": "False", "reason": reason, "message": message,
+                    "lastHeartbeatTime": ts}
+            set_condition(obj, cond, ts)
+        self.store.put_internal(r.NODES, obj)
+        self._set_ready(node, True, now)
+
+    def _mark_unknown(self, node: str, m: Machine, now: float) -> None:
+        """The node lifecycle controller's view of a silent kubelet: every condition
+        Unknown, and the node's pods no longer Ready."""
+        m.marked_unknown = True
+        obj = self.store.find(r.NODES, "", node)
+        if obj is None:
+            return
+        ts = clock.rfc3339(now)
+        for c in list((obj.get("status") or {}).get("conditions") or []):
+            set_condition(obj, {"type": c["type"], "status": "Unknown",
+                                "reason": "NodeStatusUnknown", "message": UNKNOWN_MESSAGE}, ts)
+        self.store.put_internal(r.NODES, obj)
+        for pod in self.store.list(r.PODS):
+            if (pod.get("spec") or {}).get("nodeName") == node and is_ready(pod):
+                self._set_pod_ready(pod, False, now)
+                self.store.put_internal(r.PODS, pod)
+
+    def _replace(self, node: str, m: Machine, now: float) -> None:
+        """The machine is re-provisioned: its Node object, Lease and pods go; after
+        reregister_seconds a new machine registers under the same name."""
+        for pod in self.store.list(r.PODS):
+            if (pod.get("spec") or {}).get("nodeName") == node:
+                running = self._running.pop(pod["metadata"]["uid"], None)
+                if running and running.task:
+                    running.task.cancel()
+                self._deleting.pop(pod["metadata"]["uid"], None)
+                self.store.remove(r.PODS, pod["metadata"]["namespace"], pod["metadata"]["name"])
+        for rt, ns in ((r.NODES, ""), (r.LEASES, "kube-node-lease")):
+            if self.store.find(rt, ns, node) is not None:
+                self.store.remove(rt, ns, node)
+        self._heartbeat.pop(node, None)
+        fresh = Machine(register_at=now + self.timing.reregister_seconds, reboots=m.reboots)
+        fresh.events = [*m.events, "replaced: deleted, a new machine registers"]
+        self.machines.by_node[node] = fresh
+
+    def _register(self, node: str, m: Machine, now: float) -> None:
+        m.register_at = None
+        template = self._registration.get(node)
+        if template is None or self.store.find(r.NODES, "", node) is not None:
+            return
+        ts = clock.rfc3339(now)
+        obj = copy.deepcopy(template)
+        meta = obj["metadata"]
+        for key in ("uid", "resourceVersion", "creationTimestamp", "generation"):
+            meta.pop(key, None)
+        obj.get("spec", {}).pop("taints", None)
+        obj.get("spec", {}).pop("unschedulable", None)
+        info = obj["status"].setdefault("nodeInfo", {})
+        info.update({"bootID": str(uuid.uuid4()), "machineID": uuid.uuid4().hex,
+                     "systemUUID": str(uuid.uuid4())})
+        for c in obj["status"].get("conditions") or []:
+            c.update({"lastHeartbeatTime": ts, "lastTransitionTime": ts})
+        self.store.create(r.NODES, obj)
+        m.events.append("registered as a new node")
+        self._heartbeat.pop(node, None)
 
     def _shutdown_pod(self, pod: Obj, now: float) -> None:
         m = pod["metadata"]
@@ -104,7 +277,7 @@ class Kubelet:
         self._set_pod_ready(pod, False, now)
         self.store.put_internal(r.PODS, pod)
 
-    def _set_ready(self, node_name: str, ready: bool, now: float) -> None:
+    def _set_ready(self, node_name: str, ready: bool, now: float, why: str = "") -> None:
         node = self.store.find(r.NODES, "", node_name)
         if node is None:
             return
@@ -113,9 +286,7 @@ class Kubelet:
             "type": "Ready",
             "status": "True" if ready else "False",
             "reason": "KubeletReady" if ready else "KubeletNotReady",
-            "message": "kubelet is posting ready status"
-            if ready
-            else "node is shutting down for a reboot (simulated)",
+            "message": "kubelet is posting ready status" if ready else why,
             "lastHeartbeatTime": ts,
         }
         set_condition(node, cond, ts)
@@ -177,18 +348,29 @@ class Kubelet:
     # -- reconcile ----------------------------------------------------------------
 
     def reconcile(self, now: float) -> None:
-        for name, until in list(self._rebooting.items()):
-            if now >= until:
-                del self._rebooting[name]
-                self._set_ready(name, True, now)
         for name in sorted(self.nodes):
-            if name not in self._rebooting:
+            self._machine_events(name, now)
+            if self.is_running(name):
                 self._heartbeat_node(name, now)
                 self._ensure_mirror_pod(name)
         for pod in self.store.list(r.PODS):
             node = (pod.get("spec") or {}).get("nodeName")
-            if node in self.nodes:
+            if node in self.nodes and self.is_running(node):
                 self._sync_pod(pod, node, now)
+
+    def _machine_events(self, name: str, now: float) -> None:
+        m = self.machines.get(name)
+        if m.register_at is not None and now >= m.register_at:
+            self._register(name, m, now)
+        if m.shutdown_at is not None and now >= m.shutdown_at:
+            self._shutdown(name, m, now)
+        if not m.powered and m.boot_at is not None and now >= m.boot_at:
+            self._boot(name, m, now)
+        if m.plugin_at is not None and now >= m.plugin_at and m.kubelet_running:
+            self._plugin_registered(name, m)
+        if (m.silent_since is not None and not m.marked_unknown and m.registered
+                and now - m.silent_since >= self.timing.status_grace_seconds):
+            self._mark_unknown(name, m, now)
 
     def _ensure_mirror_pod(self, node_name: str) -> None:
         name = f"{MIRROR_PREFIX}-{node_name}"
@@ -245,7 +427,7 @@ class Kubelet:
                     running.task.cancel()
                 self.store.remove(r.PODS, m["namespace"], m["name"])
             return
-        if is_terminal(pod) or node in self._rebooting:
+        if is_terminal(pod):
             return
         running = self._running.get(uid)
         if phase(pod) == "Pending":
@@ -351,6 +533,11 @@ class Kubelet:
     async def _run_program(self, pod: Obj) -> None:
         code, message = await self.program(copy.deepcopy(pod))
         m = pod["metadata"]
+        node = pod["spec"]["nodeName"]
+        # A container that ends under a stopped kubelet is reported when the kubelet runs
+        # again (or never, if the machine goes away first).
+        while node in self.nodes and not self.is_running(node):
+            await asyncio.sleep(0.05)
         current = self.store.find(r.PODS, m["namespace"], m["name"])
         if current is None or current["metadata"]["uid"] != m["uid"] or is_terminal(current):
             return

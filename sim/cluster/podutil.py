@@ -85,6 +85,9 @@ def set_condition(obj: Obj, cond: dict[str, Any], now_str: str) -> None:
         if c.get("type") == cond["type"]:
             if c.get("status") == cond.get("status") and c.get("lastTransitionTime"):
                 cond = {**cond, "lastTransitionTime": c["lastTransitionTime"]}
+            elif c.get("status") != cond.get("status"):
+                # A change of status is a transition, whoever reports it.
+                cond = {"lastTransitionTime": now_str, **cond}
             conds[i] = {**c, **cond}
             return
     conds.append({"lastTransitionTime": now_str, **cond})

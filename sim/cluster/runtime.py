@@ -11,6 +11,7 @@ from sim.cluster.controllers import ControllerManager
 from sim.cluster.faults import FaultInjector
 from sim.cluster.gpulink import GpuLink
 from sim.cluster.jobs import JobTiming
+from sim.cluster.machines import NodeTiming
 from sim.cluster.server import ClusterApi
 from sim.cluster.store import Store, WriteLog
 from sim.scenario import Scenario, load_scenario
@@ -44,18 +45,25 @@ async def start_cluster_simulator(
     gpu_sim_url: str | None = None,
     job_seconds: float = 2.0,
     reboot_seconds: float = 3.0,
+    node_timing: NodeTiming | None = None,
 ) -> RunningClusterSim:
-    """Seed a cluster from a scenario and serve it; port 0 picks a free port."""
+    """Seed a cluster from a scenario and serve it; port 0 picks a free port.
+
+    ``reboot_seconds`` is the NotReady window of a reboot; ``node_timing`` sets every
+    machine timing (and the reboot draw's seed) and then wins over it.
+    """
     loaded = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     store, writes, faults = Store(), WriteLog(), FaultInjector()
     nodes = fleet.seed(store, loaded)
     controllers = ControllerManager(
-        store, nodes, GpuLink(gpu_sim_url), JobTiming(job_seconds, reboot_seconds)
+        store, nodes, GpuLink(gpu_sim_url), JobTiming(job_seconds),
+        node_timing or NodeTiming(reboot_seconds=reboot_seconds),
     )
     # Converge once before serving so the first client sees running workloads' pods.
     controllers.tick()
     runner = web.AppRunner(
-        ClusterApi(store, writes, faults).app(), access_log=None, shutdown_timeout=1.0
+        ClusterApi(store, writes, faults, controllers.kubelet).app(), access_log=None,
+        shutdown_timeout=1.0,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)

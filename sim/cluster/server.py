@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
@@ -18,8 +18,12 @@ from sim.cluster import clock, discovery, errors, handlers
 from sim.cluster import resources as r
 from sim.cluster.faults import FaultConfig, FaultInjector
 from sim.cluster.handlers import Target
+from sim.cluster.machines import COMMANDS, NodeCommand
 from sim.cluster.store import Store, WriteLog, WriteRecord
 from sim.cluster.watch import serve_watch
+
+if TYPE_CHECKING:
+    from sim.cluster.kubelet import Kubelet
 
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 
@@ -85,15 +89,21 @@ def _verb(method: str, t: Target, query: dict[str, str]) -> str:
 
 
 class ClusterApi:
-    def __init__(self, store: Store, writes: WriteLog, faults: FaultInjector) -> None:
+    def __init__(
+        self, store: Store, writes: WriteLog, faults: FaultInjector,
+        kubelet: Kubelet | None = None,
+    ) -> None:
         self.store = store
         self.writes = writes
         self.faults = faults
+        self.kubelet = kubelet
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_route("*", "/sim/v1/writes", self._writes)
         app.router.add_route("*", "/sim/v1/faults", self._faults)
+        app.router.add_route("*", "/sim/v1/nodes", self._machines)
+        app.router.add_route("*", "/sim/v1/nodes/{node}/{command}", self._node_command)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         return app
 
@@ -118,6 +128,23 @@ class ClusterApi:
         elif request.method != "GET":
             return _error(errors.method_not_allowed())
         return _json(self.faults.describe())
+
+    async def _machines(self, request: web.Request) -> web.Response:
+        if request.method != "GET":
+            return _error(errors.method_not_allowed())
+        return _json({"nodes": self.kubelet.describe() if self.kubelet else {}})
+
+    async def _node_command(self, request: web.Request) -> web.Response:
+        """Script a node's machine: POST /sim/v1/nodes/{node}/{hang|replace|wedge|recover}."""
+        if request.method != "POST":
+            return _error(errors.method_not_allowed())
+        node, command = request.match_info["node"], request.match_info["command"]
+        if command not in COMMANDS:
+            return _error(errors.bad_request(
+                f"unknown node command {command!r}: one of {', '.join(COMMANDS)}"))
+        if self.kubelet is None or node not in self.kubelet.nodes:
+            return _error(errors.not_found(r.NODES, node))
+        return _json(self.kubelet.command(node, cast(NodeCommand, command)))
 
     # -- Kubernetes API ---------------------------------------------------------
 

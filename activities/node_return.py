@@ -1,0 +1,152 @@
+"""Has a rebooted node come back? One look per call; the workflow's retry policy waits.
+
+A reboot Job's exit code proves nothing: the shutdown may kill its pod, or the command may
+return 0 before the machine goes down. What proves a reboot is what the node shows
+afterwards: a new ``status.nodeInfo.bootID`` (or, from a kubelet that reports none, a Ready
+transition after the reboot was requested), Ready, the GPUs allocatable again once the
+device plugin has re-registered, and its exporter answering. The same Node name with
+another ``metadata.uid`` is another machine, not ours to confirm.
+
+Each call reads the node once and raises ``NodeNotBack`` (retryable) naming what is still
+missing; the workflow retries it on a fixed interval under ``schedule_to_close_timeout =
+remediation.reboot_return_timeout``, so the wait holds no worker slot and needs no heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.fleet import GPU_RESOURCE, FleetActivities, GpuNode
+from activities.kube import REQUEST_TIMEOUT, raise_typed
+from workflows.models import NodeState, ReturnInput, ReturnResult
+
+NODE_GONE = "NodeGone"
+NODE_NOT_BACK = "NodeNotBack"
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _ready(node: dict[str, Any]) -> dict[str, Any]:
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return dict(c)
+    return {}
+
+
+def _quantity(value: Any) -> int:
+    """An extended resource's count ('8'); anything else reads as 0, never as back."""
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def missing_for_return(node: dict[str, Any], inp: ReturnInput) -> tuple[list[str], ReturnResult]:
+    """What the node still lacks to count as returned (empty: back), and what it shows.
+
+    Pure: the Node as JSON in, so the rules are tested without a cluster.
+    """
+    status = node.get("status") or {}
+    boot_id = str((status.get("nodeInfo") or {}).get("bootID") or "")
+    ready = _ready(node)
+    since = _parse_time(ready.get("lastTransitionTime"))
+    gpus = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
+    missing: list[str] = []
+    is_ready = ready.get("status") == "True"
+    if inp.old_boot_id and boot_id:
+        confirmed_by = "boot-id"
+        if boot_id == inp.old_boot_id:
+            missing.append(f"boot ID unchanged ({boot_id}): no reboot seen yet")
+    else:
+        # No boot ID to compare (a kubelet that reports none): a Ready transition after the
+        # request proves the kubelet went down and came back. lastTransitionTime has second
+        # precision, so the request's own second counts.
+        confirmed_by = "ready-transition"
+        requested = inp.reboot_requested_at.replace(microsecond=0)
+        if not is_ready or since is None or since < requested:
+            missing.append(
+                "no boot ID to compare (node reports "
+                + (f"bootID {boot_id!r}" if boot_id else "none")
+                + ", claim recorded " + (repr(inp.old_boot_id) if inp.old_boot_id else "none")
+                + f") and no NotReady→Ready transition since {inp.reboot_requested_at.isoformat()}"
+            )
+    if not is_ready:
+        why = ready.get("reason") or "no Ready condition"
+        detail = f": {ready['message']}" if ready.get("message") else ""
+        missing.append(f"not Ready (Ready={ready.get('status', 'missing')}, {why}{detail})")
+    if gpus < inp.expected_gpus:
+        missing.append(f"allocatable {GPU_RESOURCE} {gpus} of {inp.expected_gpus} expected")
+    result = ReturnResult(
+        boot_id=boot_id, allocatable_gpus=gpus,
+        confirmed_by=confirmed_by,
+        ready_since=since if is_ready else None, message="",
+    )
+    return missing, result
+
+
+class NodeReturnActivities:
+    """``check_node_returned``: the node side of confirming a reboot."""
+
+    def __init__(self, api: client.ApiClient, fleet: FleetActivities) -> None:
+        self.core = client.CoreV1Api(api)
+        # The exporter is found and read the way the detector reads it (template,
+        # discovered pod or Prometheus): "answers" means answers for the detector too.
+        self.fleet = fleet
+
+    def _read(self, name: str) -> dict[str, Any]:
+        # Raw JSON: the typed client model refuses a nodeInfo whose fields it requires.
+        try:
+            resp = self.core.read_node(name, _preload_content=False,
+                                       _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status == 404:
+                raise ApplicationError(
+                    f"node {name} is gone (deleted while it was rebooting)",
+                    type=NODE_GONE, non_retryable=True) from err
+            raise_typed(err, f"read node {name}")
+        data: dict[str, Any] = json.loads(resp.data)  # type: ignore[attr-defined]
+        return data
+
+    @activity.defn
+    async def check_node_returned(self, inp: ReturnInput) -> ReturnResult:
+        """One check that the node is back from its reboot; NodeNotBack says what is not."""
+        node = await asyncio.to_thread(self._read, inp.node)
+        uid = str((node.get("metadata") or {}).get("uid") or "")
+        if inp.uid and uid != inp.uid:
+            raise ApplicationError(
+                f"node {inp.node} was replaced: uid {inp.uid} at claim, now {uid} (a new "
+                "machine under the same name, with none of our labels, taints or history)",
+                type=NODE_GONE, non_retryable=True)
+        missing, result = missing_for_return(node, inp)
+        if not missing and inp.check_exporter:
+            readings, errors = await self.fleet.read_many(
+                [inp.node], [GpuNode(inp.node, NodeState.HEALTHY, "", {}, {})])
+            if inp.node not in readings:
+                missing.append("exporter not answering: "
+                               + errors.get(inp.node, "no readings for the node"))
+        if missing:
+            raise ApplicationError(f"{inp.node} not back from reboot: " + "; ".join(missing),
+                                   *missing, type=NODE_NOT_BACK)
+        if result.confirmed_by == "boot-id":
+            how = f"boot ID {inp.old_boot_id} → {result.boot_id}"
+        else:
+            since = result.ready_since.isoformat() if result.ready_since else "?"
+            how = f"no boot ID; NotReady→Ready at {since}"
+        return result.model_copy(update={"message": (
+            f"{inp.node} rebooted ({how}), Ready, {result.allocatable_gpus} GPU(s) allocatable"
+            + (", exporter answering" if inp.check_exporter else ""))})

@@ -1,0 +1,116 @@
+"""The machines behind the simulated nodes: power, boot, and what an operator scripts.
+
+A reboot here behaves as on a real GPU node (docs/simulators-cluster.md lists each
+behaviour with its source): the reboot command either returns before the shutdown or is
+killed by it (drawn from a seeded RNG), the shutdown kills every pod on the node, the node
+is NotReady for a while, comes back with a new boot ID, and reports `nvidia.com/gpu`
+allocatable 0 until the device plugin re-registers. Scripted faults (`gpu-remediate sim
+node ...`): a reboot that never returns, a kubelet that stops (wedge), a node deleted and
+registered again under the same name (replace), and recover.
+
+This module holds the state and the timing; the kubelet acts on them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+NodeCommand = Literal["hang", "replace", "wedge", "recover"]
+COMMANDS: tuple[NodeCommand, ...] = ("hang", "replace", "wedge", "recover")
+
+
+@dataclass(frozen=True)
+class NodeTiming:
+    """How long node events take, in seconds of wall clock (short for tests and demos)."""
+
+    reboot_seconds: float = 3.0
+    """Shutdown to kubelet back: the NotReady window."""
+    shutdown_seconds: float = 1.0
+    """Longest time between the reboot command and the shutdown (drawn in [0, this])."""
+    device_plugin_seconds: float = 1.0
+    """Ready to `nvidia.com/gpu` allocatable again: the device plugin re-registering."""
+    status_grace_seconds: float = 4.0
+    """A kubelet silent this long is marked Unknown (node-monitor-grace-period, 40 s real)."""
+    reregister_seconds: float = 1.0
+    """A replaced node's Node object is absent this long before the new machine registers."""
+    seed: int = 0
+    """Seed of the draw between "reboot command returns first" and "pod killed"."""
+
+    def __post_init__(self) -> None:
+        for name in ("reboot_seconds", "shutdown_seconds", "device_plugin_seconds",
+                     "status_grace_seconds", "reregister_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+
+
+@dataclass
+class Machine:
+    """One node's machine. Times are wall-clock seconds; None means "not scheduled"."""
+
+    powered: bool = True
+    wedged: bool = False
+    hang_next_reboot: bool = False
+    shutdown_at: float | None = None
+    boot_at: float | None = None
+    plugin_at: float | None = None
+    silent_since: float | None = None
+    marked_unknown: bool = False
+    register_at: float | None = None
+    reboots: int = 0
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def registered(self) -> bool:
+        return self.register_at is None
+
+    @property
+    def kubelet_running(self) -> bool:
+        """The kubelet posts status and runs pods: powered, registered and not wedged."""
+        return self.powered and not self.wedged and self.registered
+
+    def describe(self) -> dict[str, Any]:
+        if not self.registered:
+            state = "replaced (registering)"
+        elif not self.powered:
+            state = "down (hung: never returns)" if self.boot_at is None else "down (rebooting)"
+        elif self.wedged:
+            state = "wedged"
+        elif self.shutdown_at is not None:
+            state = "shutting down"
+        elif self.plugin_at is not None:
+            state = "up (device plugin registering)"
+        else:
+            state = "up"
+        return {"state": state, "reboots": self.reboots,
+                "hang_next_reboot": self.hang_next_reboot, "events": self.events[-10:]}
+
+
+class Machines:
+    def __init__(self, nodes: list[str], timing: NodeTiming) -> None:
+        self.timing = timing
+        self.rng = random.Random(timing.seed)
+        self.by_node = {n: Machine() for n in nodes}
+
+    def get(self, node: str) -> Machine:
+        try:
+            return self.by_node[node]
+        except KeyError:
+            raise KeyError(f"no simulated machine behind node {node!r}") from None
+
+    def plan_reboot(self, node: str, now: float) -> bool:
+        """A reboot command ran on the node: schedule its shutdown.
+
+        Returns True when the command returns before the shutdown (its pod succeeds),
+        False when the shutdown kills it first. A second command before the shutdown
+        changes nothing: the machine goes down once.
+        """
+        m = self.get(node)
+        returns_first = self.rng.random() < 0.5
+        delay = self.rng.uniform(0.0, self.timing.shutdown_seconds)
+        if m.shutdown_at is None and m.powered:
+            m.shutdown_at = now + delay
+            m.events.append(f"reboot requested; shutdown in {delay:.2f}s, command "
+                            + ("returns first" if returns_first else "killed by the shutdown"))
+        return returns_first
