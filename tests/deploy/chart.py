@@ -36,10 +36,11 @@ class HelmUnavailable(Exception):
 
 
 def go_command() -> str | None:
-    go = os.environ.get("GO") or shutil.which("go")
-    if go is None and os.access("/usr/local/go/bin/go", os.X_OK):
-        go = "/usr/local/go/bin/go"
-    return go
+    """The go command build.sh would use: $GO, else go on PATH, else Go's default install."""
+    for go in (os.environ.get("GO"), shutil.which("go"), "/usr/local/go/bin/go"):
+        if go:
+            return go if os.access(go, os.X_OK) else None
+    return None
 
 
 def helm_binary() -> Path:

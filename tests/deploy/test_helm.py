@@ -157,6 +157,17 @@ def test_versions_agree(helm_rendered: dict[str, Objects], rendered: dict[str, O
     assert values["image"]["tag"] == project
 
 
+def test_the_documented_values_file_renders(helm: Path, tmp_path: Path) -> None:
+    """docs/install.md's site-values.yaml is a working values file."""
+    doc = (ROOT / "docs" / "install.md").read_text()
+    block = re.search(r"```yaml\n(# site-values\.yaml\n.*?)```", doc, re.DOTALL)
+    assert block, "docs/install.md: no site-values.yaml example"
+    values = yaml.safe_load(block.group(1))
+    settings = config_of(render(helm, values), tmp_path)
+    assert settings.detector.dry_run is (values["mode"] == "dry-run")
+    assert settings.exporter.namespace == values["config"]["exporter"]["namespace"]
+
+
 def test_mode_sets_dry_run_and_approval(helm: Path, tmp_path: Path) -> None:
     supervised = config_of(
         render(helm, {"mode": "supervised", "approval": {"requiredFor": ["reboot"]}}), tmp_path
@@ -204,14 +215,24 @@ def test_budget_policy_and_job_templates_reach_the_worker(helm: Path, tmp_path: 
     assert settings.remediation.reboot == Settings().remediation.reboot
 
 
-def test_job_namespace_follows_the_config(helm: Path, tmp_path: Path) -> None:
-    objects = render(helm, {"config": {"remediation": {"job_namespace": "gpu-jobs"}}})
-    assert config_of(objects, tmp_path).remediation.job_namespace == "gpu-jobs"
+def test_namespaces_follow_the_config(helm: Path, tmp_path: Path) -> None:
+    objects = render(
+        helm,
+        {
+            "config": {
+                "remediation": {"job_namespace": "gpu-jobs"},
+                "kubernetes": {"in_cluster": True, "event_namespace": "gpu-events"},
+            }
+        },
+    )
+    settings = config_of(objects, tmp_path)
+    assert settings.remediation.job_namespace == "gpu-jobs"
+    assert settings.kubernetes.event_namespace == "gpu-events"
     namespaces = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
     assert namespaces == {"gpu-remediate", "gpu-jobs"}
     sa = find(objects, "ServiceAccount", "default")
     assert sa["metadata"]["namespace"] == "gpu-jobs"
-    assert_grants_are_where_the_code_calls({"job namespace gpu-jobs": objects}, tmp_path)
+    assert_grants_are_where_the_code_calls({"own namespaces": objects}, tmp_path)
     without = render(helm, {"createNamespaces": False})
     assert not [o for o in without if o["kind"] == "Namespace"]
 

@@ -200,9 +200,12 @@ def test_namespaced_grants_are_where_the_code_calls(
 def assert_grants_are_where_the_code_calls(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
+    # Node Events go to the configured namespace (kubernetes.event_namespace), which the
+    # worker hands to activities/events.py at start.
     events_source = (ACTIVITIES / "events.py").read_text()
-    event_namespace = re.search(r'create_namespaced_event\(\s*"([^"]+)"', events_source)
-    assert event_namespace, "activities/events.py: the Event namespace is not a literal"
+    assert re.search(r"create_namespaced_event\(\s*_namespace\b", events_source)
+    service_source = (ROOT / "worker" / "service.py").read_text()
+    assert "set_event_namespace(settings.kubernetes.event_namespace)" in service_source
     for name, objects in rendered.items():
         roles = _roles_of_worker(objects)
         config = find(objects, "ConfigMap", "gpu-remediate-config")["data"]["config.yaml"]
@@ -212,7 +215,9 @@ def assert_grants_are_where_the_code_calls(
         job_ns = settings.remediation.job_namespace
         assert _namespace_of_grant(roles, ("batch", "jobs", "create")) == {job_ns}, name
         assert _namespace_of_grant(roles, ("batch", "jobs/status", "get")) == {job_ns}, name
-        assert _namespace_of_grant(roles, ("", "events", "create")) == {event_namespace.group(1)}
+        assert _namespace_of_grant(roles, ("", "events", "create")) == {
+            settings.kubernetes.event_namespace
+        }, name
         # Node, pod and eviction calls span namespaces (drain, exporter discovery).
         for perm in (("", "nodes", "patch"), ("", "pods", "list"), ("", "pods/eviction", "create")):
             assert _namespace_of_grant(roles, perm) == {"*"}, perm
