@@ -82,6 +82,19 @@ def test_lint(helm: Path, mode: str) -> None:
     assert "0 chart(s) failed" in out
 
 
+def test_the_packaged_chart_is_the_tested_one(
+    helm: Path, helm_rendered: dict[str, Objects], tmp_path: Path
+) -> None:
+    """`helm package` (what a chart repository serves) keeps every file the chart reads."""
+    out = chart.run(helm, "package", str(chart.CHART), "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("gpu-remediate-*.tgz")
+    assert archive.name in out
+    packaged = chart.run(
+        helm, "template", chart.RELEASE, str(archive), "--kube-version", chart.KUBE_VERSION
+    )
+    assert [d for d in yaml.safe_load_all(packaged) if d] == helm_rendered["dry-run"]
+
+
 @pytest.mark.parametrize("mode", OVERLAYS)
 def test_chart_renders_what_kustomize_renders(
     mode: str, helm_rendered: dict[str, Objects], rendered: dict[str, Objects]
