@@ -45,6 +45,7 @@ from activities.notices import (
     GPU_WARNING,
     REMEDIATION_DEFERRED,
     TELEMETRY_UNAVAILABLE,
+    Notice,
     NoticeBook,
     app_xid_notices,
     deferred_notices,
@@ -55,8 +56,8 @@ from activities.observation_budget import bound_observation
 from activities.parse_pool import BodyError, ParsePool, default_workers, read_body
 from activities.parse_pool import looks_intact as looks_intact  # re-exported: same check
 from activities.prometheus_source import PrometheusSource
-from activities.xid_sightings import Tracks, dump_tracks, observe, repeat_counts
-from policy.models import Action, GpuReading, NodeReadings, Verdict
+from activities.xid_sightings import Tracks, dump_tracks, new_warnings, observe, repeat_counts
+from policy.models import NODE_ACTIONS, Action, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_node, gpu_key, is_thermal_recovered
 from workflows.models import (
     AdmissionReport,
@@ -390,6 +391,7 @@ class FleetActivities:
         errors.update({n.name: f"{n.name}: {n.unreadable}" for n in nodes if n.unreadable})
         verdicts: list[Verdict] = []
         app_only: list[Verdict] = []
+        xid_warnings: list[Notice] = []
         writes: list[tuple[GpuNode, NodeReadings, dict[str, str | None]]] = []
         now = time.time()
         for node in nodes:
@@ -399,10 +401,18 @@ class FleetActivities:
             tracks, annotations = _learned(node, r, inp, now)
             verdict = evaluate_node(r, inp.policy, acknowledged_xids=node.acknowledged,
                                     xid_repeats=repeat_counts(tracks, inp.policy, now))
-            if verdict.action not in (Action.NONE, Action.APP):
+            # alert and diagnose are reported (Events, metric), never admitted: see
+            # policy.models.NODE_ACTIONS.
+            if verdict.action in NODE_ACTIONS:
                 verdicts.append(verdict)
-            elif verdict.action == Action.APP:
+            elif verdict.action != Action.NONE:
                 app_only.append(verdict)
+            if node.state == NodeState.HEALTHY and inp.track_xid_repeats:
+                # Once per appearance: the tracks remember what the gauge showed before.
+                xid_warnings.extend(
+                    Notice(node=node.name, reason=w.reason, message=w.message,
+                           fingerprint=f"{w.finding.gpu}/{w.finding.value:g}/{now}")
+                    for w in new_warnings(node.xid_tracks, tracks, verdict, inp.policy, now))
             if annotations:
                 writes.append((node, r, annotations))
         await self._annotate_many(writes, inp, now)
@@ -428,7 +438,7 @@ class FleetActivities:
             [(n.name, n.state.value) for n in listed],
             gone=self._last_listed.get((inp.shard, inp.shards), set()) - {n.name for n in listed})
         self._last_listed[(inp.shard, inp.shards)] = {n.name for n in listed}
-        await self._announce(inp, nodes, errors, app_only)
+        await self._announce(inp, nodes, errors, app_only, xid_warnings)
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         metrics.LAST_OBSERVATION.set_to_current_time()
         return bound_observation(FleetObservation(
@@ -439,12 +449,14 @@ class FleetActivities:
         ))
 
     async def _announce(self, inp: ObserveInput, nodes: list[GpuNode], errors: dict[str, str],
-                        app_only: list[Verdict]) -> None:
+                        app_only: list[Verdict], xid_warnings: list[Notice]) -> None:
         """Events for what the observation saw on nodes in service (a node in remediation
         is expected to go quiet while it reboots), rate-limited
         (activities/notices.py): ``TelemetryUnavailable`` for an exporter that could not be
-        read, ``GPUWarning`` for application XIDs. Dry-run writes none (it changes nothing in
-        the cluster); an Event is never worth failing the observation."""
+        read, ``GPUWarning`` for application XIDs, and ``xid_warnings`` (``UnknownXid``,
+        ``XidAlert``, ``GPUDiagnosticNeeded``: each new once, so they go first and are counted
+        in ``gpu_remediate_xid_warnings_total`` even past the Event cap). Dry-run writes none
+        (it changes nothing in the cluster); an Event is never worth failing the observation."""
         names = [n.name for n in nodes]
         in_service = {n.name for n in nodes if n.state == NodeState.HEALTHY}
         unreadable = {n: errors[n] for n in names if n in errors and n in in_service}
@@ -456,9 +468,12 @@ class FleetActivities:
         # worker (`gpu-remediate plan` changes nothing).
         if not inp.track_xid_repeats or not activity.in_activity():
             return
+        for w in xid_warnings:
+            metrics.XID_WARNINGS.labels(w.reason).inc()
         try:
             sent = await send_notices(self.core, self.notices,
-                                      telemetry_notices(unreadable) + warned, time.time())
+                                      xid_warnings + telemetry_notices(unreadable) + warned,
+                                      time.time())
         except Exception as err:  # Events are best effort: never fail the observation
             log.warning("could not record node Events: %s", err)
             return

@@ -68,6 +68,11 @@ LAST_OBSERVATION = Gauge(
 NODE_EVENTS = Counter(
     "gpu_remediate_node_events_total",
     "Events the observation recorded on nodes (rate-limited), by reason.", ["reason"])
+XID_WARNINGS = Counter(
+    "gpu_remediate_xid_warnings_total",
+    "XID findings that need a human, counted once when they appear, by reason: UnknownXid "
+    "(not in the catalog), XidAlert (a bucket that asks a human), GPUDiagnosticNeeded (an app "
+    "XID in too many bursts).", ["reason"])
 
 
 class NodeStates(Collector):

@@ -365,3 +365,13 @@ def test_evaluate_rejects_a_reset_for_unknown_xids_naming_the_field(tmp_path: Pa
     config.write_text("policy:\n  unknown_xid_action: reset\n")
     with pytest.raises(ConfigError, match=r"policy\.unknown_xid_action: .*alert or quarantine"):
         load_policy_config(config)
+
+
+def test_every_action_has_a_check_exit_code() -> None:
+    """``gpu-remediate check`` runs the same policy: an action without an exit code would crash
+    it on the first unknown XID."""
+    from worker.check import EXIT_BY_ACTION
+
+    assert set(EXIT_BY_ACTION) == set(Action)
+    assert EXIT_BY_ACTION[Action.ALERT] == EXIT_BY_ACTION[Action.APP]
+    assert EXIT_BY_ACTION[Action.DIAGNOSE] == EXIT_BY_ACTION[Action.APP]

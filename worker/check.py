@@ -67,6 +67,10 @@ EXIT_USAGE = 64
 EXIT_BY_ACTION: dict[Action, int] = {
     Action.NONE: EXIT_HEALTHY,
     Action.APP: EXIT_APP,
+    # Both leave the node in service and ask a human to look (an XID outside the catalog, an
+    # application XID that keeps coming back): the same code as an application XID.
+    Action.ALERT: EXIT_APP,
+    Action.DIAGNOSE: EXIT_APP,
     Action.THERMAL: EXIT_THERMAL,
     Action.RESET: EXIT_REPAIR,
     Action.REBOOT: EXIT_REPAIR,
@@ -77,7 +81,8 @@ EXIT_BY_ACTION: dict[Action, int] = {
 
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_HEALTHY, "healthy: action none, every GPU and health field read"),
-    (EXIT_APP, "app: application XIDs only; the node stays in service (alert)"),
+    (EXIT_APP, "app, alert or diagnose: the node stays in service (alert; diagnose: run "
+               "dcgmi diag -r 3)"),
     (EXIT_THERMAL, "thermal: cordon, no drain"),
     (EXIT_REPAIR, "reset or reboot: drain and repair"),
     (EXIT_QUARANTINE, "quarantine"),

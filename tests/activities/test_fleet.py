@@ -28,6 +28,11 @@ from workflows.models import (
 )
 
 POLICY = PolicyConfig()
+EVERY_SIGHTING_RESETS = PolicyConfig.model_validate(
+    {"app_xid_escalation": {"burst_gap": 0, "action": "reset"}})
+"""The counting across ticks, isolated: ticks here are milliseconds apart, so each sighting is
+made its own burst, and the escalation admitted as a reset (by default it asks for a diagnostic
+and is not admitted: tests/activities/test_fleet_xid_warnings.py)."""
 NODES = ["gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"]
 
 
@@ -43,10 +48,11 @@ def discover(gpu: ThreadedGpuSim) -> ExporterSettings:
 
 
 async def observe(k: Cluster, settings: ExporterSettings, *,
-                  track_xid_repeats: bool = True) -> FleetObservation:
+                  track_xid_repeats: bool = True,
+                  policy: PolicyConfig = POLICY) -> FleetObservation:
     return await ActivityEnvironment().run(
         FleetActivities(k.api, settings).observe_fleet,
-        ObserveInput(policy=POLICY, track_xid_repeats=track_xid_repeats))
+        ObserveInput(policy=policy, track_xid_repeats=track_xid_repeats))
 
 
 def sightings(k: Cluster, node: str) -> dict:
@@ -269,15 +275,17 @@ async def test_repeated_app_xid_on_one_gpu_escalates_across_ticks(
     """XID 31 is an application fault, but twice on one GPU within a day points at the
     GPU (NVIDIA's workflow): the detector counts sightings across ticks on the node."""
     uuid = gpu_sim.client.get_node("gpu-node-01")["gpus"][2]["uuid"]
+    p = EVERY_SIGHTING_RESETS
     gpu_sim.client.inject_fault("gpu-node-01", 2, "xid", 31)
-    assert (await observe(cluster, template(gpu_sim))).verdicts == []
-    assert (await observe(cluster, template(gpu_sim))).verdicts == []  # same event, still one
+    assert (await observe(cluster, template(gpu_sim), policy=p)).verdicts == []
+    # Same event, still one sighting.
+    assert (await observe(cluster, template(gpu_sim), policy=p)).verdicts == []
     seen = sightings(cluster, "gpu-node-01")[uuid]
     assert seen["shown"] == 31 and [x for x, _ in seen["seen"]] == [31]
     gpu_sim.client.inject_fault("gpu-node-01", 2, "xid", 13)
-    assert (await observe(cluster, template(gpu_sim))).verdicts == []
+    assert (await observe(cluster, template(gpu_sim), policy=p)).verdicts == []
     gpu_sim.client.inject_fault("gpu-node-01", 2, "xid", 31)
-    obs = await observe(cluster, template(gpu_sim))
+    obs = await observe(cluster, template(gpu_sim), policy=p)
     assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-01", Action.RESET)]
     assert [f.rule for f in obs.verdicts[0].findings] == ["xid-31-repeated"]
     assert [x for x, _ in sightings(cluster, "gpu-node-01")[uuid]["seen"]] == [31, 13, 31]
@@ -304,15 +312,16 @@ async def test_count_family_makes_a_repeat_of_the_same_app_xid_visible(
     escalates although the last-XID gauge shows 13 throughout."""
     sim = ThreadedGpuSim(xid_count_window_ms=300_000)
     try:
+        p = EVERY_SIGHTING_RESETS
         for _ in range(3):
             sim.client.inject_fault("gpu-node-03", 1, "xid", 13)
-        assert (await observe(cluster, template(sim))).verdicts == []
+        assert (await observe(cluster, template(sim), policy=p)).verdicts == []
         uuid = sim.client.get_node("gpu-node-03")["gpus"][1]["uuid"]
         assert sightings(cluster, "gpu-node-03")[uuid]["counts"] == {"13": 3}
         sim.client.inject_fault("gpu-node-03", 1, "xid", 13)
-        assert (await observe(cluster, template(sim))).verdicts == []
+        assert (await observe(cluster, template(sim), policy=p)).verdicts == []
         sim.client.inject_fault("gpu-node-03", 1, "xid", 13)
-        obs = await observe(cluster, template(sim))
+        obs = await observe(cluster, template(sim), policy=p)
         assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-03", Action.RESET)]
         assert [f.rule for f in obs.verdicts[0].findings] == ["xid-13-repeated"]
     finally:

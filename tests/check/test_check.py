@@ -310,8 +310,9 @@ def test_xid_from_the_kernel_log(capsys: pytest.CaptureFixture[str]) -> None:
         "rule": "xid-79-restart-bm",
         "action": "reboot",
     }
-    # XID 31 twice within the day on GPU 1: the policy's app-XID escalation.
-    assert (xid["1"]["rule"], xid["1"]["action"]) == ("xid-31-repeated", "reset")
+    # XID 31 in two bursts (an hour apart) within the day on GPU 1: the policy's app-XID
+    # escalation, which asks for a deeper diagnostic rather than a reset.
+    assert (xid["1"]["rule"], xid["1"]["action"]) == ("xid-31-repeated", "diagnose")
     assert (xid["0"]["rule"], xid["0"]["action"]) == ("xid-13-restart-app", "app")
 
 
