@@ -39,19 +39,34 @@ from typing import Any, Literal
 
 import httpx
 
-from activities.exposition import HEALTH_METRICS, XID_COUNT_METRIC, xid_label
+from activities.exposition import (
+    HEALTH_METRICS,
+    MAX_GPU_INDEX_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    MAX_XID,
+    XID_COUNT_METRIC,
+    ascii_int,
+    xid_label,
+)
 from policy.config import PolicyConfig
 from policy.models import SEVERITY, GpuReading, NodeReadings
 from policy.rules import usable
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NODE_LABELS: tuple[str, ...] = ("Hostname", "hostname", "kubernetes_node", "node")
-"""Labels that may name the Kubernetes node of a series, in order of preference.
+DEFAULT_NODE_LABELS: tuple[str, ...] = ("instance",)
+"""The label that names the Kubernetes node of a series: one Prometheus attaches to the scrape
+target, never one the exporter writes about itself.
 
-``Hostname`` (released dcgm-exporter images) and ``hostname`` (exporter main since May 2026) come
-from the exporter; ``kubernetes_node``/``node`` are what ServiceMonitor/scrape-config relabelling
-of ``__meta_kubernetes_pod_node_name`` usually produces."""
+``instance`` is always a target label; the dcgm-exporter ServiceMonitor of the GPU Operator
+(and the dcgm-exporter chart's documented relabelling) set it from
+``__meta_kubernetes_pod_node_name``. With ``honorLabels: false`` (the ServiceMonitor default)
+an exporter that writes its own ``instance`` sees it renamed ``exported_instance``, so one
+compromised exporter cannot speak for another node. Without that relabelling ``instance`` is
+``<pod IP>:9400``, no node matches, and every node is an error (fail closed)."""
+
+EXPORTER_LABELS = frozenset({"Hostname", "hostname"})
+"""Labels the exporter writes about itself: refused as node labels."""
 
 ClockMode = Literal["held", "seen"]
 """How clock-event-reason samples become the reading's one bitmask.
@@ -140,6 +155,21 @@ def _gpu_identity(labels: Mapping[str, str]) -> tuple[str, str] | None:
     if not index and not uuid:
         return None
     return index, uuid
+
+
+def _malformed(labels: Mapping[str, str]) -> str | None:
+    """Why a series' identity labels are not what an exporter writes, or None: the same rules
+    as the scrape path (activities/exposition.py)."""
+    for name in (*_IDENTITY_LABELS, "xid"):
+        if len(labels.get(name, "")) > MAX_LABEL_VALUE_CHARS:
+            return f"label {name} longer than {MAX_LABEL_VALUE_CHARS} characters"
+    index = labels.get("gpu", "")
+    if index and ascii_int(index, max_chars=MAX_GPU_INDEX_CHARS) is None:
+        return f"gpu label {index[:20]!r} is not a GPU index (ASCII digits)"
+    raw_xid = labels.get("xid")
+    if raw_xid and xid_label(raw_xid) is None:
+        return f"xid label {raw_xid[:20]!r} is not an XID (1..{MAX_XID})"
+    return None
 
 
 def _key(index: str, uuid: str) -> str:
@@ -329,6 +359,7 @@ def assemble_readings(
     out = PrometheusRead()
     gpus: dict[str, dict[str, _Gpu]] = {}
     fresh: set[str] = set()
+    malformed: dict[str, str] = {}
     unlabelled = 0
 
     def gpu_for(series: Series) -> tuple[str, _Gpu] | None:
@@ -337,6 +368,11 @@ def assemble_readings(
         if node is None:
             if not any(series.labels.get(name) for name in node_labels):
                 unlabelled += 1
+            return None
+        problem = _malformed(series.labels)
+        if problem is not None:
+            # Judged on no series of a node whose exporter writes garbage (as a scrape).
+            malformed.setdefault(node, problem)
             return None
         ident = _gpu_identity(series.labels)
         if ident is None:
@@ -372,11 +408,15 @@ def assemble_readings(
         found = gpu_for(series)
         if found is None:
             continue
-        _, gpu = found
+        gpu = found[1]
         gpu.xid_gauge = True
         for ts, raw in series.samples:
             value = _clean(raw)
-            if value is None or value < 1 or not value.is_integer():
+            if value is not None and (not value.is_integer() or value > MAX_XID):
+                malformed.setdefault(found[0], f"XID value {raw!r:.40} is not an integer in "
+                                               f"0..{MAX_XID}")
+                continue
+            if value is None or value < 1:
                 continue
             xid = int(value)
             gpu.xids[xid] = max(gpu.xids.get(xid, ts), ts)
@@ -437,6 +477,10 @@ def assemble_readings(
 
     for node in nodes:
         per_node = gpus.get(node, {})
+        if node in malformed:
+            out.errors[node] = f"malformed DCGM series in Prometheus for node {node}: " \
+                               f"{malformed[node]}"
+            continue
         if node not in fresh:
             if per_node:
                 out.errors[node] = (
@@ -494,7 +538,9 @@ class PrometheusSource:
     ``url`` is the server's base URL (``http://prometheus:9090``, or with a path prefix such
     as ``https://thanos.example/prometheus``); ``/api/v1/query`` is appended. ``window`` is how far
     back XIDs and clock-event reasons are looked for and how old a last value may be.
-    ``node_label`` names the label (or candidate labels, in order) that holds the node name.
+    ``node_label`` names the label (or candidate labels, in order) that holds the node name: a
+    label Prometheus attaches to the target (see ``DEFAULT_NODE_LABELS``); the exporter's own
+    ``Hostname``/``hostname`` are refused.
     ``headers`` go with every request (``{"Authorization": "Bearer …"}``); ``verify_tls`` is
     httpx' ``verify`` (False, or a CA bundle path). ``policy`` ranks XIDs when the window holds
     several (default table when None). ``clock_mode`` see ``ClockMode``.
@@ -522,6 +568,12 @@ class PrometheusSource:
         bad = [name for name in labels if not _LABEL_NAME_RE.fullmatch(name)]
         if bad:
             raise ValueError(f"node_label holds invalid Prometheus label names: {bad}")
+        own = sorted(EXPORTER_LABELS.intersection(labels))
+        if own:
+            raise ValueError(
+                f"node_label {own} is written by the exporter itself, so one exporter could "
+                "name another node; use a label Prometheus attaches to the target "
+                "(default: instance, relabelled from __meta_kubernetes_pod_node_name)")
         if clock_mode not in ("held", "seen"):
             raise ValueError(f"clock_mode must be 'held' or 'seen', got {clock_mode!r}")
         self.url = url.rstrip("/")
@@ -620,8 +672,10 @@ class PrometheusSource:
         queries = self.queries(thermal_hold)
         timeout = httpx.Timeout(self.timeout_seconds)
         try:
+            # No redirects (httpx' default, said here): the configured URL is the only one asked.
             async with httpx.AsyncClient(
-                headers=self.headers, verify=self.verify_tls, timeout=timeout
+                headers=self.headers, verify=self.verify_tls, timeout=timeout,
+                follow_redirects=False,
             ) as http:
                 answers = await asyncio.gather(
                     *(self._query(http, q, now, kind) for q, kind in queries.values()),

@@ -66,7 +66,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             node_job("dcgm", sim.hostport, plain),
             node_job("dcgm-lower", lower.hostport, LOWER_NODES),
             # An exporter without hostNetwork: Hostname is the pod's name, and the scrape config
-            # adds the real node name as kubernetes_node (what ServiceMonitor relabelling does).
+            # sets the real node name as instance (what the GPU Operator's ServiceMonitor
+            # relabelling of __meta_kubernetes_pod_node_name does) and kubernetes_node.
             {
                 **node_job("dcgm-podnet", sim.hostport, ["podnet-1"]),
                 "static_configs": [
@@ -74,6 +75,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                         "targets": [sim.hostport],
                         "labels": {
                             "__metrics_path__": "/nodes/podnet-1/metrics",
+                            "instance": "podnet-1",
                             "kubernetes_node": "podnet-1",
                         },
                     }

@@ -248,11 +248,15 @@ async def test_lowercase_hostname_and_relabelled_node_label(stack: Stack) -> Non
     readings, errors = await source(stack).read(nodes, thermal_hold=HOLD)
     assert errors == {}
     assert [len(readings[n].gpus) for n in nodes] == [2, 2]
-    # podnet-1's Hostname is the exporter pod's name; the kubernetes_node label finds it.
+    # podnet-1's Hostname is the exporter pod's name; the target's instance label finds it.
     assert stack.prometheus.query(f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{POD_HOSTNAME}"}}')
-    # Restricted to Hostname only, that node has no series.
-    _, errors = await source(stack, node_label="Hostname").read(nodes, thermal_hold=HOLD)
-    assert sorted(errors) == nodes
+    # Another target label the scrape config attaches works the same.
+    readings, errors = await source(stack, node_label="kubernetes_node").read(
+        ["podnet-1"], thermal_hold=HOLD)
+    assert errors == {} and len(readings["podnet-1"].gpus) == 2
+    # What the exporter says about itself is never asked.
+    with pytest.raises(ValueError, match="written by the exporter itself"):
+        source(stack, node_label="Hostname")
 
 
 async def test_prometheus_down_makes_every_node_an_error() -> None:

@@ -37,7 +37,8 @@ def labels(node: str = "n1", gpu: str = "0", uuid: str = UUID0, **extra: str) ->
         "UUID": uuid,
         "modelName": "NVIDIA H100 80GB HBM3",
         "pci_bus_id": "00000000:18:00.0",
-        "Hostname": node,
+        "Hostname": node,  # the exporter's own word: never read as the node
+        "instance": node,  # the target label Prometheus attaches (ServiceMonitor relabelling)
         **extra,
     }
 
@@ -271,8 +272,7 @@ async def test_garbage_values_never_make_a_node_sick(fake: FakePrometheus) -> No
             [
                 (now - 5, "NaN"),
                 (now - 4, "-79"),
-                (now - 3, "79.5"),
-                (now - 2, "1e300"),
+                (now - 2, "1e300"),  # past the DCGM sentinel floor: no data
                 (now - 1, "0"),
             ],
         )
@@ -309,7 +309,6 @@ async def test_xid_count_family_fills_xid_counts(fake: FakePrometheus) -> None:
     fake.vectors["xid_count"] = [
         (labels("n1", **window, xid="13"), "3"),
         (labels("n1", **window, xid="31"), "1"),
-        (labels("n1", **window, xid="garbage"), "9"),
         # The exporter's "none in the window" series: no xid label, value 0.
         (labels("n1", gpu="1", uuid=UUID1, **window), "0"),
     ]
@@ -391,16 +390,58 @@ async def test_nodes_without_current_series(fake: FakePrometheus) -> None:
 
 async def test_node_label_candidates(fake: FakePrometheus) -> None:
     pod = {"gpu": "0", "UUID": UUID0, "Hostname": "dcgm-exporter-abc", "node": "n1"}
-    lower = {"gpu": "0", "UUID": UUID1, "hostname": "n2"}
+    lower = {"gpu": "0", "UUID": UUID1, "hostname": "n2", "node": "n2"}
     fake.present(pod, lower, {"gpu": "0", "UUID": "GPU-x"})  # the last one has no node label
-    readings, errors = await src(fake).read(["n1", "n2"], thermal_hold=HOLD)
+    readings, errors = await src(fake, node_label=("kubernetes_node", "node")).read(
+        ["n1", "n2"], thermal_hold=HOLD)
     assert errors == {}
     assert [g.uuid for g in readings["n1"].gpus] == [UUID0]
     assert [g.uuid for g in readings["n2"].gpus] == [UUID1]
-    only = src(fake, node_label="instance")
-    assert "instance" in only.queries(HOLD)["present"][0]
-    _, errors = await only.read(["n1"], thermal_hold=HOLD)
+    default = src(fake)
+    assert "instance" in default.queries(HOLD)["present"][0]
+    _, errors = await default.read(["n1"], thermal_hold=HOLD)
     assert errors == {"n1": "no DCGM series in Prometheus for node n1"}
+
+
+async def test_an_exporter_cannot_speak_for_another_node(fake: FakePrometheus) -> None:
+    """A compromised exporter on n2 writes Hostname="n1" and an XID 79; Prometheus attaches
+    instance="n2" to everything it scrapes there. n1 stays healthy, and the XID is n2's."""
+    now = time.time()
+    forged = labels("n1", uuid=UUID1, instance="n2")
+    fake.present(labels("n1"), forged)
+    fake.matrices["xid"] = [(forged, [(now - 1, "79")])]
+    readings, errors = await src(fake).read(["n1", "n2"], thermal_hold=HOLD)
+    assert errors == {}
+    assert verdict(readings, "n1").action == Action.NONE
+    assert verdict(readings, "n2").action == Action.REBOOT
+    for own in ("Hostname", "hostname", ("instance", "Hostname")):
+        with pytest.raises(ValueError, match="written by the exporter itself"):
+            src(fake, node_label=own)
+
+
+@pytest.mark.parametrize(("series", "why"), [
+    ({"xid": [(0, "79.5")]}, "XID value 79.5 is not an integer"),
+    ({"xid": [(0, "70000")]}, "XID value 70000.0 is not an integer"),
+    ({"count": "\u0667\u0669"}, "xid label '\u0667\u0669' is not an XID"),
+    ({"count": "7" * 200}, "xid label '77777777777777777777' is not an XID"),
+    ({"count": "7" * 5000}, "label xid longer than 256 characters"),
+    ({"gpu": "\uff10"}, "gpu label '\uff10' is not a GPU index"),
+    ({"gpu": "\u0966"}, "gpu label '\u0966' is not a GPU index"),
+    ({"uuid": "G" * 300}, "label UUID longer than 256 characters"),
+])
+async def test_malformed_series_make_their_node_an_error(
+        fake: FakePrometheus, series: dict[str, Any], why: str) -> None:
+    """Garbage from one exporter: that node is an error (never a verdict), the others read."""
+    now = time.time()
+    ls = labels("n1", gpu=series.get("gpu", "0"), uuid=series.get("uuid", UUID0))
+    fake.present(ls, labels("n2", uuid=UUID1))
+    fake.matrices["xid"] = [(ls, [(now - 1, v) for _, v in series.get("xid", [(0, "0")])]),
+                            (labels("n2", uuid=UUID1), [(now - 1, "0")])]
+    if "count" in series:
+        fake.vectors["xid_count"] = [(labels("n1", xid=series["count"]), "2")]
+    readings, errors = await src(fake).read(["n1", "n2"], thermal_hold=HOLD)
+    assert list(errors) == ["n1"] and why in errors["n1"], errors
+    assert "n1" not in readings and verdict(readings, "n2").action == Action.NONE
 
 
 def test_node_of_prefers_candidate_order() -> None:
