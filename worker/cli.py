@@ -154,21 +154,11 @@ def up(
             stack.start()
         except StackError as e:
             fail(str(e))
-    p = stack.ports
-    out.print(f"""
-[bold green]gpu-remediate is running[/bold green] ({'dry-run' if dry_run else 'remediating'})
+    from worker.stack import up_banner
 
-  Temporal UI     http://localhost:{p.ui}   (search: RemediationState="draining")
-  metrics         http://localhost:{p.metrics}/metrics
-  kubeconfig      {stack.kubeconfig}
-  logs            {stack.data_dir / 'logs'}
-
-Break a GPU and watch it get fixed, in another terminal:
-  gpu-remediate sim gpu inject gpu-node-02 --gpu 3 --kind xid --value 79
-  gpu-remediate status --watch
-  KUBECONFIG={stack.kubeconfig} kubectl get nodes -L gpu-remediate.io/state
-
-Ctrl-C stops everything.""")
+    # soft_wrap: the terminal may fold a long line, but Rich must not cut a command in the
+    # middle of an argument (a copied command would then break).
+    out.print(up_banner(stack, dry_run=dry_run), soft_wrap=True, highlight=False)
     try:
         dead = asyncio.run(_watch_stack(stack, live=sys.stdout.isatty()))
         err.print(f"[red]{', '.join(p.name for p in dead)} stopped; see {dead[0].log}[/red]")
@@ -430,6 +420,20 @@ def _status_table(views: list[RemediationView | dict[str, str]]) -> Table:
     return table
 
 
+def _print_ui_link(config: Path | None, node: str) -> None:
+    """The Temporal UI's list of this node's remediations (every run, past ones included)."""
+    from worker.ui_links import node_workflows_url, ui_base
+
+    t = settings_from(config).temporal
+    base = ui_base(t.address, t.ui_url)
+    if base is None:
+        out.print(f'Temporal UI: filter GpuNode="{node}" (set temporal.ui_url for a link)',
+                  soft_wrap=True, highlight=False)
+        return
+    out.print(f"Temporal UI: {node_workflows_url(base, t.namespace, node)}", soft_wrap=True,
+              highlight=False)
+
+
 @app.command()
 def status(
     node: Annotated[str | None, typer.Argument(help="Show one node in full.")] = None,
@@ -447,6 +451,7 @@ def status(
             print(view.model_dump_json(indent=2))
             return
         out.print(_status_table([view]))
+        _print_ui_link(config, node)
         for t in view.transitions:
             out.print(f"  {t.at:%Y-%m-%d %H:%M:%S}  {t.state.value:<18} {t.step}")
         if view.plan:

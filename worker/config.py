@@ -56,6 +56,10 @@ class TemporalConfig(_Section):
     tls: TlsConfig = Field(default_factory=TlsConfig)
     api_key: str | None = Field(default=None, description="Temporal Cloud API key (prefer env).",
                                 repr=False)
+    ui_url: str | None = Field(
+        default=None, pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="Temporal UI base URL for the links the CLI prints (status NODE). Unset: "
+                    "the dev server's (frontend port + 1000) for a local address, else none.")
 
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -273,6 +274,35 @@ class LocalStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def up_banner(stack: LocalStack, *, dry_run: bool, command: str | None = None) -> str:
+    """What ``gpu-remediate up`` prints once running (Rich markup). Commands name what this
+    shell can run (``command``, default: ``.venv/bin/gpu-remediate`` when the venv is not on
+    PATH) and quote paths, so each line can be copied as it is."""
+    from rich.markup import escape
+
+    from worker.ui_links import command_name
+
+    cmd = escape(command if command is not None else command_name())
+    p = stack.ports
+    kubeconfig = escape(shlex.quote(str(stack.kubeconfig)))
+    mode = "dry-run" if dry_run else "remediating"
+    return f"""
+[bold green]gpu-remediate is running[/bold green] ({mode})
+
+  Temporal UI     http://localhost:{p.ui}   (search: RemediationState="draining")
+  metrics         http://localhost:{p.metrics}/metrics
+  kubeconfig      {escape(str(stack.kubeconfig))}
+  logs            {escape(str(stack.data_dir / 'logs'))}
+
+Break a GPU and watch it get fixed, in another terminal:
+  {cmd} sim gpu inject gpu-node-02 --gpu 3 --kind xid --value 79
+  {cmd} status --watch
+  {cmd} status gpu-node-02
+  KUBECONFIG={kubeconfig} kubectl get nodes -L gpu-remediate.io/state
+
+Ctrl-C stops everything."""
 
 
 def _tcp_open(port: int) -> bool:
