@@ -3,6 +3,7 @@ the generated docs table, and overrides from config."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -166,17 +167,23 @@ def test_bad_catalog_entries_fail_naming_the_xid(entry: Entry, problem: str) -> 
         load_catalog([CATALOG[0], entry])
 
 
-def test_a_bad_shipped_catalog_stops_the_import_with_the_xid() -> None:
-    """At start: importing the policy (the worker and every command do) fails, naming the XID."""
-    code = (
-        "import policy.xid as x, sys;"
-        "x.CATALOG = x.CATALOG + (x.Entry(300, 'TYPO', 'RESET_GPUU', 'A typo in a bucket.'),);"
-        "x.load_catalog(x.CATALOG)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=False)
+def test_a_bad_shipped_catalog_stops_the_start_naming_the_xid(tmp_path: Path) -> None:
+    """A copy of the policy package whose catalog has a typo in one bucket: importing it, as
+    the worker and every command do first, fails with the XID in the message."""
+    src = Path(__file__).resolve().parents[2] / "policy"
+    shutil.copytree(src, tmp_path / "policy", ignore=shutil.ignore_patterns("__pycache__"))
+    catalog = tmp_path / "policy" / "xid.py"
+    text = catalog.read_text(encoding="utf-8")
+    row = '_E(79, "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "RESTART_BM",'
+    assert row in text
+    catalog.write_text(text.replace(row, row.replace("RESTART_BM", "RESTART_BMC")),
+                       encoding="utf-8")
+    done = subprocess.run([sys.executable, "-c", "import policy.config"], cwd=tmp_path,
+                          capture_output=True, text=True, check=False,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert done.returncode != 0
-    assert "XID catalog entry 300 (TYPO): unknown bucket 'RESET_GPUU'" in done.stderr
+    assert ("CatalogError: XID catalog entry 79 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS): "
+            "unknown bucket 'RESTART_BMC'") in done.stderr
 
 
 def test_rule_ids_read_like_the_bucket() -> None:
