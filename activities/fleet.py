@@ -42,7 +42,7 @@ from activities.node_keys import (
 )
 from activities.nodes import NodeActivities
 from activities.notices import (
-    GPU_WARNING,
+    APPLICATION_XID,
     REMEDIATION_DEFERRED,
     TELEMETRY_UNAVAILABLE,
     Notice,
@@ -453,7 +453,7 @@ class FleetActivities:
         """Events for what the observation saw on nodes in service (a node in remediation
         is expected to go quiet while it reboots), rate-limited
         (activities/notices.py): ``TelemetryUnavailable`` for an exporter that could not be
-        read, ``GPUWarning`` for application XIDs, and ``xid_warnings`` (``UnknownXid``,
+        read, ``ApplicationXid`` for application XIDs, and ``xid_warnings`` (``UnknownXid``,
         ``XidAlert``, ``GPUDiagnosticNeeded``: each new once, so they go first and are counted
         in ``gpu_remediate_xid_warnings_total`` even past the Event cap). Dry-run writes none
         (it changes nothing in the cluster); an Event is never worth failing the observation."""
@@ -463,7 +463,7 @@ class FleetActivities:
         warned = app_xid_notices(v for v in app_only if v.node in in_service)
         # A condition gone (or a node taken into remediation) is forgotten: its return is news.
         self.notices.settle(TELEMETRY_UNAVAILABLE, unreadable, names)
-        self.notices.settle(GPU_WARNING, [n.node for n in warned], names)
+        self.notices.settle(APPLICATION_XID, [n.node for n in warned], names)
         # Off in the detector's dry-run (ObserveInput: no writes to nodes) and outside a
         # worker (`gpu-remediate plan` changes nothing).
         if not inp.track_xid_repeats or not activity.in_activity():

@@ -26,7 +26,7 @@ from policy.models import Action, Verdict
 log = logging.getLogger(__name__)
 
 TELEMETRY_UNAVAILABLE = "TelemetryUnavailable"
-GPU_WARNING = "GPUWarning"
+APPLICATION_XID = "ApplicationXid"
 REMEDIATION_DEFERRED = "RemediationDeferred"
 
 MAX_EVENTS_PER_TICK = 50
@@ -88,8 +88,9 @@ def telemetry_notices(errors: dict[str, str]) -> list[Notice]:
 
 
 def app_xid_notices(verdicts: Iterable[Verdict]) -> list[Notice]:
-    """``GPUWarning`` for application XIDs (the app must restart; the node stays in service).
-    The original tool's name, so its users' alerts on the reason keep firing."""
+    """``ApplicationXid`` for application XIDs (the app must restart; the node stays in service).
+    Not the original tool's ``GPUWarning``: that meant "a human should look" (XID 94, unknown
+    XIDs), which is ``XidAlert``/``UnknownXid`` here; alerts on it must not fire for XID 13."""
     out = []
     for v in verdicts:
         app = sorted({(f.gpu, int(f.value)) for f in v.findings
@@ -97,7 +98,7 @@ def app_xid_notices(verdicts: Iterable[Verdict]) -> list[Notice]:
         if not app:
             continue
         listed = ", ".join(f"XID {xid} on GPU {gpu}" for gpu, xid in app)
-        out.append(Notice(node=v.node, reason=GPU_WARNING, fingerprint=listed,
+        out.append(Notice(node=v.node, reason=APPLICATION_XID, fingerprint=listed,
                           message=f"application error {listed}: restart the application; "
                                   "the node stays in service"))
     return out

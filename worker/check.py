@@ -55,7 +55,7 @@ from worker.gpu_probe.nvml import NvmlSession, load_pynvml
 from worker.gpu_probe.smi import parse_nvidia_smi_xml, probe_nvidia_smi
 
 EXIT_HEALTHY = 0
-EXIT_APP = 1
+EXIT_ALERT = 1
 EXIT_THERMAL = 2
 EXIT_REPAIR = 3
 EXIT_QUARANTINE = 4
@@ -65,24 +65,27 @@ EXIT_USAGE = 64
 """``EX_USAGE`` of sysexits.h: 2 (click's usage code) is a severity here."""
 
 EXIT_BY_ACTION: dict[Action, int] = {
+    # The application restarts; the node is fine: "none" in the original tool too.
     Action.NONE: EXIT_HEALTHY,
-    Action.APP: EXIT_APP,
+    Action.APP: EXIT_HEALTHY,
     # Both leave the node in service and ask a human to look (an XID outside the catalog, an
-    # application XID that keeps coming back): the same code as an application XID.
-    Action.ALERT: EXIT_APP,
-    Action.DIAGNOSE: EXIT_APP,
+    # application XID that keeps coming back): the original's "watch".
+    Action.ALERT: EXIT_ALERT,
+    Action.DIAGNOSE: EXIT_ALERT,
     Action.THERMAL: EXIT_THERMAL,
     Action.RESET: EXIT_REPAIR,
     Action.REBOOT: EXIT_REPAIR,
     Action.QUARANTINE: EXIT_QUARANTINE,
 }
-"""Reset and reboot share 3, the original's "drain and repair": a script's ``-ge 3`` means
-"take it out of service" in both tools; the JSON says which repair."""
+"""The original's five levels: none, watch, cordon, drain and repair, quarantine. Reset and
+reboot share 3, its "drain and repair": a script's ``-ge 3`` means "take it out of service" in
+both tools; the JSON says which action."""
 
 EXIT_CODES: tuple[tuple[int, str], ...] = (
-    (EXIT_HEALTHY, "healthy: action none, every GPU and health field read"),
-    (EXIT_APP, "app, alert or diagnose: the node stays in service (alert; diagnose: run "
-               "dcgmi diag -r 3)"),
+    (EXIT_HEALTHY, "healthy: action none or app (restart the application), every GPU and "
+                   "health field read"),
+    (EXIT_ALERT, "alert or diagnose: the node stays in service; a human looks (diagnose: run "
+                 "dcgmi diag -r 3)"),
     (EXIT_THERMAL, "thermal: cordon, no drain"),
     (EXIT_REPAIR, "reset or reboot: drain and repair"),
     (EXIT_QUARANTINE, "quarantine"),

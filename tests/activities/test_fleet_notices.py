@@ -12,7 +12,7 @@ from activities import metrics
 from activities.fleet import ExporterSettings, FleetActivities
 from activities.node_keys import A_WORKFLOW, STATE_LABEL
 from activities.notices import (
-    GPU_WARNING,
+    APPLICATION_XID,
     TELEMETRY_UNAVAILABLE,
     Notice,
     NoticeBook,
@@ -79,12 +79,12 @@ async def test_application_xid_gets_a_warning_event_once_per_new_xid(
     obs = await observe(fleet)
     assert obs.verdicts == []  # the node stays in service
     await observe(fleet)
-    (event,) = cluster.events("gpu-node-03", GPU_WARNING)
+    (event,) = cluster.events("gpu-node-03", APPLICATION_XID)
     assert event.type == "Warning"
     assert "XID 13 on GPU 5" in event.message and "stays in service" in event.message
     gpu_sim.client.inject_fault("gpu-node-03", 5, "xid", 31)
     await observe(fleet)
-    assert len(cluster.events("gpu-node-03", GPU_WARNING)) == 2
+    assert len(cluster.events("gpu-node-03", APPLICATION_XID)) == 2
 
 
 async def test_node_state_metric_has_one_series_per_node_and_forgets_deleted_nodes(

@@ -111,12 +111,19 @@ def test_kern_log_lines_keep_their_boot_timestamps() -> None:
     assert read_xid_log_file("Mar 11 kernel: NVRM: Xid (PCI:0000:18:00): 79, x\n")[1] is None
 
 
-def test_app_xids_alone_exit_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_app_xids_exit_0_and_an_unknown_xid_exits_1(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     log = tmp_path / "app.log"
     log.write_text("[ 50.0] NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, Graphics Exception\n")
     code, report, _ = check(capsys, nothing_local([]),
                             from_file=str(FIXTURES / "h100x8_healthy.xml"), xid_log=str(log))
-    assert code == 1 and report["nodes"][0]["action"] == "app"
+    assert code == 0 and report["nodes"][0]["action"] == "app"
+    # An XID no catalog lists: a human should look (the original's "watch").
+    log.write_text("[ 50.0] NVRM: Xid (PCI:0000:18:00): 999, pid=1, name=x, ?\n")
+    code, report, _ = check(capsys, nothing_local([]),
+                            from_file=str(FIXTURES / "h100x8_healthy.xml"), xid_log=str(log))
+    assert code == 1 and report["nodes"][0]["action"] == "alert"
 
 
 def test_from_file_on_stdin(capsys: pytest.CaptureFixture[str],
@@ -181,6 +188,7 @@ def test_nvidia_smi_path_is_run_and_a_missing_one_is_a_usage_error(
 def test_exit_codes_grow_with_severity() -> None:
     from policy.models import SEVERITY
 
+    assert set(EXIT_BY_ACTION) == set(SEVERITY)  # every verdict has a code
     by_severity = sorted(EXIT_BY_ACTION, key=lambda a: SEVERITY[a])
     codes = [EXIT_BY_ACTION[a] for a in by_severity]
     assert codes == sorted(codes) and codes[0] == 0 and codes[-1] == 4
