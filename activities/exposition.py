@@ -187,7 +187,6 @@ def _select(pattern: re.Pattern[AnyStr], text: AnyStr, newline: AnyStr) -> list[
 # pattern starts at a literal, so the engine skips ahead instead of trying every offset.
 _BAD_LINE_START = re.compile(rb"\n(?!#|[a-zA-Z_:][a-zA-Z0-9_:]*+[{ ]|\n|$)")
 _CONTROL = bytes(range(0x00, 0x09)) + bytes(range(0x0E, 0x20))
-_EOF_RE = re.compile(rb"(?:^|\n)# EOF\r?(?:\n|$)")
 
 
 def looks_intact(text: str | bytes) -> bool:
@@ -232,9 +231,22 @@ def check_body(raw: bytes, limits: BodyLimits = NODE_LIMITS) -> None:
     lines = raw.count(b"\n")
     if lines > limits.max_lines:
         raise ExpositionError(f"the exposition has {lines} lines, more than {limits.max_lines}")
-    eof = _EOF_RE.search(raw)
-    if eof is not None and raw[eof.end() :].strip():
+    if _after_eof(raw).strip():
         raise ExpositionError("the exposition has content after # EOF")
+
+
+def _after_eof(raw: bytes) -> bytes:
+    """What follows an OpenMetrics ``# EOF`` line (b"" when there is none). ``bytes.find``
+    rather than a regex: a pattern that starts with an alternative is tried at every offset."""
+    at = 0 if raw.startswith(b"# EOF") else raw.find(b"\n# EOF")
+    while at != -1:
+        start = at if at == 0 and raw.startswith(b"# EOF") else at + 1
+        end = raw.find(b"\n", start)
+        line = raw[start:] if end == -1 else raw[start:end]
+        if line.rstrip(b"\r") == b"# EOF":
+            return b"" if end == -1 else raw[end + 1 :]
+        at = raw.find(b"\n# EOF", start)
+    return b""
 
 
 def _check_counts(hosts: list[tuple[str, list[dict[str, Any]]]],
@@ -356,6 +368,8 @@ def _parse_lines(lines: list[str], fleet: _Fleet) -> None:
     goes through ``parse_line`` itself, which also words the error of a bad line.
     """
     bodies: dict[str, dict[str, str] | None] = {}
+    problems: dict[str, str | None] = {}
+    names: dict[str, str] = {}
     add = fleet.add_line
     for line in lines:
         brace = line.find("{")
@@ -366,7 +380,8 @@ def _parse_lines(lines: list[str], fleet: _Fleet) -> None:
             if body in bodies:
                 labels = bodies[body]
             else:
-                labels = bodies[body] = _body_labels(body)
+                labels = bodies[body] = _body_labels(body, names)
+                problems[body] = identity_problem(labels) if labels is not None else None
             tail = _TAIL_RE.fullmatch(line, close + 1) if labels is not None else None
             if labels is not None and tail is not None:
                 value, timestamp = tail.groups()
@@ -377,7 +392,11 @@ def _parse_lines(lines: list[str], fleet: _Fleet) -> None:
                 except ValueError:
                     pass  # parse_line words it
                 else:
-                    add(line, name, labels, number)
+                    problem = problems[body]
+                    if problem is None:
+                        add(line, name, labels, number, identity_checked=True)
+                    else:
+                        fleet.bad(line, problem)
                     continue
         try:
             name, parsed, number = parse_line(line)
@@ -387,8 +406,14 @@ def _parse_lines(lines: list[str], fleet: _Fleet) -> None:
         add(line, name, parsed, number)
 
 
-def _body_labels(body: str) -> dict[str, str] | None:
-    """The labels of the text between the braces; None when it is not a valid label set."""
+def _body_labels(body: str, names: dict[str, str] | None = None) -> dict[str, str] | None:
+    """The labels of the text between the braces; None when it is not a valid label set.
+
+    ``names`` caches valid between-values pieces (',UUID=' -> 'UUID') for one payload: a
+    handful for a real exporter. Per payload, so that one exporter's thousands of label names
+    cannot fill it for the others."""
+    if names is None:
+        names = {}
     if "\\" in body:
         match = _BODY_RE.fullmatch(body)
         if match is None:
@@ -410,14 +435,14 @@ def _body_labels(body: str) -> dict[str, str] | None:
         return None
     keys = [first.group(1)]
     for i in range(2, count - 1, 2):
-        key = _NEXT_NAMES.get(parts[i])
+        key = names.get(parts[i])
         if key is None:
             match = _NEXT_NAME_RE.fullmatch(parts[i])
             if match is None:
                 return None
             key = match.group(1)
-            if len(_NEXT_NAMES) < 4096:
-                _NEXT_NAMES[parts[i]] = key
+            if len(names) < 4096:
+                names[parts[i]] = key
         keys.append(key)
     labels = dict(zip(keys, parts[1::2], strict=True))
     if len(labels) != len(keys) or ("__" in body and any(k.startswith("__") for k in keys)):
@@ -432,8 +457,6 @@ _FIRST_NAME_RE = re.compile(rf",?+{_NAME}")
 _NEXT_NAME_RE = re.compile(rf"[ \t]*+,{_NAME}")
 _END_RE = re.compile(r"[ \t]*+,?+[ \t]*+")
 _EMPTY_BODY_RE = re.compile(r",?+[ \t]*+")
-_NEXT_NAMES: dict[str, str] = {}
-"""Valid between-values pieces seen (',UUID=' -> 'UUID'): a handful for real exporters."""
 
 
 # --- accumulation shared by both parsers ------------------------------------------------------
@@ -458,25 +481,28 @@ class _Fleet:
         self.bad_lines += 1
         self.problem(f"unparsable line ({why}): {line[:120]!r}")
 
-    def add_line(self, line: str, name: str, labels: dict[str, str], value: float) -> None:
+    def add_line(self, line: str, name: str, labels: dict[str, str], value: float, *,
+                 identity_checked: bool = False) -> None:
         """``add``, counting a sample ``add`` refuses as a bad line."""
         try:
-            self.add(name, labels, value)
+            self.add(name, labels, value, identity_checked=identity_checked)
         except ValueError as exc:
             self.bad(line, str(exc))
 
-    def add(self, name: str, labels: dict[str, str], value: float) -> None:
+    def add(self, name: str, labels: dict[str, str], value: float, *,
+            identity_checked: bool = False) -> None:
         """Fold one sample in; ``ValueError`` for a sample whose identity labels or integer
-        value are malformed (it must not count, and the payload is not to be judged)."""
+        value are malformed (it must not count, and the payload is not to be judged).
+        ``identity_checked``: the caller already found ``identity_problem(labels)`` None
+        (once per distinct label set rather than once per sample)."""
         field = HEALTH_METRICS.get(name)
         if field is None:
             return
-        for label in _IDENTITY_LABELS:
-            if len(labels.get(label, "")) > MAX_LABEL_VALUE_CHARS:
-                raise ValueError(f"label {label} longer than {MAX_LABEL_VALUE_CHARS} characters")
+        if not identity_checked:
+            problem = identity_problem(labels)
+            if problem is not None:
+                raise ValueError(problem)
         index = labels.get("gpu", "")
-        if index and ascii_int(index, max_chars=MAX_GPU_INDEX_CHARS) is None:
-            raise ValueError(f"gpu label {index[:20]!r} is not a GPU index (ASCII digits)")
         number = usable(value)
         if field in _INT_FIELDS and number is not None and number >= 0:
             limit = MAX_XID if field == "xid" else MAX_INT_FIELD
@@ -557,6 +583,17 @@ class _Fleet:
 
 _IDENTITY_LABELS = ("Hostname", "hostname", "gpu", "UUID", "uuid", "gpu_uuid", "modelName",
                     "model_name", "pci_bus_id", "xid")
+
+
+def identity_problem(labels: dict[str, str]) -> str | None:
+    """Why a sample's identity labels are not what an exporter writes, or None."""
+    for label in _IDENTITY_LABELS:
+        if len(labels.get(label, "")) > MAX_LABEL_VALUE_CHARS:
+            return f"label {label} longer than {MAX_LABEL_VALUE_CHARS} characters"
+    index = labels.get("gpu", "")
+    if index and ascii_int(index, max_chars=MAX_GPU_INDEX_CHARS) is None:
+        return f"gpu label {index[:20]!r} is not a GPU index (ASCII digits)"
+    return None
 
 
 def xid_label(raw: str | None) -> int | None:
