@@ -4,6 +4,8 @@
 #   ./dev.sh test   install, then run lint, type checks and the whole test suite
 # Extra arguments go to `gpu-remediate up` or to pytest.
 set -euo pipefail
+# The banner of `up` names commands relative to the caller's shell, not to this directory.
+export GPU_REMEDIATE_SHELL_DIR=${GPU_REMEDIATE_SHELL_DIR:-$PWD}
 cd "$(dirname "$0")"
 
 VENV=${VENV:-.venv}

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from worker.stack import LocalStack, up_banner
-from worker.ui_links import command_name, node_workflows_url, ui_base
+from worker.ui_links import SHELL_DIR_ENV, command_name, node_workflows_url, ui_base
 
 
 def rendered(text: str, width: int) -> list[str]:
@@ -39,7 +39,8 @@ def test_banner_commands_stay_whole_on_any_terminal_width(tmp_path: Path, width:
 
 
 def test_command_name_is_the_bare_name_only_when_path_finds_this_install(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SHELL_DIR_ENV, raising=False)  # ./dev.sh test sets it
     venv = tmp_path / ".venv" / "bin"
     venv.mkdir(parents=True)
     script = venv / "gpu-remediate"
@@ -52,6 +53,12 @@ def test_command_name_is_the_bare_name_only_when_path_finds_this_install(
     # Another install on PATH is not this one: name this one by its path.
     assert command_name(which=lambda _: str(other), argv0=str(script),
                         cwd=tmp_path / "elsewhere") == str(script)
+    # ./dev.sh up from another directory: dev.sh changed into the repository, the shell did not.
+    assert command_name(which=lambda _: None, argv0=".venv/bin/gpu-remediate", cwd=tmp_path,
+                        shell_dir=str(tmp_path.parent)) == \
+        f"{tmp_path.name}/.venv/bin/gpu-remediate"
+    assert command_name(which=lambda _: None, argv0=".venv/bin/gpu-remediate", cwd=tmp_path,
+                        shell_dir="/somewhere/else") == str(script)
     # python -m worker: the script next to the interpreter.
     assert command_name(which=lambda _: None, argv0="/src/worker/__main__.py",
                         executable=str(venv / "python"), cwd=tmp_path) == \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
@@ -33,13 +34,18 @@ def node_workflows_url(base: str, namespace: str, node: str) -> str:
     return f"{base}/namespaces/{quote(namespace, safe='')}/workflows?query={quote(query, safe='')}"
 
 
+SHELL_DIR_ENV = "GPU_REMEDIATE_SHELL_DIR"
+"""The caller's working directory, which ``dev.sh`` sets before it changes to the repository."""
+
+
 def command_name(*, which: Callable[[str], str | None] = shutil.which,
                  argv0: str = sys.argv[0], executable: str = sys.executable,
-                 cwd: Path | None = None) -> str:
-    """How to type ``gpu-remediate`` in this shell: the bare name when PATH finds this very
-    install, else its path (relative to the working directory when under it, so
-    ``./dev.sh up`` prints ``.venv/bin/gpu-remediate``)."""
+                 cwd: Path | None = None, shell_dir: str | None = None) -> str:
+    """How to type ``gpu-remediate`` in the caller's shell: the bare name when PATH finds this
+    very install, else its path, relative to the caller's directory when under it (so
+    ``./dev.sh up`` prints ``.venv/bin/gpu-remediate``), else absolute."""
     here = Path.cwd() if cwd is None else cwd
+    shell = Path(shell_dir or os.environ.get(SHELL_DIR_ENV) or here)
     script = Path(argv0)
     if script.name != "gpu-remediate":  # python -m worker: the script next to the interpreter
         script = Path(executable).parent / "gpu-remediate"
@@ -48,7 +54,7 @@ def command_name(*, which: Callable[[str], str | None] = shutil.which,
     if found is not None and Path(found).resolve() == script.resolve():
         return "gpu-remediate"
     try:
-        shown = str(script.relative_to(here))
+        shown = str(script.relative_to(shell))
     except ValueError:
         shown = str(script)
     return shlex.quote(shown)
