@@ -189,6 +189,15 @@ class Settings(BaseSettings):
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
 
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_as_configured(cls, v: Any) -> Any:
+        # A workflow input may still carry the old "reset" (it must decode); a config may not.
+        if isinstance(v, dict) and str(v.get("unknown_xid_action", "")).lower() == "reset":
+            raise ValueError("unknown_xid_action: must be alert or quarantine, not 'reset' "
+                             "(nobody knows yet what an unknown XID needs)")
+        return v
+
     @model_validator(mode="before")
     @classmethod
     def _no_nested_policy(cls, data: Any) -> Any:

@@ -215,10 +215,17 @@ def test_unknown_xid_can_be_held_for_review() -> None:
 @pytest.mark.parametrize("action", ["reset", "reboot", "none", "app", "thermal", "diagnose"])
 def test_unknown_xid_action_allows_only_alert_or_quarantine(action: str) -> None:
     with pytest.raises(ValidationError) as err:
-        PolicyConfig.model_validate({"unknown_xid_action": action})
+        PolicyConfig.from_mapping({"unknown_xid_action": action})
     (problem,) = err.value.errors()
     assert problem["loc"] == ("unknown_xid_action",)
     assert "must be alert or quarantine" in problem["msg"]
+
+
+def test_a_workflow_input_recorded_with_the_old_reset_still_decodes() -> None:
+    """Remediations started before unknown XIDs alerted carry "reset" in their input: an
+    upgraded worker must still decode them (a config file may not say it)."""
+    assert PolicyConfig.model_validate({"unknown_xid_action": "reset"}).unknown_xid_action \
+        == Action.RESET
 
 
 def test_unknown_xid_alongside_a_hardware_xid_does_not_soften_it() -> None:
