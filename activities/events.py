@@ -8,8 +8,10 @@ from datetime import UTC, datetime
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from temporalio import activity
 
 from activities.kube import REQUEST_TIMEOUT
+from workflows.models import NodeEventInput
 
 log = logging.getLogger(__name__)
 
@@ -72,3 +74,15 @@ def record_node_event(
                 log.warning("could not record event %s on %s: %s", reason, node, err.status)
                 return
         time.sleep(pause)
+
+
+class EventActivities:
+    """Events a workflow records without changing the node (a rejected operator signal)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+
+    @activity.defn
+    def record_event(self, inp: NodeEventInput) -> None:
+        record_node_event(self.core, inp.node, reason=inp.reason, message=inp.message,
+                          event_type=inp.event_type)

@@ -226,10 +226,19 @@ class NodeActivities:
         A node that was cordoned before we claimed it stays cordoned (``uncordon`` is
         false then); our taint goes unless the node stays quarantined.
         """
+        untouched: list[bool] = []
         if not inp.dry_run:
-            def build(node: Any) -> dict[str, Any]:
-                _observe_state_time(node, inp.history.finished or inp.history.started)
+            def build(node: Any) -> dict[str, Any] | None:
                 ann = meta_dict(node, "annotations")
+                uncordon = inp.uncordon
+                if inp.claim_unconfirmed:
+                    # Aborted before the claim reported back: the node is ours only if the
+                    # claim's patch landed, and then its annotation says who cordoned first.
+                    if ann.get(A_WORKFLOW) != inp.history.workflow_id:
+                        untouched.append(True)
+                        return None
+                    uncordon = ann.get(A_PRECORDONED) != "true"
+                _observe_state_time(node, inp.history.finished or inp.history.started)
                 history = [h for h in parse_history(ann.get(A_HISTORY))
                            if h.workflow_id != inp.history.workflow_id
                            or h.started != inp.history.started]
@@ -255,7 +264,7 @@ class NodeActivities:
                     for key in IN_FLIGHT_ANNOTATIONS:
                         annotations[key] = None
                     taints = _taints_without_ours(node)
-                    if inp.uncordon:
+                    if uncordon:
                         spec["unschedulable"] = None
                         # The node controller owns this taint; leaving it would keep the
                         # node unschedulable until the controller notices the uncordon.
@@ -268,6 +277,11 @@ class NodeActivities:
                 return body
 
             self._patch_guarded(inp.node, build)
+        if untouched:
+            record_node_event(self.core, inp.node, reason=inp.event_reason,
+                              message=f"{inp.event_message} (before the node was claimed: "
+                                      "nothing to undo)")
+            return
         # A drain given up (deadline policy "release", a quarantine order, an abort) never
         # reached "drained": without this its blocked gauge would read 1 forever.
         clear_blocked(inp.node)

@@ -10,7 +10,12 @@ import getpass
 import os
 from typing import Any, Literal
 
-from temporalio.client import Client, WorkflowQueryFailedError, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.detector import DetectorWorkflow
@@ -65,9 +70,27 @@ async def remediation_update(client: Client, node: str, verb: RemediationVerb,
 
 
 async def abort(client: Client, node: str, cmd: OperatorCommand) -> str:
-    """Record who and why, then cancel: the workflow cleans up (uncordon if it cordoned)."""
-    await remediation_update(client, node, "note_abort", cmd)
-    await client.get_workflow_handle(remediation_workflow_id(node)).cancel()
+    """Cancel with who and why in the request itself (so the history records them as for
+    a cancel from the UI); the workflow cleans up (uncordon if it cordoned).
+
+    A remediation that already finished is a no-op said plainly; a node that never had
+    one is an OperatorError."""
+    handle = client.get_workflow_handle(remediation_workflow_id(node))
+    try:
+        desc = await handle.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise OperatorError(f"no remediation found for {node}: nothing to abort") from err
+        raise OperatorError(f"abort {node}: {err.message}") from err
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        status = desc.status.name.lower() if desc.status else "closed"
+        return f"the remediation of {node} already ended ({status}): nothing to abort"
+    try:
+        await handle.cancel(reason=f"by {cmd.operator}: {cmd.reason or 'no reason given'}")
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return f"the remediation of {node} ended meanwhile: nothing to abort"
+        raise OperatorError(f"abort {node}: {err.message}") from err
     return f"abort requested for {node}; the remediation releases the node"
 
 

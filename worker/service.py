@@ -17,7 +17,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
 from activities.drain import DrainActivities
-from activities.events import set_event_namespace
+from activities.events import EventActivities, set_event_namespace
 from activities.fleet import ExporterSettings, FleetActivities
 from activities.jobs import JobActivities
 from activities.kube import KubeSettings, make_api_client
@@ -64,10 +64,11 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     set_event_namespace(settings.kubernetes.event_namespace)
     api = kube_client(settings)
     nodes, drain, jobs = NodeActivities(api), DrainActivities(api), JobActivities(api)
+    events = EventActivities(api)
     fleet = build_fleet(settings, api)
     return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,
             jobs.run_node_job, fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
-            fleet.release_orphan,
+            fleet.release_orphan, events.record_event,
             NodeReturnActivities(api, fleet).check_node_returned,
             fleet.report_admission]
 

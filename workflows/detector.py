@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
+from temporalio.api.common.v1 import Payload
+from temporalio.common import RawValue, RetryPolicy, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action, Verdict
     from workflows.admission import Admission
+    from workflows.commands import decode_command
     from workflows.models import (
         AdmissionReport,
         DetectorInput,
@@ -34,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         OperatorCommand,
         OrphanRelease,
         PendingStart,
+        RejectedCommand,
         RemediationInput,
         merge_observations,
         remediation_workflow_id,
@@ -41,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.search_attributes import GPU_NODE, REMEDIATION_ACTION, REMEDIATION_STATE
 
 NODE_ACTIONS = (Action.THERMAL, Action.RESET, Action.REBOOT, Action.QUARANTINE)
+_NO_PAYLOAD = RawValue(Payload())
 
 
 @workflow.defn
@@ -63,6 +68,7 @@ class DetectorWorkflow:
         self.busy: dict[str, str] = {}
         # Children started by this run; a closed one no longer needs its pending slot.
         self.children: dict[str, workflow.ChildWorkflowHandle] = {}
+        self.rejected: list[RejectedCommand] = []
 
     # ------------------------------------------------------------ operator messages
 
@@ -75,10 +81,15 @@ class DetectorWorkflow:
             last_tick=self.last_tick,
             last_errors=self.last_errors, ticks_total=self.state.ticks_total,
             started_total=self.state.started_total, orphans=self.orphans,
+            rejected_commands=self.rejected,
         )
 
-    @workflow.update(description="Stop admitting new remediations; running ones continue.")
+    @workflow.update(description="Stop admitting new remediations; running ones continue. "
+                                 "Payload: {\"operator\": \"you\", \"reason\": \"why\"}.")
     async def pause(self, cmd: OperatorCommand) -> OperatorAck:
+        return self._do_pause(cmd)
+
+    def _do_pause(self, cmd: OperatorCommand) -> OperatorAck:
         self.state.paused, self.state.paused_by = True, f"{cmd.operator}: {cmd.reason}"
         return self._ack(f"paused by {cmd.operator}")
 
@@ -87,8 +98,12 @@ class DetectorWorkflow:
         if self.state.paused:
             raise ApplicationError(f"already paused ({self.state.paused_by})", type="Rejected")
 
-    @workflow.update(description="Resume admissions and close a tripped circuit breaker.")
+    @workflow.update(description="Resume admissions and close a tripped circuit breaker. "
+                                 "Payload: {\"operator\": ..., \"reason\": ...}.")
     async def resume(self, cmd: OperatorCommand) -> OperatorAck:
+        return self._do_resume(cmd)
+
+    def _do_resume(self, cmd: OperatorCommand) -> OperatorAck:
         was = "breaker closed" if self.state.breaker_open else "resumed"
         self.state.paused = False
         self.state.paused_by = ""
@@ -103,6 +118,40 @@ class DetectorWorkflow:
         if not self.state.paused and not self.state.breaker_open:
             raise ApplicationError("not paused and the breaker is closed: nothing to resume",
                                    type="Rejected")
+
+    # pause and resume are also signals (the UI's "Send a Signal", automation), checked by
+    # the same validators; a rejected or unknown signal is kept in the view and the log.
+
+    @workflow.signal(name="pause", description="Same as the pause update, as a signal.")
+    def pause_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
+        self._signal("pause", raw, self._check_pause, self._do_pause)
+
+    @workflow.signal(name="resume", description="Same as the resume update, as a signal.")
+    def resume_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
+        self._signal("resume", raw, self._check_resume, self._do_resume)
+
+    @workflow.signal(dynamic=True, description="Any other signal name is recorded as rejected.")
+    def other_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        self._reject_signal(name, None, f"unknown signal {name!r}; signals are pause, resume")
+
+    def _signal(self, name: str, raw: RawValue, check: Callable[[OperatorCommand], None],
+                apply: Callable[[OperatorCommand], OperatorAck]) -> None:
+        cmd: OperatorCommand | None = None
+        try:
+            cmd = decode_command(raw)
+            check(cmd)
+        except (ApplicationError, ValueError) as err:
+            self._reject_signal(name, cmd, str(getattr(err, "message", None) or err))
+            return
+        workflow.logger.info("signal %s from %s applied: %s", name, cmd.operator,
+                             apply(cmd).message)
+
+    def _reject_signal(self, name: str, cmd: OperatorCommand | None, why: str) -> None:
+        who = cmd.operator[:100] if cmd else ""
+        self.rejected = [*self.rejected, RejectedCommand(
+            at=workflow.now(), name=name[:100], operator=who, why=why[:500])][-20:]
+        workflow.logger.warning("signal %s%s rejected: %s", name[:100],
+                                f" from {who}" if who else "", why[:500])
 
     @workflow.update(description="Remediate a node now, through the same budget.")
     async def remediate(self, req: ManualRemediation) -> OperatorAck:

@@ -44,7 +44,20 @@ OUT_OF_SERVICE_STATES = frozenset(
 
 
 class _Model(BaseModel):
+    """Configuration: an unknown field is a typo and fails at start with its name."""
+
     model_config = ConfigDict(extra="forbid")
+
+
+class _Message(BaseModel):
+    """What travels through Temporal (inputs, results, views, operator payloads).
+
+    Unknown fields are ignored so that a worker of the previous release can still decode
+    what a newer one wrote (a rolling upgrade or a rollback), and a newer CLI's extra
+    field never makes an older workflow reject an operator's command.
+    """
+
+    model_config = ConfigDict(extra="ignore")
 
 
 # ---------------------------------------------------------------- settings
@@ -68,7 +81,12 @@ class DrainSettings(_Model):
     report_after: timedelta = Field(
         default=timedelta(seconds=15),
         description="While a PDB blocks the drain, report progress (blocking PDB, pods left) "
-                    "to the workflow this often.",
+                    "to the workflow after this long at first; the interval doubles each "
+                    "blocked round up to report_max, so a drain blocked for days stays cheap.",
+    )
+    report_max: timedelta = Field(
+        default=timedelta(minutes=10),
+        description="The longest interval between progress reports of a blocked drain.",
     )
 
 
@@ -165,6 +183,12 @@ class RemediationSettings(_Model):
     repeat_offender_window: timedelta = timedelta(days=7)
     approval: ApprovalSettings = Field(default_factory=ApprovalSettings)
     thermal: ThermalSettings = Field(default_factory=ThermalSettings)
+    history_events_per_run: int = Field(
+        default=2000, ge=200, le=40000,
+        description="A remediation waiting in a loop (blocked drain, thermal watch, quarantine "
+                    "hold) continues as new past this many history events, or sooner when "
+                    "the server suggests it, so a run never outgrows its history.",
+    )
 
     @model_validator(mode="after")
     def _heartbeats_outlast_pauses(self) -> RemediationSettings:
@@ -177,7 +201,7 @@ class RemediationSettings(_Model):
 # ---------------------------------------------------------------- remediation
 
 
-class RemediationInput(_Model):
+class RemediationInput(_Message):
     node: str
     verdict: Verdict
     settings: RemediationSettings = Field(default_factory=RemediationSettings)
@@ -185,9 +209,12 @@ class RemediationInput(_Model):
     dry_run: bool = False
     requested_by: str = "detector"
     reason: str = ""
+    resume: RemediationResume | None = Field(
+        default=None, description="Set by continue-as-new: the loop to pick up and its state."
+    )
 
 
-class HistoryEntry(_Model):
+class HistoryEntry(_Message):
     started: datetime
     finished: datetime | None = None
     action: str
@@ -197,14 +224,14 @@ class HistoryEntry(_Model):
     by: str = ""
 
 
-class Transition(_Model):
+class Transition(_Message):
     at: datetime
     state: NodeState
     step: str
     note: str = ""
 
 
-class RemediationView(_Model):
+class RemediationView(_Message):
     """Everything an operator needs about one remediation (the ``view`` query)."""
 
     node: str
@@ -221,23 +248,59 @@ class RemediationView(_Model):
     previously_cordoned: bool = False
     plan: list[str] = Field(default_factory=list)
     transitions: list[Transition] = Field(default_factory=list)
+    rejected_commands: list[RejectedCommand] = Field(
+        default_factory=list,
+        description="Operator signals that were not applied, and why (newest last): a "
+                    "signal cannot return an error, so this is where its rejection shows.",
+    )
+    runs: int = Field(default=1, description="Runs of this remediation (continue-as-new).")
 
 
-class RemediationResult(_Model):
+class RemediationResult(_Message):
     node: str
     outcome: NodeState | Literal["released", "aborted"]
     attempts: int
     message: str
 
 
-class OperatorCommand(_Model):
-    """Payload of every operator update: who, and why."""
+class OperatorCommand(_Message):
+    """Payload of every operator update and signal: who, and why."""
 
     operator: str = Field(min_length=1)
     reason: str = ""
 
 
-class OperatorAck(_Model):
+class RejectedCommand(_Message):
+    """An operator signal the remediation did not apply."""
+
+    at: datetime
+    name: str
+    operator: str = ""
+    why: str
+
+
+class RemediationResume(_Message):
+    """What a remediation carries across continue-as-new: the loop it was in and the
+    little state that loop needs. Everything else is on the node or in the view."""
+
+    phase: Literal["drain", "thermal", "quarantine"]
+    view: RemediationView
+    action: Action
+    started: datetime
+    gpus: int
+    quarantine_order: OperatorCommand | None = None
+    policy_quarantine: str | None = None
+    release_order: OperatorCommand | None = None
+    abort_note: OperatorCommand | None = None
+    quarantine_why: str = ""
+    acknowledged: dict[str, int] = Field(default_factory=dict)
+    drain_started: datetime | None = None
+    drain_force: bool = False
+    report_after: timedelta | None = None
+    hot_since: datetime | None = None
+
+
+class OperatorAck(_Message):
     accepted: bool = True
     state: NodeState
     message: str
@@ -246,7 +309,7 @@ class OperatorAck(_Model):
 # ---------------------------------------------------------------- activities
 
 
-class ClaimInput(_Model):
+class ClaimInput(_Message):
     node: str
     state: NodeState
     reason: str
@@ -257,7 +320,7 @@ class ClaimInput(_Model):
     dry_run: bool = False
 
 
-class ClaimResult(_Model):
+class ClaimResult(_Message):
     previously_cordoned: bool
     recent_remediations: int
     gpus: int
@@ -268,7 +331,7 @@ class ClaimResult(_Model):
     uid: str = Field(default="", description="metadata.uid at claim: the node's identity.")
 
 
-class StateInput(_Model):
+class StateInput(_Message):
     node: str
     state: NodeState
     reason: str
@@ -281,7 +344,7 @@ class StateInput(_Model):
     dry_run: bool = False
 
 
-class ReleaseInput(_Model):
+class ReleaseInput(_Message):
     node: str
     outcome: Literal["healthy", "quarantined", "released", "aborted"]
     uncordon: bool
@@ -290,9 +353,22 @@ class ReleaseInput(_Model):
     event_reason: str
     event_message: str
     dry_run: bool = False
+    claim_unconfirmed: bool = Field(
+        default=False,
+        description="An abort reached the claim before it reported back: release only if "
+                    "the node carries this workflow's claim, and uncordon only if that claim "
+                    "found the node schedulable.",
+    )
 
 
-class DrainInput(_Model):
+class NodeEventInput(_Message):
+    node: str
+    reason: str
+    message: str
+    event_type: Literal["Normal", "Warning"] = "Warning"
+
+
+class DrainInput(_Message):
     node: str
     settings: DrainSettings
     force: bool = Field(default=False, description="Delete what eviction could not move.")
@@ -303,7 +379,7 @@ class DrainInput(_Model):
     dry_run: bool = False
 
 
-class DrainResult(_Model):
+class DrainResult(_Message):
     outcome: Literal["drained", "blocked", "planned"]
     evicted: list[str] = Field(default_factory=list)
     remaining: list[str] = Field(default_factory=list)
@@ -313,7 +389,7 @@ class DrainResult(_Model):
     message: str = ""
 
 
-class NodeJobInput(_Model):
+class NodeJobInput(_Message):
     node: str
     kind: Literal["validate", "gpu-reset", "reboot"]
     name: str
@@ -324,25 +400,25 @@ class NodeJobInput(_Model):
     dry_run: bool = False
 
 
-class NodeJobResult(_Model):
+class NodeJobResult(_Message):
     succeeded: bool
     message: str
     job_name: str
 
 
-class NodeHealthInput(_Model):
+class NodeHealthInput(_Message):
     node: str
     policy: PolicyConfig
 
 
-class NodeHealth(_Model):
+class NodeHealth(_Message):
     readable: bool
     thermal_recovered: bool
     verdict: Verdict | None = None
     message: str = ""
 
 
-class ThermalWatchInput(_Model):
+class ThermalWatchInput(_Message):
     node: str
     policy: PolicyConfig
     hold: timedelta
@@ -350,7 +426,7 @@ class ThermalWatchInput(_Model):
     give_up_after: timedelta = Field(description="Return 'hot' after watching this long.")
 
 
-class ThermalWatchResult(_Model):
+class ThermalWatchResult(_Message):
     outcome: Literal["recovered", "hot", "fault"]
     verdict: Verdict | None = None
     message: str = ""
@@ -447,19 +523,19 @@ def limit_for(spec: int | str, nodes: int) -> int:
     return max(1, nodes * pct // 100)
 
 
-class ManualRemediation(_Model):
+class ManualRemediation(_Message):
     node: str = Field(min_length=1)
     action: Action
     operator: str = Field(min_length=1)
     reason: str = Field(min_length=1)
 
 
-class PendingStart(_Model):
+class PendingStart(_Message):
     node: str
     at: datetime
 
 
-class DetectorState(_Model):
+class DetectorState(_Message):
     """Carried across continue-as-new. Budget truth is on the nodes, not here."""
 
     paused: bool = False
@@ -482,12 +558,12 @@ class DetectorState(_Model):
     started_total: int = 0
 
 
-class DetectorInput(_Model):
+class DetectorInput(_Message):
     settings: DetectorSettings = Field(default_factory=DetectorSettings)
     state: DetectorState = Field(default_factory=DetectorState)
 
 
-class ObserveInput(_Model):
+class ObserveInput(_Message):
     policy: PolicyConfig
     pool_label: str | None = None
     shard: int = Field(default=0, ge=0, description="This activity's share of the fleet ...")
@@ -497,14 +573,14 @@ class ObserveInput(_Model):
                                   "it writes node annotations).")
 
 
-class NodeStatus(_Model):
+class NodeStatus(_Message):
     node: str
     state: NodeState
     workflow_id: str = ""
     excluded: bool = False
 
 
-class FleetObservation(_Model):
+class FleetObservation(_Message):
     """One tick's view of the fleet, kept small: only nodes that need attention."""
 
     managed_nodes: int
@@ -523,7 +599,7 @@ class FleetObservation(_Model):
     pool_sizes: dict[str, int] = Field(default_factory=dict)
 
 
-class OrphanRelease(_Model):
+class OrphanRelease(_Message):
     node: str = Field(min_length=1)
     operator: str = Field(min_length=1)
     reason: str = ""
@@ -552,7 +628,7 @@ def merge_observations(parts: list[FleetObservation]) -> FleetObservation:
     )
 
 
-class DetectorView(_Model):
+class DetectorView(_Message):
     paused: bool
     breaker_open: bool
     breaker_reason: str
@@ -564,9 +640,11 @@ class DetectorView(_Model):
     ticks_total: int
     started_total: int
     orphans: list[str] = Field(default_factory=list)
+    rejected_commands: list[RejectedCommand] = Field(
+        default_factory=list, description="Operator signals not applied, and why.")
 
 
-class AdmissionReport(_Model):
+class AdmissionReport(_Message):
     budget: int
     in_use: int
     waiting: int
@@ -575,10 +653,14 @@ class AdmissionReport(_Model):
     breaker_reason: str = ""
 
 
+RemediationInput.model_rebuild()
+RemediationView.model_rebuild()
+
+
 # ---------------------------------------------------------------- node return
 
 
-class ReturnInput(_Model):
+class ReturnInput(_Message):
     """One look at a node after its reboot was requested (``check_node_returned``)."""
 
     node: str
@@ -595,7 +677,7 @@ class ReturnInput(_Model):
     )
 
 
-class ReturnResult(_Model):
+class ReturnResult(_Message):
     boot_id: str
     allocatable_gpus: int
     confirmed_by: Literal["boot-id", "ready-transition"]

@@ -11,30 +11,36 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.api.common.v1 import Payload
+from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action, Verdict
     from policy.rules import SIG_XID, gpu_key
+    from workflows.commands import abort_requester, decode_command
     from workflows.models import (
         ClaimInput,
         ClaimResult,
         DrainInput,
         DrainResult,
         HistoryEntry,
+        NodeEventInput,
         NodeJobInput,
         NodeJobResult,
         NodeState,
         OperatorAck,
         OperatorCommand,
+        RejectedCommand,
         ReleaseInput,
         RemediationInput,
         RemediationResult,
+        RemediationResume,
         RemediationView,
         StateInput,
         ThermalWatchInput,
@@ -50,6 +56,12 @@ NODE_RETRY = RetryPolicy(
 )
 NODE_CALL = timedelta(minutes=2)
 TRANSITIONS_KEPT = 50
+PLAN_KEPT = 100
+REJECTIONS_KEPT = 20
+# What a signal handler gets when a signal was sent without a payload.
+_NO_PAYLOAD = RawValue(Payload())
+# Operator commands that exist both as an update and as a signal of the same name.
+SIGNALS = ("approve", "reject", "quarantine", "release", "repaired")
 
 
 class NodeGone(Exception):
@@ -73,20 +85,36 @@ class RemediationWorkflow:
     @workflow.init
     def __init__(self, inp: RemediationInput) -> None:
         self.inp = inp
-        self.action = inp.verdict.action
-        self.view = RemediationView(
-            node=inp.node, state=NodeState.HEALTHY, step="starting", action=self.action,
-            reason=inp.reason or inp.verdict.summary, dry_run=inp.dry_run,
-        )
+        r = inp.resume
+        self.action = r.action if r else inp.verdict.action
+        if r:
+            self.view = r.view.model_copy(update={"runs": r.view.runs + 1})
+        else:
+            self.view = RemediationView(
+                node=inp.node, state=NodeState.HEALTHY, step="starting", action=self.action,
+                reason=inp.reason or inp.verdict.summary, dry_run=inp.dry_run,
+            )
         self.decision: Literal["approve", "reject"] | None = None
         self.decided_by: OperatorCommand | None = None
-        self.quarantine_order: OperatorCommand | None = None
-        self.release_order: OperatorCommand | None = None
-        self.abort_note: OperatorCommand | None = None
+        # An operator's order and the policy's (repeat offender, heat that does not go
+        # away) are kept apart: only an operator's order skips the approval gate.
+        self.quarantine_order: OperatorCommand | None = r.quarantine_order if r else None
+        self.policy_quarantine: str | None = r.policy_quarantine if r else None
+        self.release_order: OperatorCommand | None = r.release_order if r else None
+        self.abort_note: OperatorCommand | None = r.abort_note if r else None
         self.repaired_order: OperatorCommand | None = None
-        self.claimed = False
-        self.gpus = 0
-        self.started = workflow.now()
+        # claim_started: the claim may have touched the node; claimed: it said what it did.
+        self.claim_started = r is not None
+        self.claimed = r is not None
+        # The node was handed back (healthy or released): an abort has nothing left to undo.
+        self.released = False
+        self.aborting = False
+        self.gpus = r.gpus if r else 0
+        self.started = r.started if r else workflow.now()
+        self.drain_started = r.drain_started if r else None
+        self.drain_force = r.drain_force if r else False
+        self.report_after = r.report_after if r else None
+        self.hot_since = r.hot_since if r else None
 
     # ------------------------------------------------------------ queries and updates
 
@@ -94,30 +122,49 @@ class RemediationWorkflow:
     def view_state(self) -> RemediationView:
         return self.view
 
-    @workflow.update(description="Approve a remediation waiting for approval (supervised mode).")
+    # Every operator command is an update (validated, answered: the CLI uses these) and a
+    # signal of the same name (the UI's "Send a Signal", `temporal workflow signal`,
+    # automation). Both run the same check; a signal cannot answer, so a rejected one is
+    # recorded in the view, as a Warning Event on the node and in the log.
+
+    @workflow.update(description="Approve a remediation waiting for approval (supervised "
+                                 "mode). Payload: {\"operator\": \"you\", \"reason\": \"why\"}.")
     async def approve(self, cmd: OperatorCommand) -> OperatorAck:
-        self.decision, self.decided_by = "approve", cmd
-        return self._ack(f"approved by {cmd.operator}")
+        return self._do_approve(cmd)
 
     @approve.validator
     def _check_approve(self, cmd: OperatorCommand) -> None:
         self._require(NodeState.AWAITING_APPROVAL, "approve")
+        self._undecided()
+
+    def _do_approve(self, cmd: OperatorCommand) -> OperatorAck:
+        self.decision, self.decided_by = "approve", cmd
+        return self._ack(f"approved by {cmd.operator}")
 
     @workflow.update(description="Reject a remediation waiting for approval: release the node "
-                                 "untouched.")
+                                 "untouched. Payload: {\"operator\": ..., \"reason\": ...}.")
     async def reject(self, cmd: OperatorCommand) -> OperatorAck:
-        self.decision, self.decided_by = "reject", cmd
-        return self._ack(f"rejected by {cmd.operator}")
+        return self._do_reject(cmd)
 
     @reject.validator
     def _check_reject(self, cmd: OperatorCommand) -> None:
         self._require(NodeState.AWAITING_APPROVAL, "reject")
+        self._undecided()
 
-    @workflow.update(description="Quarantine the node now: it stays cordoned until released.")
+    def _do_reject(self, cmd: OperatorCommand) -> OperatorAck:
+        self.decision, self.decided_by = "reject", cmd
+        return self._ack(f"rejected by {cmd.operator}")
+
+    def _undecided(self) -> None:
+        if self.decision is not None:
+            who = self.decided_by.operator if self.decided_by else "the approval timeout"
+            raise ApplicationError(f"{self.inp.node} was already {self.decision}d by {who}",
+                                   type="Rejected")
+
+    @workflow.update(description="Quarantine the node now: it stays cordoned until released. "
+                                 "Payload: {\"operator\": ..., \"reason\": ...}.")
     async def quarantine(self, cmd: OperatorCommand) -> OperatorAck:
-        self.quarantine_order = cmd
-        return self._ack(f"quarantine ordered by {cmd.operator}; takes effect at the end of "
-                         f"the current step ({self.view.step})")
+        return self._do_quarantine(cmd)
 
     @quarantine.validator
     def _check_quarantine(self, cmd: OperatorCommand) -> None:
@@ -131,11 +178,16 @@ class RemediationWorkflow:
             raise ApplicationError(
                 f"quarantine already ordered by {self.quarantine_order.operator}", type="Rejected")
 
+    def _do_quarantine(self, cmd: OperatorCommand) -> OperatorAck:
+        self.quarantine_order = cmd
+        return self._ack(f"quarantine ordered by {cmd.operator}; takes effect at the end of "
+                         f"the current step ({self.view.step})")
+
     @workflow.update(description="Release a quarantined node: validate it and return it to "
-                                 "service if it passes.")
+                                 "service if it passes. Payload: {\"operator\": ..., "
+                                 "\"reason\": ...}.")
     async def release(self, cmd: OperatorCommand) -> OperatorAck:
-        self.release_order = cmd
-        return self._ack(f"release ordered by {cmd.operator}; validating")
+        return self._do_release(cmd)
 
     @release.validator
     def _check_release(self, cmd: OperatorCommand) -> None:
@@ -143,11 +195,15 @@ class RemediationWorkflow:
         if self.release_order is not None:
             raise ApplicationError("a release is already in progress", type="Rejected")
 
+    def _do_release(self, cmd: OperatorCommand) -> OperatorAck:
+        self.release_order = cmd
+        return self._ack(f"release ordered by {cmd.operator}; validating")
+
     @workflow.update(description="Report that an external repair (reset_method or "
-                                 "reboot_method 'external') is done: validation follows.")
+                                 "reboot_method 'external') is done: validation follows. "
+                                 "Payload: {\"operator\": ..., \"reason\": ...}.")
     async def repaired(self, cmd: OperatorCommand) -> OperatorAck:
-        self.repaired_order = cmd
-        return self._ack(f"repair reported by {cmd.operator}; validating")
+        return self._do_repaired(cmd)
 
     @repaired.validator
     def _check_repaired(self, cmd: OperatorCommand) -> None:
@@ -156,11 +212,74 @@ class RemediationWorkflow:
                 f"{self.inp.node} is not waiting for an external repair (it is "
                 f"{self.view.state.value}, step {self.view.step})", type="Rejected")
 
-    @workflow.update(description="Record who aborts and why; the CLI then cancels the workflow, "
-                                 "which cleans up.")
+    def _do_repaired(self, cmd: OperatorCommand) -> OperatorAck:
+        self.repaired_order = cmd
+        return self._ack(f"repair reported by {cmd.operator}; validating")
+
+    @workflow.update(description="Record who aborts and why, for clients that cannot put it "
+                                 "in the cancel request's reason; the cancel cleans up.")
     async def note_abort(self, cmd: OperatorCommand) -> OperatorAck:
         self.abort_note = cmd
         return self._ack(f"abort noted for {cmd.operator}")
+
+    @workflow.signal(name="approve", description="Same as the approve update, as a signal.")
+    async def approve_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
+        await self._signal("approve", raw, self._check_approve, self._do_approve)
+
+    @workflow.signal(name="reject", description="Same as the reject update, as a signal.")
+    async def reject_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
+        await self._signal("reject", raw, self._check_reject, self._do_reject)
+
+    @workflow.signal(name="quarantine", description="Same as the quarantine update, as a signal.")
+    async def quarantine_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
+        await self._signal("quarantine", raw, self._check_quarantine, self._do_quarantine)
+
+    @workflow.signal(name="release", description="Same as the release update, as a signal.")
+    async def release_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
+        await self._signal("release", raw, self._check_release, self._do_release)
+
+    @workflow.signal(name="repaired", description="Same as the repaired update, as a signal.")
+    async def repaired_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
+        await self._signal("repaired", raw, self._check_repaired, self._do_repaired)
+
+    @workflow.signal(dynamic=True, description="Any other signal name is recorded as rejected, "
+                                                "so a typo shows instead of waiting unseen.")
+    async def other_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        await self._reject_signal(name, None, f"unknown signal {name!r}; signals are "
+                                              f"{', '.join(SIGNALS)}")
+
+    async def _signal(self, name: str, raw: RawValue,
+                      check: Callable[[OperatorCommand], None],
+                      apply: Callable[[OperatorCommand], OperatorAck]) -> None:
+        cmd: OperatorCommand | None = None
+        try:
+            cmd = decode_command(raw)
+            check(cmd)
+        except (ApplicationError, ValueError) as err:
+            await self._reject_signal(name, cmd, str(getattr(err, "message", None) or err))
+            return
+        ack = apply(cmd)
+        workflow.logger.info("signal %s from %s applied: %s", name, cmd.operator, ack.message)
+
+    async def _reject_signal(self, name: str, cmd: OperatorCommand | None, why: str) -> None:
+        why = why[:500]
+        who = cmd.operator if cmd else ""
+        self.view.rejected_commands = [*self.view.rejected_commands, RejectedCommand(
+            at=workflow.now(), name=name[:100], operator=who[:100], why=why)][-REJECTIONS_KEPT:]
+        workflow.logger.warning("signal %s%s rejected: %s", name[:100],
+                                f" from {who}" if who else "", why)
+        self._details(f"signal `{name[:100]}` rejected: {why}")
+        try:
+            await workflow.execute_activity(
+                "record_event",
+                NodeEventInput(node=self.inp.node, reason="OperatorSignalRejected",
+                               message=f"signal {name[:100]}" + (f" from {who}" if who else "")
+                                       + f" rejected: {why}"),
+                start_to_close_timeout=NODE_CALL, retry_policy=RetryPolicy(maximum_attempts=3),
+                summary=f"record rejected signal {name[:100]}")
+        except ActivityError as err:
+            # The rejection is in the view and the log; a lost Event must not fail the run.
+            workflow.logger.warning("could not record the rejected signal: %s", _cause(err))
 
     def _require(self, state: NodeState, verb: str) -> None:
         if self.view.state != state:
@@ -177,25 +296,32 @@ class RemediationWorkflow:
 
     @workflow.run
     async def run(self, inp: RemediationInput) -> RemediationResult:
-        workflow.upsert_search_attributes([REMEDIATION_ACTION.value_set(self.action.value)])
+        if inp.resume is None:
+            workflow.upsert_search_attributes([REMEDIATION_ACTION.value_set(self.action.value)])
         try:
-            return await self._remediate()
-        except _GiveUp as give_up:
-            return await self._finish("released", str(give_up))
-        except NodeGone:
-            return RemediationResult(node=inp.node, outcome="released", attempts=self.view.attempt,
-                                     message="node deleted during remediation")
-        except ActivityError as err:
-            if not self.claimed:
-                raise
-            # A step failed in a way retries cannot fix (bad config, missing namespace,
-            # invalid object): hold the node for a human rather than fail the workflow,
-            # which would leave it cordoned with nobody watching.
-            return await self._quarantine(
-                f"step {self.view.step} failed: {_cause(err)}", self._acknowledged_xids())
+            try:
+                result = await (self._resume(inp.resume) if inp.resume else self._remediate())
+            except _GiveUp as give_up:
+                result = await self._finish("released", str(give_up))
+            except NodeGone:
+                result = RemediationResult(node=inp.node, outcome="released",
+                                           attempts=self.view.attempt,
+                                           message="node deleted during remediation")
+            except ActivityError as err:
+                if not self.claimed:
+                    raise
+                # A step failed in a way retries cannot fix (bad config, missing namespace,
+                # invalid object): hold the node for a human rather than fail the workflow,
+                # which would leave it cordoned with nobody watching.
+                result = await self._quarantine(
+                    f"step {self.view.step} failed: {_cause(err)}", self._acknowledged_xids())
         except asyncio.CancelledError:
+            # An abort, wherever it landed: on a timer, on an activity in flight, queued or
+            # between retries, or on one that completed anyway (see _call).
             await self._abort_cleanup()
             raise
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return result
 
     async def _remediate(self) -> RemediationResult:
         s = self.inp.settings
@@ -211,35 +337,90 @@ class RemediationWorkflow:
         if len(recent) >= s.repeat_offender_count and self.action != Action.THERMAL:
             self._plan(f"repeat offender: {len(recent)} remediations since "
                        f"{window_start:%Y-%m-%d}; quarantine")
-            self.quarantine_order = OperatorCommand(
-                operator="policy", reason=f"repeat offender: {len(recent)} remediations within "
-                                          f"{s.repeat_offender_window}")
-        if self.action == Action.THERMAL and self.quarantine_order is None:
+            why = f"repeat offender: {len(recent)} remediations within " \
+                  f"{s.repeat_offender_window}"
+            if workflow.patched("policy-quarantine-awaits-approval"):
+                self.policy_quarantine = why
+            else:
+                self.quarantine_order = OperatorCommand(operator="policy", reason=why)
+        if self.action == Action.THERMAL and not self._quarantine_due():
             done = await self._thermal()
             if done is not None:
                 return done
         if first == NodeState.AWAITING_APPROVAL and self.quarantine_order is None:
+            # Supervised means supervised: a policy quarantine drains too, so it waits for
+            # an operator like any other drain; only an operator's own order skips the gate.
             approved = await self._await_approval()
             if not approved:
-                who = self.decided_by.operator if self.decided_by else "approval timeout"
+                if self.decided_by is None:
+                    # Nobody decided: the fault is not acknowledged, so the detector asks
+                    # again at its next tick rather than return an XID 79 to service unseen.
+                    return await self._finish(
+                        "released", f"approval timed out after {s.approval.timeout}: not "
+                                    "remediated; the node is flagged again while its fault "
+                                    "shows")
                 # Acknowledge the XIDs: the exporter keeps showing the last one, and
                 # without this the detector claims the node again at its next tick,
                 # undoing the operator's decision. A new XID still triggers.
-                return await self._finish("released", f"rejected by {who}",
+                return await self._finish("released", f"rejected by {self.decided_by.operator}",
                                           self._acknowledged_xids())
         await self._drain()
-        if self.action == Action.QUARANTINE or self.quarantine_order is not None:
+        return await self._after_drain()
+
+    async def _after_drain(self) -> RemediationResult:
+        if self.action == Action.QUARANTINE or self._quarantine_due():
             return await self._quarantine(self._quarantine_reason())
         return await self._repair_and_validate()
+
+    async def _resume(self, r: RemediationResume) -> RemediationResult:
+        """Pick up the loop the previous run handed over at continue-as-new."""
+        self._details(f"continued in run {self.view.runs} ({r.phase})")
+        if r.phase == "quarantine":
+            return await self._quarantine(r.quarantine_why, r.acknowledged, applied=True)
+        if r.phase == "thermal":
+            done = await self._thermal()
+            if done is not None:
+                return done
+        await self._drain()
+        return await self._after_drain()
+
+    def _quarantine_due(self) -> bool:
+        return self.quarantine_order is not None or self.policy_quarantine is not None
+
+    async def _continue_as_new_if_due(self, phase: Literal["drain", "thermal", "quarantine"],
+                                      *, now: bool = False, why: str = "",
+                                      acked: dict[str, int] | None = None) -> None:
+        """At a loop boundary: hand over to a fresh run when the history is long (or the
+        server suggests it), or ``now`` for the quarantine hold, so a run waiting for days
+        or months replays only the loop it waits in."""
+        info = workflow.info()
+        due = now or info.is_continue_as_new_suggested() \
+            or info.get_current_history_length() >= self.inp.settings.history_events_per_run
+        # Patched: a run recorded before this change replays without handing over.
+        if not due or self.inp.dry_run or not workflow.patched("continue-as-new-in-loops"):
+            return
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        v = self.view
+        view = v.model_copy(update={"plan": v.plan[-PLAN_KEPT:]})
+        workflow.continue_as_new(self.inp.model_copy(update={"resume": RemediationResume(
+            phase=phase, view=view, action=self.action, started=self.started, gpus=self.gpus,
+            quarantine_order=self.quarantine_order, policy_quarantine=self.policy_quarantine,
+            release_order=self.release_order, abort_note=self.abort_note,
+            quarantine_why=why, acknowledged=acked or {}, drain_started=self.drain_started,
+            drain_force=self.drain_force, report_after=self.report_after,
+            hot_since=self.hot_since)}))
 
     def _quarantine_reason(self) -> str:
         if self.quarantine_order is not None:
             order = self.quarantine_order
             return f"{order.reason or 'ordered'} (by {order.operator})"
+        if self.policy_quarantine is not None:
+            return f"{self.policy_quarantine} (by policy)"
         return f"policy: {self.inp.verdict.summary}"
 
     async def _claim(self, state: NodeState) -> ClaimResult:
         info = workflow.info()
+        self.claim_started = True
         claim = await self._node_call(
             "claim_node",
             ClaimInput(node=self.inp.node, state=state, reason=self.view.reason,
@@ -270,7 +451,9 @@ class RemediationWorkflow:
                 timeout=s.timeout, timeout_summary="approval window",
             )
         except TimeoutError:
-            self.decision = "approve" if s.on_timeout == "approve" else "reject"
+            # A decision that arrived in the same moment as the timeout stands.
+            if self.decision is None:
+                self.decision = "approve" if s.on_timeout == "approve" else "reject"
         if self.quarantine_order is not None:
             return True
         if self.decision == "approve":
@@ -283,28 +466,28 @@ class RemediationWorkflow:
     async def _thermal(self) -> RemediationResult | None:
         """Cordoned for heat: no drain; back when cool; escalate if it stays hot."""
         t = self.inp.settings.thermal
-        hot_since = workflow.now()
-        self._plan("thermal: cordon only, no drain; watch temperature "
-                   f"until cool for {t.hold}")
-        if self.inp.dry_run:
-            return await self._finish("healthy", "dry-run: would wait for the node to cool")
+        if self.hot_since is None:
+            self.hot_since = workflow.now()
+            self._plan("thermal: cordon only, no drain; watch temperature "
+                       f"until cool for {t.hold}")
+            if self.inp.dry_run:
+                return await self._finish("healthy", "dry-run: would wait for the node to cool")
+        hot_since = self.hot_since
         while True:
             elapsed = workflow.now() - hot_since
             left = (t.escalate_after - elapsed) if t.escalate_after else timedelta(hours=1)
             watch_for = max(min(left, timedelta(hours=1)), t.hold + t.poll_interval)
             self._details(f"cordoned for heat since {hot_since:%H:%M:%S}; waiting for "
                           f"{t.hold} below the recovery threshold")
-            result = await workflow.execute_activity(
+            result = await self._call(
                 "watch_thermal",
                 ThermalWatchInput(node=self.inp.node, policy=self.inp.policy, hold=t.hold,
                                   poll_interval=t.poll_interval, give_up_after=watch_for),
-                result_type=ThermalWatchResult,
-                start_to_close_timeout=watch_for + timedelta(minutes=5),
-                heartbeat_timeout=max(self.inp.settings.heartbeat_timeout, t.poll_interval * 3),
-                retry_policy=NODE_RETRY,
+                ThermalWatchResult, timeout=watch_for + timedelta(minutes=5),
+                heartbeat=max(self.inp.settings.heartbeat_timeout, t.poll_interval * 3),
                 summary=f"watch {self.inp.node} temperature",
             )
-            if self.quarantine_order is not None:
+            if self._quarantine_due():
                 return None
             if result.outcome == "recovered":
                 return await self._finish("healthy", f"cooled down: {result.message}")
@@ -312,14 +495,17 @@ class RemediationWorkflow:
                 self._escalate(result.verdict, "a hardware fault appeared while cordoned")
                 return None
             if t.escalate_after is not None and workflow.now() - hot_since >= t.escalate_after:
-                self.quarantine_order = OperatorCommand(
-                    operator="policy", reason=f"still hot after {t.escalate_after}: "
-                                              f"{result.message}; check cooling")
+                why = f"still hot after {t.escalate_after}: {result.message}; check cooling"
+                if workflow.patched("policy-quarantine-awaits-approval"):
+                    self.policy_quarantine = why
+                else:
+                    self.quarantine_order = OperatorCommand(operator="policy", reason=why)
                 await self._enter(NodeState.DRAINING, "thermal-escalation", "ThermalEscalation",
                                   f"still hot after {t.escalate_after}; draining",
                                   event_type="Warning")
                 return None
             await workflow.sleep(t.poll_interval, summary="before watching again")
+            await self._continue_as_new_if_due("thermal")
 
     def _escalate(self, verdict: Verdict, why: str) -> None:
         self.action = verdict.action
@@ -329,22 +515,26 @@ class RemediationWorkflow:
 
     async def _drain(self) -> None:
         d = self.inp.settings.drain
-        if self.view.state != NodeState.DRAINING:
-            await self._enter(NodeState.DRAINING, "drain", "DrainStarted",
-                              f"draining {self.inp.node}")
-        else:
-            # Claim or approval already wrote Draining to the node: only the view moves on.
-            self._set(NodeState.DRAINING, "drain")
-        started = workflow.now()
-        force = False
+        if self.drain_started is None:
+            if self.view.state != NodeState.DRAINING:
+                await self._enter(NodeState.DRAINING, "drain", "DrainStarted",
+                                  f"draining {self.inp.node}")
+            else:
+                # Claim or approval already wrote Draining to the node: only the view moves on.
+                self._set(NodeState.DRAINING, "drain")
+            self.drain_started = workflow.now()
+        started = self.drain_started
         while True:
+            report_after = self.report_after or d.report_after
             result = await self._call(
                 "drain_node",
-                DrainInput(node=self.inp.node, settings=d, force=force,
-                           report_after=d.report_after, dry_run=self.inp.dry_run),
+                DrainInput(node=self.inp.node, settings=d, force=self.drain_force,
+                           report_after=report_after, dry_run=self.inp.dry_run),
                 DrainResult,
-                timeout=timedelta(minutes=10), heartbeat=True,
-                summary=("force-delete" if force else "evict") + f" pods on {self.inp.node}",
+                timeout=max(timedelta(minutes=10), report_after + timedelta(minutes=5)),
+                heartbeat=True,
+                summary=("force-delete" if self.drain_force else "evict")
+                + f" pods on {self.inp.node}",
             )
             self.view.pods_left = len(result.remaining)
             if result.outcome == "planned":
@@ -363,16 +553,16 @@ class RemediationWorkflow:
             blocked_for = workflow.now() - (self.view.blocked_since or started)
             self._details(f"evicting {len(result.remaining)} pods; blocked by PDB "
                           f"{result.blocking_pdb} for {_minutes(blocked_for)}")
-            if self.quarantine_order is not None and self.action != Action.QUARANTINE:
+            if self._quarantine_due() and self.action != Action.QUARANTINE:
                 # An order to quarantine does not need an empty node: stop fighting the PDB.
                 return
             if workflow.now() - started >= d.deadline:
-                if d.deadline_policy == "force" and not force:
+                if d.deadline_policy == "force" and not self.drain_force:
                     await self._enter(NodeState.DRAINING, "drain-force", "DrainForced",
                                       f"drain deadline {d.deadline} passed; deleting "
                                       f"{len(result.remaining)} pods with their grace period",
                                       event_type="Warning")
-                    force = True
+                    self.drain_force = True
                 elif d.deadline_policy == "release":
                     raise _GiveUp(f"drain deadline {d.deadline} passed, blocked by "
                                   f"{result.blocking_pdb}; released the node")
@@ -380,9 +570,19 @@ class RemediationWorkflow:
                     await self._enter(NodeState.DRAINING, "drain-overdue", "DrainOverdue",
                                       f"drain deadline {d.deadline} passed; still blocked by "
                                       f"{result.blocking_pdb}; waiting", event_type="Warning")
+            # Reports back off (report_after doubling up to report_max): the activity keeps
+            # evicting every retry_interval in between, so a drain blocked for a week costs
+            # a few thousand history events, not a hundred thousand.
+            nxt = min(report_after * 2, max(d.report_max, d.report_after))
+            to_deadline = d.deadline - (workflow.now() - started)
+            if to_deadline > timedelta(0):
+                # Never report so late that the deadline's policy starts late.
+                nxt = max(d.report_after, min(nxt, to_deadline))
+            self.report_after = nxt
             # The activity already waited before reporting; this pause only guards
             # against a hot loop if it ever reports at once.
             await workflow.sleep(d.retry_interval, summary="before the next eviction round")
+            await self._continue_as_new_if_due("drain")
 
     async def _repair_and_validate(self) -> RemediationResult:
         s = self.inp.settings
@@ -399,12 +599,12 @@ class RemediationWorkflow:
                     repair = await self._repair(kind, attempt)
                 if not repair.succeeded:
                     return await self._quarantine(f"{kind} failed: {repair.message}", acked)
-            if self.quarantine_order is not None:
+            if self._quarantine_due():
                 return await self._quarantine(self._quarantine_reason(), acked)
             await self._enter(NodeState.VALIDATING, "validate", "ValidationStarted",
                               f"attempt {attempt}: validation Job on all {self.gpus} GPUs")
             check = await self._job("validate", attempt)
-            if self.quarantine_order is not None:
+            if self._quarantine_due():
                 # An operator's order outranks a passing validation.
                 return await self._quarantine(self._quarantine_reason(), acked)
             if check.succeeded:
@@ -444,17 +644,27 @@ class RemediationWorkflow:
         return NodeJobResult(succeeded=True, job_name="",
                              message=f"{kind} reported done by {who.operator}: {who.reason}")
 
-    async def _quarantine(self, why: str,
-                          acked: dict[str, int] | None = None) -> RemediationResult:
-        """Keep the node cordoned and tainted until an operator releases it."""
+    async def _quarantine(self, why: str, acked: dict[str, int] | None = None, *,
+                          applied: bool = False) -> RemediationResult:
+        """Keep the node cordoned and tainted until an operator releases it.
+
+        The hold runs in a run of its own (continue-as-new as soon as the quarantine is
+        written), so a node quarantined for months replays only this loop."""
+        acked = acked or {}
         while True:
-            self._set(NodeState.QUARANTINED, "quarantined")
-            await self._release_call("quarantined", why, acked or {})
-            self._details(f"quarantined: {why}. Release with `gpu-remediate release "
-                          f"{self.inp.node}` after the repair.")
-            if self.inp.dry_run:
-                return RemediationResult(node=self.inp.node, outcome=NodeState.QUARANTINED,
-                                         attempts=self.view.attempt, message=why)
+            if not applied:
+                self._set(NodeState.QUARANTINED, "quarantined")
+                await self._release_call("quarantined", why, acked)
+                self._details(f"quarantined: {why}. Release with `gpu-remediate release "
+                              f"{self.inp.node}` after the repair.")
+                if self.inp.dry_run:
+                    return RemediationResult(node=self.inp.node,
+                                             outcome=NodeState.QUARANTINED,
+                                             attempts=self.view.attempt, message=why)
+                if self.release_order is None:
+                    await self._continue_as_new_if_due("quarantine", now=True, why=why,
+                                                       acked=acked)
+            applied = False
             await workflow.wait_condition(lambda: self.release_order is not None)
             order = self.release_order
             assert order is not None
@@ -464,7 +674,9 @@ class RemediationWorkflow:
             # detector has not admitted. It is cordoned, so nothing new lands on it.
             await self._enter(NodeState.QUARANTINED, "release-validate", "ReleaseRequested",
                               f"release by {order.operator}: {order.reason}; validating")
-            # Patched: remediations quarantined before this change validate as they did.
+            # Patched: a release that was already validated (and recorded) before this change
+            # replays without the drain; every release from the upgrade on drains first,
+            # including releases of nodes quarantined before it.
             left = (await self._clear_for_validation()
                     if workflow.patched("drain-before-release-validation") else "")
             if left:
@@ -474,8 +686,9 @@ class RemediationWorkflow:
             self.release_order = None
             if check.succeeded:
                 self.quarantine_order = None
+                self.policy_quarantine = None
                 return await self._finish(
-                    "healthy", f"released by {order.operator} and validated", acked or {})
+                    "healthy", f"released by {order.operator} and validated", acked)
             why = f"release by {order.operator} failed validation: {check.message}"
 
     # ------------------------------------------------------------ building blocks
@@ -530,6 +743,8 @@ class RemediationWorkflow:
                       acked: dict[str, int] | None = None) -> RemediationResult:
         self._set(NodeState.HEALTHY, outcome)
         await self._release_call(outcome, why, acked or {})
+        self.released = True
+        self._check_cancelled()
         self._details(f"{outcome}: {why}")
         return RemediationResult(node=self.inp.node,
                                  outcome=NodeState.HEALTHY if outcome == "healthy" else outcome,
@@ -537,7 +752,8 @@ class RemediationWorkflow:
 
     async def _release_call(self, outcome: Literal["healthy", "quarantined", "released",
                                                    "aborted"],
-                            why: str, acked: dict[str, int]) -> None:
+                            why: str, acked: dict[str, int], *,
+                            claim_unconfirmed: bool = False) -> None:
         info = workflow.info()
         reasons = {"healthy": "RemediationSucceeded", "quarantined": "NodeQuarantined",
                    "released": "RemediationReleased", "aborted": "RemediationAborted"}
@@ -558,18 +774,41 @@ class RemediationWorkflow:
                                      by=self.inp.requested_by),
                 acknowledged_xids=acked, event_reason=reasons[outcome],
                 event_message=f"{outcome}: {why}", dry_run=self.inp.dry_run,
+                claim_unconfirmed=claim_unconfirmed,
             ),
-            type(None), summary=f"{outcome}: release {self.inp.node}",
+            type(None), summary=f"{outcome}: release {self.inp.node}", check_cancel=False,
         )
 
     async def _abort_cleanup(self) -> None:
-        if not self.claimed or self.view.state == NodeState.HEALTHY:
+        """Undo what this remediation did to the node: our taint and label go, the node is
+        uncordoned unless someone else had cordoned it, and who/why go to its history.
+
+        Runs after the cancellation was delivered (once): activities scheduled from here on
+        run normally. A node Job still running deletes itself when its activity sees the
+        cancel (activities/jobs.py); nothing new is created after this point."""
+        self.aborting = True
+        if not self.claim_started or self.released:
             return
-        who = self.abort_note or OperatorCommand(operator="unknown", reason="workflow cancelled")
+        why = self._abort_reason()
         self._set(NodeState.HEALTHY, "aborted")
-        # The cancellation was delivered once, to the step in progress; activities
-        # scheduled from here on run normally.
-        await self._release_call("aborted", f"aborted by {who.operator}: {who.reason}", {})
+        self._details(why)
+        try:
+            await self._release_call("aborted", why, {}, claim_unconfirmed=not self.claimed)
+        except NodeGone:
+            return
+        self.released = True
+
+    def _abort_reason(self) -> str:
+        if self.abort_note is not None:
+            return f"aborted by {self.abort_note.operator}: {self.abort_note.reason}"
+        operator, text = abort_requester(workflow.cancellation_reason() or "")
+        return f"aborted by {operator}: {text}"
+
+    def _check_cancelled(self) -> None:
+        """An activity that completes despite a cancel returns normally, with the cancel
+        consumed: look at the request itself, so no step runs after an abort."""
+        if not self.aborting and workflow.cancellation_reason() is not None:
+            raise asyncio.CancelledError()
 
     async def _enter(self, state: NodeState, step: str, event_reason: str, message: str,
                      event_type: Literal["Normal", "Warning"] = "Normal") -> None:
@@ -608,26 +847,37 @@ class RemediationWorkflow:
             text += ["", "**dry-run plan**", *(f"1. {p}" for p in v.plan)]
         workflow.set_current_details("\n".join(text))
 
-    async def _node_call(self, name: str, arg: Any, result_type: Any, *, summary: str) -> Any:
+    async def _node_call(self, name: str, arg: Any, result_type: Any, *, summary: str,
+                         check_cancel: bool = True) -> Any:
         return await self._call(name, arg, result_type, timeout=NODE_CALL, heartbeat=False,
-                                summary=summary)
+                                summary=summary, check_cancel=check_cancel)
 
     async def _call(self, name: str, arg: Any, result_type: Any, *, timeout: timedelta,
-                    heartbeat: bool, summary: str) -> Any:
+                    heartbeat: bool | timedelta, summary: str, check_cancel: bool = True) -> Any:
+        if isinstance(heartbeat, timedelta):
+            beat: timedelta | None = heartbeat
+        else:
+            beat = self.inp.settings.heartbeat_timeout if heartbeat else None
         try:
-            return await workflow.execute_activity(
+            result = await workflow.execute_activity(
                 name, arg, result_type=result_type, start_to_close_timeout=timeout,
-                heartbeat_timeout=self.inp.settings.heartbeat_timeout if heartbeat else None,
-                retry_policy=NODE_RETRY,
+                heartbeat_timeout=beat, retry_policy=NODE_RETRY,
                 cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                 summary=summary[:200],
             )
         except ActivityError as err:
+            if not self.aborting and workflow.cancellation_reason() is not None:
+                # Cancelled in flight, while queued or between retries (or failed meanwhile):
+                # either way an abort was asked for, not a quarantine.
+                raise asyncio.CancelledError() from err
             cause = err.cause
             if isinstance(cause, ApplicationError) and cause.type == "NotFound" \
                     and f"node {self.inp.node}" in str(cause):
                 raise NodeGone() from err
             raise
+        if check_cancel:
+            self._check_cancelled()
+        return result
 
 
 class _GiveUp(Exception):

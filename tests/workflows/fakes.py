@@ -31,6 +31,7 @@ from workflows.models import (
     DrainResult,
     FleetObservation,
     HistoryEntry,
+    NodeEventInput,
     NodeHealth,
     NodeHealthInput,
     NodeJobInput,
@@ -83,6 +84,7 @@ class FakeCluster:
     # sampled at every observe_fleet call and after every node mutation.
     oos_samples: list[tuple[int, int]] = field(default_factory=list)
     claimed: list[str] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
 
     def node(self, name: str) -> FakeNode:
         return self.nodes.setdefault(name, FakeNode(name))
@@ -150,6 +152,8 @@ class FakeCluster:
                 cluster.calls.append(("release_node", inp))
                 if inp.dry_run:
                     return
+                if inp.claim_unconfirmed and not cluster.node(inp.node).tainted:
+                    return  # like the real one: the claim never landed, nothing to undo
                 cluster.mutations.append(f"release {inp.node} {inp.outcome}")
                 n = cluster.node(inp.node)
                 n.history = [h for h in n.history if h.workflow_id != inp.history.workflow_id
@@ -233,8 +237,14 @@ class FakeCluster:
                     raise RuntimeError(cluster.report_error)
                 cluster.reports.append(report)
 
+        @activity.defn(name="record_event")
+        def record_event(inp: NodeEventInput) -> None:
+            with cluster.lock:
+                cluster.calls.append(("record_event", inp))
+                cluster.events.append((inp.node, inp.reason, inp.message))
+
         return [claim_node, set_node_state, release_node, drain_node, run_node_job,
-                watch_thermal, read_node_health, observe_fleet, report_admission]
+                watch_thermal, read_node_health, observe_fleet, report_admission, record_event]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

@@ -1,0 +1,257 @@
+"""Abort is exact: from every step, whatever its activity is doing, a cancel ends the
+remediation as aborted and gives the node back.
+
+The fakes here are as unkind as the real activities: a drain, Job or thermal watch
+*blocks and heartbeats* until it is cancelled (or completes anyway, as an activity that
+shields its last write does), a claim or state write runs to its end without looking at
+cancellation (they do not heartbeat), and a failing call sits in retry backoff when the
+cancel arrives. Real dev server (``local_env``): cancellation is delivered through real
+heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import typing
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+
+import pytest
+from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.worker import Worker
+
+from policy.models import Action
+from tests.workflows.fakes import FakeCluster, until, xid_verdict
+from workflows.models import (
+    ApprovalSettings,
+    DrainResult,
+    DrainSettings,
+    NodeState,
+    RemediationInput,
+    RemediationSettings,
+    RemediationView,
+    ThermalSettings,
+    ThermalWatchResult,
+)
+from workflows.remediation import RemediationWorkflow
+
+Mode = Literal["cancelled", "completes", "retrying", "gate"]
+
+# Heartbeats are throttled to 0.8 x heartbeat_timeout: a short timeout delivers cancels fast.
+SETTINGS = RemediationSettings(
+    heartbeat_timeout=timedelta(seconds=2),
+    drain=DrainSettings(retry_interval=timedelta(milliseconds=200)),
+    thermal=ThermalSettings(poll_interval=timedelta(milliseconds=200),
+                            hold=timedelta(seconds=1)),
+)
+SUPERVISED = SETTINGS.model_copy(update={"approval": ApprovalSettings(
+    required_for=[Action.REBOOT], timeout=timedelta(hours=1))})
+
+
+@dataclass
+class Hold:
+    """How one activity behaves the first time it is called (later calls are normal)."""
+
+    activity: str
+    mode: Mode
+    kind: str | None = None  # for run_node_job: which Job
+    entered: threading.Event = field(default_factory=threading.Event)
+    gate: threading.Event = field(default_factory=threading.Event)
+    outcome: list[str] = field(default_factory=list)
+
+    def matches(self, name: str, inp: Any) -> bool:
+        return name == self.activity and (self.kind is None or getattr(inp, "kind", "") == self.kind)
+
+
+@dataclass
+class Unkind:
+    cluster: FakeCluster
+    hold: Hold
+    started: list[str] = field(default_factory=list)
+    used: bool = False
+
+    def enter(self, name: str, inp: Any) -> None:
+        self.started.append(name + (f":{inp.kind}" if name == "run_node_job" else ""))
+        if self.used or not self.hold.matches(name, inp):
+            return
+        h = self.hold
+        if h.mode == "retrying":
+            if h.gate.is_set():
+                self.used = True  # the apiserver is back
+                return
+            h.entered.set()
+            # Every attempt fails until the cancel; the workflow waits in retry backoff.
+            raise ApplicationError("apiserver unavailable", type="Transient")
+        self.used = True
+        h.entered.set()
+        if h.mode == "gate":
+            # Runs to its end whatever happens (no heartbeat, so no cancel reaches it).
+            h.gate.wait(30)
+            h.outcome.append("completed")
+            return
+        end = time.monotonic() + 30
+        if h.mode == "cancelled":
+            try:
+                while time.monotonic() < end:
+                    activity.heartbeat("holding")
+                    time.sleep(0.05)
+            except CancelledError:
+                h.outcome.append("cancelled")
+                raise
+            return
+        # "completes": sees the cancel, finishes its work anyway and returns normally.
+        with activity.shield_thread_cancel_exception():
+            while not activity.is_cancelled() and time.monotonic() < end:
+                activity.heartbeat("holding")
+                time.sleep(0.05)
+        h.outcome.append("completed despite cancel")
+
+    def activities(self) -> list[Callable[..., Any]]:
+        out = []
+        for fn in self.cluster.activities():
+            defn = activity._Definition.must_from_callable(fn)
+            out.append(self._wrap(defn.name or fn.__name__, fn))
+        return out
+
+    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(inp: Any) -> Any:
+            self.enter(name, inp)
+            return fn(inp)
+        hints = typing.get_type_hints(fn)
+        call.__annotations__ = hints
+        call.__name__ = name
+        return activity.defn(name=name)(call)
+
+
+@asynccontextmanager
+async def unkind_worker(client: Client, unkind: Unkind) -> AsyncIterator[str]:
+    queue = f"tq-{uuid.uuid4()}"
+    with ThreadPoolExecutor(16) as pool:
+        async with Worker(client, task_queue=queue, workflows=[RemediationWorkflow],
+                          activities=unkind.activities(), activity_executor=pool):
+            try:
+                yield queue
+            finally:
+                unkind.hold.gate.set()
+
+
+async def view(handle: Any) -> RemediationView:
+    result: RemediationView = await handle.query(RemediationWorkflow.view_state)
+    return result
+
+
+# (step reached, activity held, mode) -> an abort there ends as aborted.
+MATRIX: list[tuple[str, Hold, str]] = [
+    ("claim, completes anyway", Hold("claim_node", "gate"), "reboot"),
+    ("claim, retrying", Hold("claim_node", "retrying"), "reboot"),
+    ("first state write, completes anyway", Hold("set_node_state", "gate"), "reboot"),
+    ("drain, in flight", Hold("drain_node", "cancelled"), "reboot"),
+    ("drain, completes anyway", Hold("drain_node", "completes"), "reboot"),
+    ("drain, retrying", Hold("drain_node", "retrying"), "reboot"),
+    ("reboot Job, in flight", Hold("run_node_job", "cancelled", "reboot"), "reboot"),
+    ("reboot Job, completes anyway", Hold("run_node_job", "completes", "reboot"), "reboot"),
+    ("validation Job, in flight", Hold("run_node_job", "cancelled", "validate"), "reboot"),
+    ("validation Job, completes anyway",
+     Hold("run_node_job", "completes", "validate"), "reboot"),
+    ("validation Job, retrying", Hold("run_node_job", "retrying", "validate"), "reboot"),
+    ("GPU reset Job, in flight", Hold("run_node_job", "cancelled", "gpu-reset"), "reset"),
+    ("thermal watch, in flight", Hold("watch_thermal", "cancelled"), "thermal"),
+    ("thermal watch, completes anyway", Hold("watch_thermal", "completes"), "thermal"),
+    ("final release, retrying", Hold("release_node", "retrying"), "reboot"),
+]
+
+
+@pytest.mark.parametrize(("label", "hold", "action"), MATRIX, ids=[m[0] for m in MATRIX])
+async def test_abort_in_every_step_and_activity_state_releases_the_node(
+        local_env, label: str, hold: Hold, action: str) -> None:
+    cluster = FakeCluster(thermal_results=[ThermalWatchResult(outcome="hot", message="92C")])
+    node = f"abort-{uuid.uuid4().hex[:8]}"
+    unkind = Unkind(cluster, hold)
+    verdict = xid_verdict(node, 79, Action(action))
+    async with unkind_worker(local_env.client, unkind) as queue:
+        handle = await local_env.client.start_workflow(
+            RemediationWorkflow.run,
+            RemediationInput(node=node, verdict=verdict, settings=SETTINGS),
+            id=f"remediation-{node}", task_queue=queue)
+        assert await asyncio.to_thread(hold.entered.wait, 20), f"{label}: never reached"
+        if hold.mode in ("cancelled", "completes"):
+            await asyncio.sleep(0.3)  # let the first heartbeat land
+        jobs_before = [s for s in unkind.started if s.startswith("run_node_job")]
+        await handle.cancel(reason="by alice: wrong node")
+        if hold.mode in ("gate", "retrying"):
+            await asyncio.sleep(0.5)
+            hold.gate.set()
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), 30)
+        assert isinstance(failed.value.cause, CancelledError), failed.value.cause
+        assert (await handle.describe()).status == WorkflowExecutionStatus.CANCELED
+    n = cluster.node(node)
+    assert n.state == NodeState.HEALTHY, f"{label}: {n.states_seen}"
+    assert not n.tainted and not n.cordoned, label
+    if hold.activity == "claim_node" and hold.mode == "retrying":
+        assert n.history == [] and "claim" not in " ".join(cluster.mutations), \
+            "a claim that never landed leaves nothing to undo"
+        return
+    assert n.history and n.history[-1].outcome == "aborted: aborted by alice: wrong node", \
+        [h.outcome for h in n.history]
+    jobs_after = [s for s in unkind.started if s.startswith("run_node_job")]
+    assert jobs_after == jobs_before, f"{label}: a Job started after the abort"
+    if hold.mode == "cancelled":
+        assert hold.outcome == ["cancelled"], "the activity in flight saw the cancel"
+
+
+async def test_abort_while_waiting_for_approval_and_in_quarantine(local_env) -> None:
+    for where in ("approval", "quarantine"):
+        cluster = FakeCluster()
+        node = f"abort-{where}-{uuid.uuid4().hex[:6]}"
+        unkind = Unkind(cluster, Hold("none", "gate"))
+        action = Action.QUARANTINE if where == "quarantine" else Action.REBOOT
+        async with unkind_worker(local_env.client, unkind) as queue:
+            handle = await local_env.client.start_workflow(
+                RemediationWorkflow.run,
+                RemediationInput(node=node, verdict=xid_verdict(node, 79, action),
+                                 settings=SUPERVISED if where == "approval" else SETTINGS),
+                id=f"remediation-{node}", task_queue=queue)
+            want = NodeState.AWAITING_APPROVAL if where == "approval" else NodeState.QUARANTINED
+
+            async def there() -> bool:
+                return (await view(handle)).state == want and cluster.node(node).state == want
+            await until(there, 20, f"{node} {want.value}")
+            await handle.cancel(reason="freeing it for maintenance")
+            with pytest.raises(WorkflowFailureError):
+                await asyncio.wait_for(handle.result(), 20)
+        n = cluster.nodes[node]
+        assert n.state == NodeState.HEALTHY and not n.tainted and not n.cordoned, where
+        # A cancel from the UI carries no operator: the reason is kept as typed.
+        assert n.history[-1].outcome == ("aborted: aborted by a cancel request: freeing it "
+                                         "for maintenance"), where
+
+
+async def test_abort_keeps_an_admins_cordon(local_env) -> None:
+    cluster = FakeCluster(drain_results=[DrainResult(outcome="blocked", remaining=["a/b"],
+                                                     blocking_pdb="a/pdb")])
+    node = f"abort-admin-{uuid.uuid4().hex[:6]}"
+    cluster.node(node).cordoned = True
+    unkind = Unkind(cluster, Hold("drain_node", "cancelled"))
+    async with unkind_worker(local_env.client, unkind) as queue:
+        handle = await local_env.client.start_workflow(
+            RemediationWorkflow.run,
+            RemediationInput(node=node, verdict=xid_verdict(node), settings=SETTINGS),
+            id=f"remediation-{node}", task_queue=queue)
+        assert await asyncio.to_thread(unkind.hold.entered.wait, 20)
+        await asyncio.sleep(0.3)
+        await handle.cancel(reason="by bob: not now")
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 20)
+    n = cluster.nodes[node]
+    assert n.state == NodeState.HEALTHY and not n.tainted
+    assert n.cordoned, "an admin's cordon outlives our abort"

@@ -1,0 +1,39 @@
+"""Operator commands that arrive as signals: decoding what a person typed into the Temporal
+UI (or `temporal workflow signal`, or a script), and who asked for a cancel.
+
+A signal cannot answer its sender, so nothing here raises past the handler: a payload
+that is missing, not JSON or not an operator command becomes a ValueError whose text the
+workflow records where an operator looks (its view, a Warning Event, the log).
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.common import RawValue
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.models import OperatorCommand
+
+EXPECTED = '{"operator": "your name", "reason": "why"}'
+
+
+def decode_command(raw: RawValue) -> OperatorCommand:
+    """An operator command from a signal's raw payload; ValueError says what is wrong."""
+    try:
+        value = workflow.payload_converter().from_payload(raw.payload)
+    except Exception as err:  # an undecodable payload is the operator's error to see
+        raise ValueError(f"the payload is missing or not JSON; send {EXPECTED}") from err
+    if not isinstance(value, dict):
+        raise ValueError(f"the payload must be an object like {EXPECTED}, "
+                         f"not {type(value).__name__}")
+    return OperatorCommand.model_validate(value)
+
+
+def abort_requester(reason: str) -> tuple[str, str]:
+    """Who and why from a cancel request's reason. The CLI sends "by OPERATOR: WHY"; a
+    cancel from the UI or `temporal workflow cancel` carries whatever its user typed."""
+    if reason.startswith("by ") and ": " in reason:
+        who, why = reason[3:].split(": ", 1)
+        if who.strip():
+            return who.strip()[:100], why[:500] or "no reason given"
+    return "a cancel request", reason[:500] or "workflow cancelled (no reason given)"
