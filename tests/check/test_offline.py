@@ -212,3 +212,14 @@ def test_option_parse_errors_exit_64_not_2() -> None:
     done = subprocess.run([sys.executable, "-m", "worker", "check", "--no-such-option"],
                           capture_output=True, text=True, check=False, cwd=REPO)
     assert done.returncode == 64, done.stderr
+
+
+def test_the_command_line_wires_the_offline_options() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "worker", "check", "-o", "json", "--node", "gpu-node-07",
+         "--from-file", str(FIXTURES / "h100x8_healthy.xml"),
+         "--xid-log", str(FIXTURES / "kern_log_xid.txt")],
+        capture_output=True, text=True, check=False, cwd=REPO)
+    assert done.returncode == 3, done.stderr
+    (node,) = json.loads(done.stdout)["nodes"]
+    assert node["node"] == "gpu-node-07" and node["action"] == "reset"
