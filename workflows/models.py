@@ -10,15 +10,37 @@ from __future__ import annotations
 import zlib
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from policy.config import PolicyConfig
 from policy.models import Action, Verdict
 
 TASK_QUEUE = "gpu-remediate"
 DETECTOR_WORKFLOW_ID = "gpu-remediate-detector"
+
+MAX_REASON_CHARS = 1024
+"""An operator's reason is cut to this many characters (ending in "…"): it is written into
+node annotations, Events and the history annotation, and the API server refuses a node whose
+annotations together pass 256 KiB. Cut rather than refused, so that a recorded command still
+decodes on replay."""
+MAX_OPERATOR_CHARS = 253
+
+
+def _cut(limit: int) -> AfterValidator:
+    return AfterValidator(lambda text: text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+Reason = Annotated[str, _cut(MAX_REASON_CHARS)]
+OperatorName = Annotated[str, _cut(MAX_OPERATOR_CHARS)]
 
 
 def remediation_workflow_id(node: str) -> str:
@@ -65,7 +87,8 @@ class _Message(BaseModel):
 
 class DrainSettings(_Model):
     deadline: timedelta = Field(
-        default=timedelta(minutes=30), description="How long evictions may be refused by PDBs."
+        default=timedelta(minutes=30), gt=timedelta(0), le=timedelta(days=7),
+        description="How long evictions may be refused by PDBs.",
     )
     deadline_policy: Literal["wait", "force", "release"] = Field(
         default="wait",
@@ -76,16 +99,17 @@ class DrainSettings(_Model):
     )
     gpu_pods_only: bool = Field(default=False, description="Evict only pods that request GPUs.")
     retry_interval: timedelta = Field(
-        default=timedelta(seconds=5), description="Pause between eviction rounds."
+        default=timedelta(seconds=5), gt=timedelta(0), le=timedelta(hours=1),
+        description="Pause between eviction rounds.",
     )
     report_after: timedelta = Field(
-        default=timedelta(seconds=15),
+        default=timedelta(seconds=15), gt=timedelta(0), le=timedelta(days=1),
         description="While a PDB blocks the drain, report progress (blocking PDB, pods left) "
                     "to the workflow after this long at first; the interval doubles each "
                     "blocked round up to report_max, so a drain blocked for days stays cheap.",
     )
     report_max: timedelta = Field(
-        default=timedelta(minutes=10),
+        default=timedelta(minutes=10), gt=timedelta(0), le=timedelta(days=1),
         description="The longest interval between progress reports of a blocked drain.",
     )
 
@@ -131,18 +155,20 @@ class ApprovalSettings(_Model):
         default_factory=list,
         description="Actions that wait for an operator's approve before draining (supervised).",
     )
-    timeout: timedelta = Field(default=timedelta(hours=24))
+    timeout: timedelta = Field(default=timedelta(hours=24), gt=timedelta(0),
+                               le=timedelta(days=30))
     on_timeout: Literal["reject", "approve"] = "reject"
 
 
 class ThermalSettings(_Model):
-    poll_interval: timedelta = timedelta(seconds=30)
+    poll_interval: timedelta = Field(default=timedelta(seconds=30), gt=timedelta(0),
+                                     le=timedelta(hours=1))
     hold: timedelta = Field(
-        default=timedelta(minutes=10),
+        default=timedelta(minutes=10), ge=timedelta(0), le=timedelta(days=1),
         description="How long temperatures must stay below recovery before uncordoning.",
     )
     escalate_after: timedelta | None = Field(
-        default=timedelta(hours=1),
+        default=timedelta(hours=1), gt=timedelta(0), le=timedelta(days=7),
         description="Drain and repair a node still hot after this long; null never escalates.",
     )
 
@@ -150,7 +176,7 @@ class ThermalSettings(_Model):
 class RemediationSettings(_Model):
     job_namespace: str = "gpu-remediate-jobs"
     heartbeat_timeout: timedelta = Field(
-        default=timedelta(seconds=30),
+        default=timedelta(seconds=30), gt=timedelta(0), le=timedelta(hours=1),
         description="A drain, Job or thermal watch whose worker died is retried on another "
                     "worker after this long without a heartbeat.",
     )
@@ -264,10 +290,11 @@ class RemediationResult(_Message):
 
 
 class OperatorCommand(_Message):
-    """Payload of every operator update and signal: who, and why."""
+    """Payload of every operator update and signal: who, and why (both cut to a maximum
+    length, see ``MAX_REASON_CHARS``)."""
 
-    operator: str = Field(min_length=1)
-    reason: str = ""
+    operator: OperatorName = Field(min_length=1)
+    reason: Reason = ""
 
 
 class RejectedCommand(_Message):
@@ -436,7 +463,9 @@ class ThermalWatchResult(_Message):
 
 
 class DetectorSettings(_Model):
-    interval: timedelta = timedelta(seconds=30)
+    # Positive (0 made the detector tick without pause) and at most a day.
+    interval: timedelta = Field(default=timedelta(seconds=30), gt=timedelta(0),
+                                le=timedelta(days=1))
     max_unavailable: int | str = Field(
         default=1, description="Nodes out of service at once: a count or a percent like '10%'."
     )
@@ -450,11 +479,12 @@ class DetectorSettings(_Model):
         default=3, ge=1, description="Fewer newly flagged nodes than this never trip the breaker."
     )
     breaker_window: timedelta = Field(
-        default=timedelta(0),
+        default=timedelta(0), ge=timedelta(0), le=timedelta(days=7),
         description="Count newly flagged nodes over this sliding window instead of one tick, "
                     "so a fault spreading over several ticks trips the breaker too.",
     )
-    observe_timeout: timedelta = timedelta(minutes=5)
+    observe_timeout: timedelta = Field(default=timedelta(minutes=5), gt=timedelta(0),
+                                       le=timedelta(hours=1))
     observe_shard_size: int = Field(
         default=5000, ge=1,
         description="Past this many GPU nodes, the fleet is observed by several activities in "
@@ -526,8 +556,8 @@ def limit_for(spec: int | str, nodes: int) -> int:
 class ManualRemediation(_Message):
     node: str = Field(min_length=1)
     action: Action
-    operator: str = Field(min_length=1)
-    reason: str = Field(min_length=1)
+    operator: OperatorName = Field(min_length=1)
+    reason: Reason = Field(min_length=1)
 
 
 class PendingStart(_Message):
@@ -601,8 +631,8 @@ class FleetObservation(_Message):
 
 class OrphanRelease(_Message):
     node: str = Field(min_length=1)
-    operator: str = Field(min_length=1)
-    reason: str = ""
+    operator: OperatorName = Field(min_length=1)
+    reason: Reason = ""
 
 
 def shard_of(node: str, shards: int) -> int:
