@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
@@ -55,8 +56,11 @@ sim_app.add_typer(node_app, name="node")
 app.add_typer(detector_app, name="detector")
 app.add_typer(sim_app, name="sim")
 
-out = Console()
-err = Console(stderr=True)
+# No markup or emoji codes in what is printed: node names, reasons, errors and exporter
+# labels are text from operators and nodes ("[/x]" made every plan and status crash). Styles
+# are given as Text spans instead.
+out = Console(markup=False, emoji=False)
+err = Console(stderr=True, markup=False, emoji=False)
 
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", "-c", envvar="GPU_REMEDIATE_CONFIG", help="Service config file (YAML).",
@@ -69,7 +73,7 @@ OutputOpt = Annotated[Literal["table", "json"], typer.Option("--output", "-o")]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}")
+    err.print(Text.assemble(("error:", "red"), f" {message}"))
     raise typer.Exit(code)
 
 
@@ -158,10 +162,12 @@ def up(
 
     # soft_wrap: the terminal may fold a long line, but Rich must not cut a command in the
     # middle of an argument (a copied command would then break).
-    out.print(up_banner(stack, dry_run=dry_run), soft_wrap=True, highlight=False)
+    out.print(Text.from_markup(up_banner(stack, dry_run=dry_run)), soft_wrap=True,
+              highlight=False)
     try:
         dead = asyncio.run(_watch_stack(stack, live=sys.stdout.isatty()))
-        err.print(f"[red]{', '.join(p.name for p in dead)} stopped; see {dead[0].log}[/red]")
+        err.print(Text(f"{', '.join(p.name for p in dead)} stopped; see {dead[0].log}",
+                       style="red"))
     except KeyboardInterrupt:
         out.print("stopping…")
     finally:
@@ -259,8 +265,8 @@ def detector_status(config: ConfigOpt = None, output: OutputOpt = "table") -> No
     table.add_row("in flight", ", ".join(view.in_flight) or "-")
     table.add_row("waiting", ", ".join(view.waiting) or "-")
     table.add_row("paused", "yes" if view.paused else "no")
-    table.add_row("breaker", f"[red]open[/red]: {view.breaker_reason}" if view.breaker_open
-                  else "closed")
+    table.add_row("breaker", Text.assemble(("open", "red"), f": {view.breaker_reason}")
+                  if view.breaker_open else "closed")
     table.add_row("last tick", str(view.last_tick or "-"))
     table.add_row("ticks / started", f"{view.ticks_total} / {view.started_total}")
     for e in view.last_errors[:5]:
@@ -312,11 +318,13 @@ def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     if output == "json":
         print(result.model_dump_json(indent=2))
         return
-    out.print(f"budget {len(result.in_use)}/{result.budget} in use · "
-              f"{result.managed_nodes} GPU nodes, {result.readable_nodes} readable"
-              + (" · [bold]dry-run[/bold]" if settings.detector.dry_run else ""))
+    header = Text(f"budget {len(result.in_use)}/{result.budget} in use · "
+                  f"{result.managed_nodes} GPU nodes, {result.readable_nodes} readable")
+    if settings.detector.dry_run:
+        header.append(" · ").append("dry-run", style="bold")
+    out.print(header)
     if result.breaker:
-        out.print(f"[red]the breaker would trip[/red]: {result.breaker}")
+        out.print(Text.assemble(("the breaker would trip", "red"), f": {result.breaker}"))
     table = Table(title="would start")
     for col in ("node", "action", "why"):
         table.add_column(col)
@@ -326,9 +334,9 @@ def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     for w in result.waiting:
         out.print(f"waits: {w}")
     for o in result.orphans:
-        out.print(f"[yellow]orphan[/yellow]: {o}")
+        out.print(Text.assemble(("orphan", "yellow"), f": {o}"))
     for line in result.errors[:10]:
-        out.print(f"[dim]unreadable: {line}[/dim]")
+        out.print(Text(f"unreadable: {line}", style="dim"))
 
 
 # ---------------------------------------------------------------- operator actions

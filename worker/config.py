@@ -232,9 +232,17 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     if path is not None:
         source = str(path)
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            # libyaml's parser when present: the pure-Python one takes seconds to refuse a
+            # deeply nested file.
+            loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+            loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
         except OSError as err:
             raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path}: not UTF-8 text (a binary file?): {err.reason} at byte "
+                              f"{err.start}") from err
+        except RecursionError as err:
+            raise ConfigError(f"{path}: nested too deeply") from err
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from err
         if not isinstance(loaded, dict):

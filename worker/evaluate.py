@@ -192,7 +192,8 @@ def _print_table(report: EvaluationReport, out: TextIO) -> None:
     # Piped output has no terminal width; rich would squeeze it to 80 columns and split rule ids
     # across lines, which breaks grep.
     width = None if getattr(out, "isatty", lambda: False)() else 200
-    console = Console(file=out, width=width)
+    # Node names, UUIDs and messages come from the payload: never read them as markup.
+    console = Console(file=out, width=width, markup=False, emoji=False)
     table = Table(title="GPU node health")
     for column in ("Node", "Action", "GPU", "UUID", "Rule", "Signal", "Value", "Finding action"):
         table.add_column(column, no_wrap=column in ("Node", "UUID", "Rule", "Signal"))

@@ -120,14 +120,74 @@ GARBAGE: dict[str, bytes] = {
 }
 
 
-def write_corpus(folder: Path) -> None:
-    """The seed corpus: every garbage body, and every category at 4 KiB."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, raw in GARBAGE.items():
-        (folder / f"{name}.prom").write_bytes(raw)
-    for name, build in CATEGORIES.items():
-        (folder / f"{name}.prom").write_bytes(build(4096))
+# Node annotations the review used, and neighbours: each must make only that node unreadable.
+ANNOTATIONS: dict[str, str] = {
+    "ack_overflow": '{"x":1e999}',
+    "ack_deep": "[" * 100_000,
+    "ack_nan": '{"x":NaN}',
+    "ack_bool": '{"GPU-1":true}',
+    "ack_string": '{"GPU-1":"79"}',
+    "ack_huge_int": '{"GPU-1":' + "9" * 5000 + "}",
+    "ack_list": '["GPU-1",79]',
+    "ack_good": '{"GPU-1":79}',
+    "history_naive": '[{"started":"2026-12-01T11:00:00","action":"reboot","reason":"r",'
+                     '"outcome":"healthy"}]',
+    "history_good": '[{"started":"2026-12-01T11:00:00+00:00","action":"reboot","reason":"r",'
+                    '"outcome":"healthy"}]',
+    "history_year_0001": '[{"started":"0001-01-01T00:00:00+00:00","action":"a","reason":"r",'
+                         '"outcome":"o"}]',
+    "transition_naive": "2026-12-01T11:00:00",
+    "transition_good": "2026-12-01T11:00:00+00:00",
+    "sightings_overflow": '{"GPU-1":{"shown":1e999}}',
+    "sightings_negative": '{"GPU-1":{"shown":-79,"seen":[[13,-1e308]]}}',
+    "sightings_good": '{"GPU-1":{"shown":13,"counts":{"13":2},"seen":[[13,1764590000.0]]}}',
+    "huge": '{"GPU-1":79,"pad":"' + "x" * 70_000 + '"}',
+}
+
+# Config files: binary, deep, wrong shapes, zero and negative intervals, the exporter's label.
+CONFIGS: dict[str, bytes] = {
+    "binary": b"\x1f\x8b\x08\x00\xff\xfe\x00garbage",
+    "deep": b"[" * 10_000,
+    "scalar": b"42\n",
+    "list": b"- a\n- b\n",
+    "interval_zero": b"detector:\n  interval: 0\n",
+    "interval_negative": b"detector:\n  interval: -30\n",
+    "interval_huge": b"detector:\n  interval: P400D\n",
+    "hostname_label": b"exporter:\n  mode: prometheus\n  prometheus_url: http://p:9090\n"
+                      b"  prometheus_node_labels: [Hostname]\n",
+    "max_bytes_huge": b"exporter:\n  max_bytes: 1099511627776\n",
+    "unknown_field": b"detector:\n  intervall: 30s\n",
+    "good": b"detector:\n  interval: PT30S\n  dry_run: true\n",
+    "anchors": b"a: &a [*a]\n",
+}
+
+# Operator payloads as JSON (updates and signals carry OperatorCommand).
+OPERATOR: dict[str, str] = {
+    "markup": '{"operator":"[/x]","reason":"[bold]approved[/bold] [link=http://x]y[/link]"}',
+    "long_reason": '{"operator":"ops","reason":"' + "r" * 20_000 + '"}',
+    "empty_operator": '{"operator":"","reason":"x"}',
+    "wrong_types": '{"operator":7,"reason":["a"]}',
+    "extra_field": '{"operator":"ops","reason":"r","privileged":true}',
+    "control_chars": '{"operator":"ops\\u0000","reason":"\\u001b[31mred"}',
+    "good": '{"operator":"alice","reason":"checked the GPU"}',
+}
+
+
+def write_corpus(root: Path) -> None:
+    """The seed corpus: garbage bodies and every category at 4 KiB; annotations; config
+    files; operator payloads."""
+    for kind, items in (
+        ("exposition", {**{f"{k}.prom": v for k, v in GARBAGE.items()},
+                        **{f"{k}.prom": b(4096) for k, b in CATEGORIES.items()}}),
+        ("annotations", {f"{k}.txt": v.encode() for k, v in ANNOTATIONS.items()}),
+        ("config", {f"{k}.yaml": v for k, v in CONFIGS.items()}),
+        ("operator", {f"{k}.json": v.encode() for k, v in OPERATOR.items()}),
+    ):
+        folder = root / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, raw in items.items():
+            (folder / name).write_bytes(raw)
 
 
 if __name__ == "__main__":
-    write_corpus(Path(__file__).parent / "corpus" / "exposition")
+    write_corpus(Path(__file__).parent / "corpus")
