@@ -53,7 +53,13 @@ from activities.notices import (
 )
 from activities.notices import send as send_notices
 from activities.observation_budget import bound_observation
-from activities.parse_pool import BodyError, ParsePool, default_workers, read_body
+from activities.parse_pool import (
+    PARSE_ON_LOOP_BYTES,
+    BodyError,
+    ParsePool,
+    default_workers,
+    read_body,
+)
 from activities.parse_pool import looks_intact as looks_intact  # re-exported: same check
 from activities.prometheus_source import PrometheusSource
 from activities.xid_sightings import Tracks, dump_tracks, new_warnings, observe, repeat_counts
@@ -104,11 +110,6 @@ class ExporterSettings:
 
 class ScrapeError(Exception):
     pass
-
-
-PARSE_ON_LOOP_BYTES = 256 * 1024
-"""Bodies up to this size (a few ms of parsing) are parsed on the event loop; larger ones in
-a thread, or in the helper process for large fleets."""
 
 
 @dataclass

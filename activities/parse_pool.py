@@ -45,6 +45,11 @@ GpuFields = dict[str, Any]
 Outcome = tuple[int, Any]
 """(_OK, fields) | (_BAD, BodyError message) | (_RAISED, another exception) | _RETRY."""
 
+PARSE_ON_LOOP_BYTES = 256 * 1024
+"""Bodies up to this size (a few ms of parsing) are parsed on the event loop; larger ones in a
+thread, or in the helper process."""
+
+
 class BodyError(ValueError):
     """The body is not one usable exposition of the node; the message is the scrape error."""
 
@@ -239,7 +244,7 @@ class ParsePool:
     async def read(self, raw: bytes, node: str) -> list[GpuFields]:
         """``read_body(raw, node)``: the same fields or the same exception, wherever it ran."""
         if not self._ready or len(self._waiting) >= self.max_batches:
-            return self._here(raw, node)
+            return await self._here(raw, node)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
         self._pending.append((node, raw, future))
@@ -249,7 +254,7 @@ class ParsePool:
             self._flush_handle = loop.call_later(self.linger, self._flush)
         kind, value = await future
         if kind == _AGAIN:
-            return self._here(raw, node)
+            return await self._here(raw, node)
         self.helped += 1
         if kind == _BAD:
             raise BodyError(value)
@@ -258,8 +263,12 @@ class ParsePool:
         fields: list[GpuFields] = value
         return fields
 
-    def _here(self, raw: bytes, node: str) -> list[GpuFields]:
+    async def _here(self, raw: bytes, node: str) -> list[GpuFields]:
         self.here += 1
+        if len(raw) > PARSE_ON_LOOP_BYTES:
+            # Not on the event loop: health checks and the other scrapes keep running (the
+            # GIL is handed over every 5 ms).
+            return await asyncio.to_thread(read_body, raw, node)
         return read_body(raw, node)
 
     def _flush(self) -> None:

@@ -5,6 +5,7 @@ Temporal, redirects, and a big body that held the event loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from activities.fleet import ExporterSettings, FleetActivities
 from activities.node_keys import A_ACK_XIDS, A_HISTORY, A_TRANSITION, A_XID_SIGHTINGS, STATE_LABEL
 from activities.nodes import NodeActivities
 from activities.observation_budget import MAX_OBSERVATION_BYTES, bound_observation
+from activities.parse_pool import BodyError, ParsePool
 from policy.config import PolicyConfig
 from policy.models import Action, Finding, Verdict
 from tests.activities.conftest import Cluster, ThreadedGpuSim
@@ -289,4 +291,32 @@ async def test_a_big_hostile_body_does_not_hold_the_event_loop(
     await tick
     assert list(readings) + list(errors) == ["n1"]
     assert spent > 0.3  # long enough that holding the loop would show
+    assert max(gaps) < spent / 3, (max(gaps), spent)
+
+
+async def test_a_big_body_read_here_by_the_pool_does_not_hold_the_event_loop() -> None:
+    """In a large fleet, a body the helper process cannot take (not started, busy or gone) is
+    read in this process: a big one in a thread, not on the loop."""
+    raw = CATEGORIES["many_labels"](3_500_000)
+    pool = ParsePool()  # never started: every body is read here
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    started = time.perf_counter()
+    with contextlib.suppress(BodyError):
+        await pool.read(raw, "n1")
+    spent = time.perf_counter() - started
+    done.set()
+    await tick
+    await pool.close()
+    assert pool.here == 1 and spent > 0.3
     assert max(gaps) < spent / 3, (max(gaps), spent)
