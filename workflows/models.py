@@ -325,6 +325,8 @@ class RemediationResume(_Message):
     drain_force: bool = False
     report_after: timedelta | None = None
     hot_since: datetime | None = None
+    boot_id: str = ""
+    uid: str = ""
 
 
 class OperatorAck(_Message):

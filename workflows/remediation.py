@@ -42,6 +42,8 @@ with workflow.unsafe.imports_passed_through():
         RemediationResult,
         RemediationResume,
         RemediationView,
+        ReturnInput,
+        ReturnResult,
         StateInput,
         ThermalWatchInput,
         ThermalWatchResult,
@@ -55,6 +57,12 @@ NODE_RETRY = RetryPolicy(
     non_retryable_error_types=["NotFound", "Invalid"],
 )
 NODE_CALL = timedelta(minutes=2)
+# Polling by retry: an activity that raises "not yet" every few seconds until the node
+# shows what we wait for (or the schedule-to-close timeout ends the wait).
+POLL_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=5), backoff_coefficient=1.0,
+    maximum_interval=timedelta(seconds=5), non_retryable_error_types=["NodeGone", "Invalid"],
+)
 TRANSITIONS_KEPT = 50
 PLAN_KEPT = 100
 REJECTIONS_KEPT = 20
@@ -115,6 +123,10 @@ class RemediationWorkflow:
         self.drain_force = r.drain_force if r else False
         self.report_after = r.report_after if r else None
         self.hot_since = r.hot_since if r else None
+        # The node's identity and boot at claim: a reboot is confirmed by a new boot ID on
+        # the same node (same UID), never by the reboot Job's exit code.
+        self.boot_id = r.boot_id if r else ""
+        self.uid = r.uid if r else ""
 
     # ------------------------------------------------------------ queries and updates
 
@@ -408,7 +420,7 @@ class RemediationWorkflow:
             release_order=self.release_order, abort_note=self.abort_note,
             quarantine_why=why, acknowledged=acked or {}, drain_started=self.drain_started,
             drain_force=self.drain_force, report_after=self.report_after,
-            hot_since=self.hot_since)}))
+            hot_since=self.hot_since, boot_id=self.boot_id, uid=self.uid)}))
 
     def _quarantine_reason(self) -> str:
         if self.quarantine_order is not None:
@@ -435,6 +447,7 @@ class RemediationWorkflow:
                    + (" (already cordoned by someone else: will stay cordoned)"
                       if claim.previously_cordoned else ""))
         self.gpus = claim.gpus
+        self.boot_id, self.uid = claim.boot_id, claim.uid
         return claim
 
     async def _await_approval(self) -> bool:
@@ -623,6 +636,8 @@ class RemediationWorkflow:
         if method != "external":
             await self._enter(NodeState.REPAIRING, kind, "RepairStarted",
                               f"attempt {attempt}/{s.max_repair_attempts}: {kind}")
+            if kind == "reboot" and workflow.patched("reboot-confirmed-by-the-node"):
+                return await self._reboot(attempt)
             return await self._job(kind, attempt)
         await self._enter(NodeState.REPAIRING, "external", "ExternalRepairRequested",
                           f"attempt {attempt}: {kind} handed off; waiting for `gpu-remediate "
@@ -643,6 +658,44 @@ class RemediationWorkflow:
         who = self.repaired_order
         return NodeJobResult(succeeded=True, job_name="",
                              message=f"{kind} reported done by {who.operator}: {who.reason}")
+
+    async def _reboot(self, attempt: int) -> NodeJobResult:
+        """Reboot, then wait for the node to show it: a new boot ID (or, from kubelets that
+        report none, a Ready transition after the request), Ready, every GPU allocatable
+        and its exporter answering. The Job's own fate says nothing: the shutdown kills its
+        pod, or lets it exit 0 first. Polled by activity retries, so the wait holds no
+        worker slot and adds no history events."""
+        requested = workflow.now()
+        job = await self._job("reboot", attempt)
+        timeout = self.inp.settings.reboot_return_timeout
+        self._plan(f"wait up to {timeout} for a new boot ID, Ready, {self.gpus} GPUs "
+                   "allocatable and the exporter answering")
+        if self.inp.dry_run:
+            return job
+        self._details(f"reboot requested ({job.message or 'Job created'}); waiting up to "
+                      f"{timeout} for the node to come back")
+        try:
+            back: ReturnResult = await self._call(
+                "check_node_returned",
+                ReturnInput(node=self.inp.node, uid=self.uid, old_boot_id=self.boot_id,
+                            expected_gpus=self.gpus, reboot_requested_at=requested),
+                ReturnResult, timeout=timedelta(minutes=1), heartbeat=False,
+                retry=POLL_RETRY, schedule_to_close=timeout,
+                summary=f"wait for {self.inp.node} to come back from its reboot")
+        except ActivityError as err:
+            why = f"did not return within {timeout} of its reboot: {_cause(err)}"
+            await self._note_event("NodeDidNotReturn", f"{self.inp.node} {why}")
+            return NodeJobResult(succeeded=False, job_name=job.job_name, message=why)
+        self._set(NodeState.REPAIRING, "rebooted")
+        self._details(back.message)
+        await self._note_event("NodeRebooted", back.message)
+        return NodeJobResult(succeeded=True, job_name=job.job_name, message=back.message)
+
+    async def _note_event(self, reason: str, message: str) -> None:
+        """An Event on the node that goes with no state change."""
+        await self._node_call("record_event",
+                              NodeEventInput(node=self.inp.node, reason=reason, message=message),
+                              type(None), summary=f"event {reason}")
 
     async def _quarantine(self, why: str, acked: dict[str, int] | None = None, *,
                           applied: bool = False) -> RemediationResult:
@@ -853,7 +906,9 @@ class RemediationWorkflow:
                                 summary=summary, check_cancel=check_cancel)
 
     async def _call(self, name: str, arg: Any, result_type: Any, *, timeout: timedelta,
-                    heartbeat: bool | timedelta, summary: str, check_cancel: bool = True) -> Any:
+                    heartbeat: bool | timedelta, summary: str, check_cancel: bool = True,
+                    retry: RetryPolicy = NODE_RETRY,
+                    schedule_to_close: timedelta | None = None) -> Any:
         if isinstance(heartbeat, timedelta):
             beat: timedelta | None = heartbeat
         else:
@@ -861,7 +916,8 @@ class RemediationWorkflow:
         try:
             result = await workflow.execute_activity(
                 name, arg, result_type=result_type, start_to_close_timeout=timeout,
-                heartbeat_timeout=beat, retry_policy=NODE_RETRY,
+                schedule_to_close_timeout=schedule_to_close,
+                heartbeat_timeout=beat, retry_policy=retry,
                 cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                 summary=summary[:200],
             )
@@ -871,8 +927,9 @@ class RemediationWorkflow:
                 # either way an abort was asked for, not a quarantine.
                 raise asyncio.CancelledError() from err
             cause = err.cause
-            if isinstance(cause, ApplicationError) and cause.type == "NotFound" \
-                    and f"node {self.inp.node}" in str(cause):
+            if isinstance(cause, ApplicationError) and (
+                    cause.type == "NodeGone" or (cause.type == "NotFound"
+                                                 and f"node {self.inp.node}" in str(cause))):
                 raise NodeGone() from err
             raise
         if check_cancel:

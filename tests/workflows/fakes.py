@@ -19,6 +19,7 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from policy.models import Action, Finding, Verdict
@@ -40,6 +41,8 @@ from workflows.models import (
     NodeStatus,
     ObserveInput,
     ReleaseInput,
+    ReturnInput,
+    ReturnResult,
     StateInput,
     ThermalWatchInput,
     ThermalWatchResult,
@@ -58,6 +61,8 @@ class FakeNode:
     acked: dict[str, int] = field(default_factory=dict)
     pre_cordoned: bool = False
     states_seen: list[str] = field(default_factory=list)
+    # check_node_returned answers "not back" this many times (a very long number: never).
+    returns_after: int = 0
 
 
 @dataclass
@@ -237,6 +242,18 @@ class FakeCluster:
                     raise RuntimeError(cluster.report_error)
                 cluster.reports.append(report)
 
+        @activity.defn(name="check_node_returned")
+        def check_node_returned(inp: ReturnInput) -> ReturnResult:
+            with cluster.lock:
+                cluster.calls.append(("check_node_returned", inp))
+                n = cluster.node(inp.node)
+                if n.returns_after > 0:
+                    n.returns_after -= 1
+                    raise ApplicationError("boot ID unchanged", type="NodeNotBack")
+                return ReturnResult(boot_id="new-boot", allocatable_gpus=n.gpus,
+                                    confirmed_by="boot-id",
+                                    message=f"{inp.node} rebooted (boot ID old -> new-boot)")
+
         @activity.defn(name="record_event")
         def record_event(inp: NodeEventInput) -> None:
             with cluster.lock:
@@ -244,7 +261,8 @@ class FakeCluster:
                 cluster.events.append((inp.node, inp.reason, inp.message))
 
         return [claim_node, set_node_state, release_node, drain_node, run_node_job,
-                watch_thermal, read_node_health, observe_fleet, report_admission, record_event]
+                watch_thermal, read_node_health, observe_fleet, report_admission, record_event,
+                check_node_returned]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:
@@ -254,12 +272,14 @@ def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Ver
 
 
 @asynccontextmanager
-async def worker_for(client: Client, cluster: FakeCluster) -> AsyncIterator[str]:
-    """A worker with both workflows and the fake activities on a fresh task queue."""
+async def worker_for(client: Client, cluster: FakeCluster,
+                     queue: str | None = None) -> AsyncIterator[str]:
+    """A worker with both workflows and the fake activities on a fresh task queue (or on
+    ``queue``, to bring a stopped worker back)."""
     from workflows.detector import DetectorWorkflow
     from workflows.remediation import RemediationWorkflow
 
-    queue = f"tq-{uuid.uuid4()}"
+    queue = queue or f"tq-{uuid.uuid4()}"
     with ThreadPoolExecutor(16) as pool:
         async with Worker(client, task_queue=queue,
                           workflows=[RemediationWorkflow, DetectorWorkflow],

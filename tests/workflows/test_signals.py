@@ -1,0 +1,129 @@
+"""Operator commands as signals (the Temporal UI's "Send a Signal", `temporal workflow
+signal`, automation): applied with the same checks as the updates, and a rejected,
+malformed or misspelt signal is recorded where an operator looks, never dropped.
+Real dev server (``local_env``)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio.api.sdk.v1 import WorkflowMetadata
+
+from tests.workflows.fakes import FakeCluster, until, worker_for
+from tests.workflows.test_detector import start as start_detector
+from tests.workflows.test_operator_actions import (
+    BLOCKED,
+    FAST_DRAIN,
+    SUPERVISED,
+    node_name,
+    reach,
+    start,
+    view,
+)
+from workflows.detector import DetectorWorkflow
+from workflows.models import DetectorSettings, NodeState, RemediationSettings
+
+OP = {"operator": "alice", "reason": "checked the node"}
+
+
+async def rejected(handle: Any, count: int) -> list[Any]:
+    async def enough() -> bool:
+        return len((await view(handle)).rejected_commands) >= count
+    await until(enough, 15, f"{count} rejected signals")
+    return list((await view(handle)).rejected_commands)
+
+
+async def test_approve_signal_approves_like_the_update(local_env) -> None:
+    cluster, node = FakeCluster(), node_name("sig-approve")
+    async with worker_for(local_env.client, cluster) as queue:
+        handle = await start(local_env.client, queue, node)
+        await reach(handle, NodeState.AWAITING_APPROVAL)
+        await handle.signal("approve", OP)
+        result = await asyncio.wait_for(handle.result(), 30)
+    assert result.outcome == NodeState.HEALTHY
+    assert cluster.jobs_run() == ["reboot", "validate"]
+    assert cluster.nodes[node].states_seen[:2] == ["awaiting-approval", "draining"]
+
+
+async def test_bad_signals_are_recorded_with_the_reason_and_change_nothing(local_env) -> None:
+    cluster, node = FakeCluster(), node_name("sig-bad")
+    async with worker_for(local_env.client, cluster) as queue:
+        handle = await start(local_env.client, queue, node)
+        await reach(handle, NodeState.AWAITING_APPROVAL)
+        await handle.signal("approve", "yes please")           # not an object
+        await handle.signal("approve", {"reason": "no name"})  # no operator
+        await handle.signal("approve")                          # no payload at all
+        await handle.signal("aprove", OP)                       # a typo
+        await handle.signal("release", OP)                      # not quarantined
+        got = await rejected(handle, 5)
+        v = await view(handle)
+        assert v.state == NodeState.AWAITING_APPROVAL, "none of them approved anything"
+        meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        await handle.terminate("test over")
+    whys = [(r.name, r.why) for r in got]
+    assert "must be an object" in whys[0][1]
+    assert whys[1][0] == "approve" and "operator" in whys[1][1]
+    assert "missing or not JSON" in whys[2][1]
+    assert whys[3][0] == "aprove" and "unknown signal" in whys[3][1]
+    assert whys[4][0] == "release" and "applies only when quarantined" in whys[4][1]
+    assert got[4].operator == "alice"
+    events = [e for e in cluster.events if e[1] == "OperatorSignalRejected"]
+    assert len(events) == 5 and "aprove" in events[3][2]
+    # The rejection shows in the UI's current details too.
+    assert "rejected" in meta.current_details
+    assert {s.name for s in meta.definition.signal_definitions} >= {
+        "approve", "reject", "quarantine", "release", "repaired"}
+
+
+async def test_approve_and_reject_cannot_both_be_acknowledged(local_env) -> None:
+    cluster, node = FakeCluster(drain_results=[BLOCKED]), node_name("sig-race")
+    async with worker_for(local_env.client, cluster) as queue:
+        handle = await start(local_env.client, queue, node)
+        await reach(handle, NodeState.AWAITING_APPROVAL)
+    # With the worker away, both wait on the server and arrive in one workflow task: the
+    # second is checked against the first's decision, not against a state the workflow
+    # has not had the chance to write yet.
+    await handle.signal("approve", {"operator": "alice"})
+    await handle.signal("reject", {"operator": "bob"})
+    async with worker_for(local_env.client, cluster, queue):
+        got = await rejected(handle, 1)
+        v = await view(handle)
+        await handle.terminate("test over")
+    assert got[0].name == "reject" and "already approved by alice" in got[0].why, got
+    assert v.state == NodeState.DRAINING
+
+
+async def test_quarantine_signal_mid_drain_quarantines(local_env) -> None:
+    cluster, node = FakeCluster(drain_results=[BLOCKED]), node_name("sig-q")
+    async with worker_for(local_env.client, cluster) as queue:
+        handle = await start(local_env.client, queue, node, RemediationSettings(drain=FAST_DRAIN))
+        await reach(handle, NodeState.DRAINING)
+        await handle.signal("quarantine", {"operator": "carol", "reason": "bad NVLink"})
+        await reach(handle, NodeState.QUARANTINED, timeout=15)
+        await handle.terminate("test over")
+    assert cluster.nodes[node].history[-1].outcome.startswith("quarantined: bad NVLink")
+
+
+async def test_detector_pause_signal_and_a_rejected_resume(local_env) -> None:
+    cluster = FakeCluster()
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start_detector(local_env.client, queue,
+                                        DetectorSettings(interval=timedelta(milliseconds=300),
+                                                         remediation=SUPERVISED))
+        await detector.signal("pause", {"operator": "dave", "reason": "maintenance window"})
+
+        async def paused() -> bool:
+            return (await detector.query(DetectorWorkflow.view)).paused
+        await until(paused, 15, "paused by signal")
+        await detector.signal("pause", {"operator": "erin"})   # already paused
+        await detector.signal("pasue", {"operator": "erin"})   # a typo
+
+        async def two() -> bool:
+            return len((await detector.query(DetectorWorkflow.view)).rejected_commands) >= 2
+        await until(two, 15, "two rejected detector signals")
+        got = (await detector.query(DetectorWorkflow.view)).rejected_commands
+        await detector.terminate("test over")
+    assert "already paused" in got[0].why and got[0].operator == "erin"
+    assert got[1].name == "pasue" and "unknown signal" in got[1].why
