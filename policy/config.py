@@ -14,11 +14,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from policy.fields import unknown_fields
 from policy.models import Action
 from policy.xid import DEFAULT_XID_TABLE, RECOVERY_ACTIONS, Bucket, RecoveryAction, XidRule
 
@@ -61,7 +63,9 @@ UNKNOWN_XID_ACTIONS = (Action.ALERT, Action.QUARANTINE)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # The policy travels inside workflow inputs: decoded, unknown fields are ignored (a
+    # worker of another release wrote them); read from a file, from_mapping refuses them.
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 class ModelThermalLimits(_Strict):
@@ -296,4 +300,9 @@ class PolicyConfig(_Strict):
         section = data.get("policy", data) if isinstance(data, Mapping) else data
         if section is None:
             return cls()
+        unknown = unknown_fields(cls, section)
+        if unknown:
+            raise ValidationError.from_exception_data(cls.__name__, [
+                {"type": "extra_forbidden", "loc": tuple(name.split(".")), "input": None}
+                for name in unknown])
         return cls.model_validate(section, context={"config": True})

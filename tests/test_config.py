@@ -19,6 +19,8 @@ def write(tmp_path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize(("text", "field"), [
     ("detector:\n  max_unavailabel: 3\n", "detector.max_unavailabel: unknown field"),
+    ("remediation:\n  drain:\n    dedline: PT1H\n", "remediation.drain.dedline: unknown field"),
+    ("policy:\n  thermal:\n    gpu_temp: 90\n", "policy.thermal.gpu_temp: unknown field"),
     ("detector:\n  max_unavailable: ten\n", "detector.max_unavailable"),
     ("detector:\n  max_unavailable: 120%\n", "detector.max_unavailable"),
     ("exporter:\n  mode: template\n  url_template: http://x/metrics\n", "{node}"),
@@ -84,3 +86,16 @@ def test_environment_beats_the_file_and_options_beat_both(
     assert settings.temporal.address == "from-env:7233"
     assert settings.temporal.namespace == "file-ns", "sections merge across sources"
     assert settings.detector.max_unavailable == 5
+
+
+def test_settings_in_a_workflow_input_ignore_fields_of_another_release() -> None:
+    """A newer detector or CLI writes a field this worker does not know yet (or an older one
+    wrote one it dropped): the remediation still decodes; only a config file is strict."""
+    from workflows.models import RemediationInput
+
+    inp = RemediationInput.model_validate({
+        "node": "n1", "verdict": {"node": "n1", "action": "reboot"},
+        "settings": {"job_poll_interval_of_the_future": "PT1S",
+                     "drain": {"deadline": "PT1H", "knob": 1}},
+        "field_of_the_next_release": {"x": 1}})
+    assert inp.settings.drain.deadline.total_seconds() == 3600

@@ -28,6 +28,7 @@ from pydantic_settings import (
 )
 
 from policy.config import PolicyConfig
+from policy.fields import unknown_fields
 from workflows.models import TASK_QUEUE, DetectorSettings, RemediationSettings
 
 
@@ -206,6 +207,11 @@ class Settings(BaseSettings):
             for key in ("policy", "remediation"):
                 if key in detector:
                     raise ValueError(f"detector.{key}: set it at the top level as '{key}:'")
+        # The detector, policy and remediation models ignore unknown fields when a workflow
+        # decodes them (another release may have written them); in a config they are typos.
+        unknown = unknown_fields(cls, data)
+        if unknown:
+            raise ValueError("; ".join(f"{name}: unknown field" for name in unknown))
         return data
 
     @classmethod

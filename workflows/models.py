@@ -66,9 +66,12 @@ OUT_OF_SERVICE_STATES = frozenset(
 
 
 class _Model(BaseModel):
-    """Configuration: an unknown field is a typo and fails at start with its name."""
+    """Settings that travel inside workflow inputs. Decoded from a payload, an unknown field
+    is ignored (a worker of the previous release must decode what a newer detector or CLI
+    wrote, and the other way round); read from a configuration file, it is a typo and fails
+    at start with its dotted name (``unknown_fields``, called by the config loader)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
 
 class _Message(BaseModel):
@@ -209,6 +212,11 @@ class RemediationSettings(_Model):
     repeat_offender_window: timedelta = timedelta(days=7)
     approval: ApprovalSettings = Field(default_factory=ApprovalSettings)
     thermal: ThermalSettings = Field(default_factory=ThermalSettings)
+    job_poll_interval: timedelta = Field(
+        default=timedelta(seconds=10), gt=timedelta(0), le=timedelta(minutes=5),
+        description="How often a running node Job is looked at. Each look is a short "
+                    "activity retried at this interval: a Job's minutes hold no worker slot.",
+    )
     history_events_per_run: int = Field(
         default=2000, ge=200, le=40000,
         description="A remediation waiting in a loop (blocked drain, thermal watch, quarantine "
@@ -715,3 +723,4 @@ class ReturnResult(_Message):
     confirmed_by: Literal["boot-id", "ready-transition"]
     ready_since: datetime | None = None
     message: str
+

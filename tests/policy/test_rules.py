@@ -461,8 +461,16 @@ def test_evaluate_fleet() -> None:
 
 def test_config_rejects_unknown_fields_by_name() -> None:
     with pytest.raises(ValidationError) as err:
-        PolicyConfig.model_validate({"thermal": {"gpu_temp": 90}})
+        PolicyConfig.from_mapping({"thermal": {"gpu_temp": 90}})
     assert err.value.errors()[0]["loc"] == ("thermal", "gpu_temp")
+    assert err.value.errors()[0]["type"] == "extra_forbidden"
+
+
+def test_a_policy_decoded_from_a_workflow_input_ignores_fields_it_does_not_know() -> None:
+    """Another release wrote it (a rolling upgrade, a rollback): decode, do not fail."""
+    policy = PolicyConfig.model_validate({"thermal": {"gpu_temp_c": 90, "new_knob": 1},
+                                          "field_of_the_next_release": True})
+    assert policy.thermal.gpu_temp_c == 90
 
 
 def test_config_rejects_bad_clock_reason() -> None:
