@@ -15,9 +15,24 @@ process plays them, through the API only, with the official ``kubernetes`` clien
   (terminal phase, then a delete with grace 0 and a UID precondition, as the kubelet
   does), and runs remediation Job pods against the GPU simulator's HTTP API
   (docs/simulators-gpu.md): ``validate`` reads ``/api/v1/nodes/{node}/health``,
-  ``gpu-reset`` posts ``.../reset``, ``reboot`` posts ``.../reboot`` and takes the node
-  NotReady for ``reboot_seconds`` (its other non-DaemonSet pods end Failed, as with a
-  graceful node shutdown).
+  ``gpu-reset`` posts ``.../reset``, ``reboot`` posts ``.../reboot`` and then reboots
+  the node's machine the way the cluster simulator does (sim/cluster/machines.py,
+  docs/simulators-cluster.md "Nodes behave like real GPU nodes"):
+
+  - the reboot command either returns before the shutdown (the pod exits 0) or is
+    killed by it (the pod ends Failed, ``Terminated``): drawn per reboot from an RNG
+    seeded by ``--reboot-seed``, the node name and the node's reboot count, so a
+    scenario draws the same on every run whatever order its nodes reboot in; the
+    shutdown follows the command within ``shutdown_seconds``;
+  - the shutdown kills every pod on the node, the reboot Job's own included;
+    DaemonSet and static (mirror) pods restart in place after the boot (restart count
+    + 1), the others end Failed with the graceful-node-shutdown message;
+  - the node is NotReady (no heartbeats, no Lease renewals, nothing starts, no
+    deletion is confirmed) for ``reboot_seconds``;
+  - it comes back with a new ``status.nodeInfo.bootID`` (same name and UID), Ready
+    (``lastTransitionTime`` moves), and ``allocatable["nvidia.com/gpu"] = "0"`` until
+    the device plugin re-registers ``device_plugin_seconds`` later; a GPU pod bound
+    meanwhile is rejected ``OutOfnvidia.com/gpu`` (admission counts allocatable).
 
 Run as a process: ``python -m tests.controlplane.node_agent --kubeconfig K --scenario S
 --gpu-sim-url URL [--seed]``; it prints ``READY`` once every node is Ready and every
@@ -31,10 +46,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,6 +61,7 @@ from kubernetes import client, config
 
 from sim.cluster import fleet, objects
 from sim.cluster.gpulink import GpuLink, Outcome
+from sim.cluster.machines import Machine, NodeTiming
 from sim.scenario import Pool, Scenario, load_scenario
 
 log = logging.getLogger("node-agent")
@@ -52,6 +70,7 @@ HEARTBEAT_SECONDS = 10.0
 LEASE_SECONDS = 40
 MIRROR_PREFIX = "node-local-agent"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+GPU = "nvidia.com/gpu"
 
 Obj = dict[str, Any]
 
@@ -154,6 +173,16 @@ def seed(api: client.ApiClient, scenario: Scenario) -> None:
 # ------------------------------------------------------------------------ the kubelets
 
 
+def reboot_draw(timing: NodeTiming, node: str, reboots: int) -> tuple[bool, float]:
+    """A reboot command's fate: (returns before the shutdown, seconds to the shutdown).
+
+    One draw per reboot from the seed, the node and how often it rebooted before, so the
+    outcome does not depend on which node's Job gets there first (the cluster simulator
+    draws from one RNG in the order its single event loop runs them)."""
+    rng = random.Random(f"{timing.seed}:{node}:{reboots}")
+    return rng.random() < 0.5, rng.uniform(0.0, timing.shutdown_seconds)
+
+
 @dataclass
 class _Running:
     ready_at: float
@@ -168,11 +197,14 @@ class NodeAgent:
     nodes: list[tuple[str, Pool, int]]
     gpu_url: str | None = None
     job_seconds: float = 2.0
-    reboot_seconds: float = 3.0
+    timing: NodeTiming = field(default_factory=NodeTiming)
+    """The cluster simulator's machine timings and reboot seed (its status_grace_seconds
+    and reregister_seconds are unused: the real node-lifecycle controller marks silent
+    nodes Unknown, and nodes are not replaced here)."""
     interval: float = 0.2
     _running: dict[str, _Running] = field(default_factory=dict)
     _deleting: dict[str, float] = field(default_factory=dict)
-    _rebooting: dict[str, float] = field(default_factory=dict)
+    _killed: set[str] = field(default_factory=set)
     _heartbeat: dict[str, float] = field(default_factory=dict)
     _ip_seq: int = 10
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -182,6 +214,8 @@ class NodeAgent:
         self.coordination: Any = client.CoordinationV1Api(self.api)
         self.names = {n for n, _, _ in self.nodes}
         self.index = {n: i for n, _, i in self.nodes}
+        self.gpus = {n: int(p.gpus) for n, p, _ in self.nodes}
+        self.machines = {n: Machine() for n in self.names}
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="job-pod")
 
     # -- nodes --------------------------------------------------------------------------
@@ -201,7 +235,7 @@ class NodeAgent:
         now = rfc3339()
         node = _json(self.core.read_node(name, _preload_content=False))
         conds = (node.get("status") or {}).get("conditions") or []
-        old = next((c for c in conds if c["type"] == "Ready"), {})
+        old: Obj = next((c for c in conds if c["type"] == "Ready"), {})
         value = "True" if ready else "False"
         cond = {"type": "Ready", "status": value,
                 "reason": "KubeletReady" if ready else "KubeletNotReady",
@@ -227,7 +261,7 @@ class NodeAgent:
 
     def _heartbeats(self, now: float) -> None:
         for name in sorted(self.names):
-            if name in self._rebooting or now - self._heartbeat.get(name, 0) < HEARTBEAT_SECONDS:
+            if not self.is_up(name) or now - self._heartbeat.get(name, 0) < HEARTBEAT_SECONDS:
                 continue
             self._set_ready(name, True, "kubelet is posting ready status")
             self._renew_lease(name)
@@ -256,23 +290,79 @@ class NodeAgent:
             if err.status != 409:
                 log.warning("mirror pod for %s refused: %s %s", name, err.status, err.body)
 
-    # -- reboot ---------------------------------------------------------------------------
+    # -- the machines: reboot ---------------------------------------------------------------
 
-    def is_rebooting(self, node: str) -> bool:
-        return node in self._rebooting
+    def is_up(self, node: str) -> bool:
+        """The machine is powered: its kubelet posts status and runs pods."""
+        return self.machines[node].powered
 
-    def start_reboot(self, node: str, seconds: float, keep_uid: str) -> None:
+    def allocatable_gpus(self, node: str) -> int:
+        """What this kubelet reports allocatable: 0 until the device plugin registers."""
+        m = self.machines[node]
+        return 0 if not m.powered or m.plugin_at is not None else self.gpus[node]
+
+    def request_reboot(self, node: str) -> bool:
+        """A reboot command ran on the node: schedule its shutdown (once, however many
+        commands come before it). True when the command returns before the shutdown."""
         with self._lock:
-            self._rebooting[node] = time.time() + seconds
-            self._set_ready(node, False, "node is shutting down for a reboot (simulated)")
-            for pod in self._pods():
-                if pod["spec"].get("nodeName") != node or pod["metadata"]["uid"] == keep_uid:
-                    continue
+            m = self.machines[node]
+            returns_first, delay = reboot_draw(self.timing, node, m.reboots)
+            if m.shutdown_at is None and m.powered:
+                m.shutdown_at = time.time() + delay
+                m.events.append(f"reboot requested; shutdown in {delay:.2f}s, command "
+                                + ("returns first" if returns_first else "killed by the shutdown"))
+                log.info("%s: %s", node, m.events[-1])
+            return returns_first
+
+    def _machine_events(self, name: str, now: float) -> None:
+        m = self.machines[name]
+        if m.shutdown_at is not None and now >= m.shutdown_at:
+            self._shutdown(name, m, now)
+        if not m.powered and m.boot_at is not None and now >= m.boot_at:
+            self._boot(name, m, now)
+        if m.powered and m.plugin_at is not None and now >= m.plugin_at:
+            self.core.patch_node_status(name, {"status": {"allocatable": {
+                GPU: str(self.gpus[name])}}})
+            m.plugin_at = None  # after the write: a refused patch is tried again
+            m.events.append("device plugin registered")
+            log.info("%s: device plugin registered (%d GPUs allocatable)", name,
+                     self.gpus[name])
+
+    def _shutdown(self, node: str, m: Machine, now: float) -> None:
+        """Graceful node shutdown: every pod on the node is killed, the kubelet stops."""
+        m.shutdown_at = None
+        m.powered = False
+        m.plugin_at = None
+        m.reboots += 1
+        m.boot_at = now + self.timing.reboot_seconds
+        m.events.append("shut down for a reboot")
+        log.info("%s: shut down for a reboot (back in %.1fs)", node, self.timing.reboot_seconds)
+        self._set_ready(node, False, "node is shutting down for a reboot (simulated)")
+        for pod in self._pods():
+            if pod["spec"].get("nodeName") == node:
                 self._shutdown_pod(pod)
+
+    def _boot(self, node: str, m: Machine, now: float) -> None:
+        """Up again: a new boot ID, Ready, and no GPUs until the device plugin registers."""
+        status: Obj = {"nodeInfo": {"bootID": str(uuid.uuid4())}}
+        if self.gpus[node]:
+            status["allocatable"] = {GPU: "0"}
+        self.core.patch_node_status(node, {"status": status})
+        # After the write: a refused patch is tried again on the next pass.
+        m.powered = True
+        m.boot_at = None
+        if self.gpus[node]:
+            m.plugin_at = now + self.timing.device_plugin_seconds
+        m.events.append(f"booted (bootID {status['nodeInfo']['bootID']})")
+        log.info("%s: %s", node, m.events[-1])
+        self._set_ready(node, True, "kubelet is posting ready status")
+        self._renew_lease(node)
+        self._heartbeat[node] = now
 
     def _shutdown_pod(self, pod: Obj) -> None:
         m = pod["metadata"]
         self._running.pop(m["uid"], None)
+        self._killed.add(m["uid"])
         if m.get("deletionTimestamp"):
             self._delete_now(pod)
             return
@@ -329,15 +419,15 @@ class NodeAgent:
     def reconcile(self) -> None:
         with self._lock:
             now = time.time()
-            for name, until in list(self._rebooting.items()):
-                if now >= until:
-                    del self._rebooting[name]
-                    self._set_ready(name, True, "kubelet is posting ready status")
-                    self._renew_lease(name)
-                    self._heartbeat[name] = now
+            for name in sorted(self.names):
+                self._machine_events(name, now)
             self._heartbeats(now)
             pods = self._pods()
             for pod in pods:
+                if not self.is_up(pod["spec"]["nodeName"]):
+                    # A machine that is down starts nothing, reports nothing and confirms
+                    # no deletion: its pods stay as the API server last heard of them.
+                    continue
                 try:
                     self._sync(pod, pods, now)
                 except client.ApiException as err:
@@ -345,7 +435,7 @@ class NodeAgent:
                                 pod["metadata"]["name"], err.status, err.reason)
 
     def _sync(self, pod: Obj, pods: list[Obj], now: float) -> None:
-        m, node = pod["metadata"], pod["spec"]["nodeName"]
+        m = pod["metadata"]
         uid = m["uid"]
         if m.get("deletionTimestamp"):
             # Like the kubelet, time the grace period from when the deletion was seen.
@@ -362,7 +452,7 @@ class NodeAgent:
                                              "conditions": self._ready_conditions(False)})
                 self._delete_now(pod)
             return
-        if _terminal(pod) or node in self._rebooting:
+        if _terminal(pod):
             return
         running = self._running.get(uid)
         phase = (pod.get("status") or {}).get("phase", "Pending")
@@ -372,17 +462,32 @@ class NodeAgent:
             if self._admit(pod, pods):
                 self._start(pod, now, delay)
         elif running is None:
-            # A Running pod this kubelet does not track: its containers (re)started.
-            self._running[uid] = _Running(ready_at=now if _ready(pod) else now + delay)
+            # A Running pod this kubelet does not track: a DaemonSet or static pod after a
+            # reboot (or any pod after this process restarted). Unready ones restart.
+            self._restart(pod, now, delay)
         elif not _ready(pod) and now >= running.ready_at and not running.program:
             self._patch_status(pod, {"conditions": self._ready_conditions(True)})
+
+    def _restart(self, pod: Obj, now: float, delay: float) -> None:
+        uid = pod["metadata"]["uid"]
+        if _ready(pod):
+            self._running[uid] = _Running(ready_at=now)
+            return
+        self._running[uid] = _Running(ready_at=now + delay)
+        ts = rfc3339(now)
+        statuses = [{**cs, "restartCount": int(cs.get("restartCount") or 0) + 1,
+                     "started": True, "ready": False, "state": {"running": {"startedAt": ts}}}
+                    for cs in (pod.get("status") or {}).get("containerStatuses") or []]
+        if statuses:
+            self._patch_status(pod, {"containerStatuses": statuses})
 
     def _admit(self, pod: Obj, pods: list[Obj]) -> bool:
         want = _gpu_request(pod)
         if not want:
             return True
         node = pod["spec"]["nodeName"]
-        capacity = next(int(p.gpus) for n, p, _ in self.nodes if n == node)
+        # Allocatable, not capacity: 0 after a boot until the device plugin registers.
+        capacity = self.allocatable_gpus(node)
         used = sum(_gpu_request(p) for p in pods
                    if p["spec"].get("nodeName") == node and not _terminal(p)
                    and p["metadata"]["uid"] != pod["metadata"]["uid"]
@@ -422,24 +527,22 @@ class NodeAgent:
         node = pod["spec"]["nodeName"]
         kind = labels.get(objects.JOB_LABEL, "")
         time.sleep(self.job_seconds)
-        if not self.gpu_url:
-            # Without a GPU simulator validation passes and a reset is a no-op; a reboot
-            # still takes the node down (as the cluster simulator does).
-            if kind == "reboot":
-                self.start_reboot(node, self.reboot_seconds, pod["metadata"]["uid"])
-                while self.is_rebooting(node):
-                    time.sleep(0.05)
-            return 0, ""
-        if kind in ("validate", "gpu-reset", "reboot"):
+        if self.gpu_url and kind in ("validate", "gpu-reset", "reboot"):
             # The same calls, retries and messages as the cluster simulator's Job programs.
             outcome = asyncio.run(_gpu_call(self.gpu_url, kind, node, _gpu_index(pod)))
             if not outcome.ok:
                 return 1, "; ".join(outcome.problems) or "GPU unhealthy"
-            if kind == "reboot":
-                self.start_reboot(node, self.reboot_seconds, pod["metadata"]["uid"])
-                while self.is_rebooting(node):
-                    time.sleep(0.05)
-        return 0, ""
+        # Without a GPU simulator validation passes and a reset is a no-op; a reboot
+        # still reboots the machine (as the cluster simulator does).
+        if kind == "reboot" and not self.request_reboot(node):
+            # The shutdown kills this container (the kubelet marks the pod Failed). Should
+            # that not happen, end as a killed process would.
+            uid = pod["metadata"]["uid"]
+            deadline = time.monotonic() + self.timing.shutdown_seconds + 30.0
+            while uid not in self._killed and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return 137, "killed by the node shutdown"
+        return 0, ""  # a reboot: `systemctl reboot` returned before the shutdown began
 
     def _run_program(self, pod: Obj) -> None:
         try:
@@ -448,12 +551,17 @@ class NodeAgent:
             log.exception("job pod program failed")
             code, message = 1, str(err)
         m = pod["metadata"]
+        # A container that ends while the machine is down is reported when the kubelet
+        # runs again (if the shutdown has not already ended it).
+        while not self.is_up(pod["spec"]["nodeName"]):
+            time.sleep(0.05)
         with self._lock:
             try:
                 current = _json(self.core.read_namespaced_pod(m["name"], m["namespace"],
                                                               _preload_content=False))
             except client.ApiException:
                 return
+            self._killed.discard(m["uid"])
             if current["metadata"]["uid"] != m["uid"] or _terminal(current):
                 return
             ts = rfc3339()
@@ -528,14 +636,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-sim-url")
     parser.add_argument("--seed", action="store_true", help="also create the scenario's objects")
     parser.add_argument("--job-seconds", type=float, default=2.0)
-    parser.add_argument("--reboot-seconds", type=float, default=3.0)
+    parser.add_argument("--reboot-seconds", type=float, default=3.0,
+                        help="a reboot's NotReady window")
+    parser.add_argument("--shutdown-seconds", type=float, default=1.0,
+                        help="longest time from the reboot command to the shutdown")
+    parser.add_argument("--device-plugin-seconds", type=float, default=1.0,
+                        help="Ready after a boot to nvidia.com/gpu allocatable again")
+    parser.add_argument("--reboot-seed", type=int, default=0,
+                        help="seed of the draw 'reboot command returns first' / 'pod killed'")
     parser.add_argument("--ready-timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     scenario = load_scenario(args.scenario)
     api = config.new_client_from_config(config_file=args.kubeconfig)
     agent = NodeAgent(api, scenario_nodes(scenario), gpu_url=args.gpu_sim_url,
-                      job_seconds=args.job_seconds, reboot_seconds=args.reboot_seconds)
+                      job_seconds=args.job_seconds,
+                      timing=NodeTiming(reboot_seconds=args.reboot_seconds,
+                                        shutdown_seconds=args.shutdown_seconds,
+                                        device_plugin_seconds=args.device_plugin_seconds,
+                                        seed=args.reboot_seed))
     agent.register()
     log.info("registered %d nodes", len(agent.names))
     if args.seed:

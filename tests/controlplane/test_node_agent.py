@@ -7,19 +7,28 @@ does not rot when the tier is skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client, config
 
+from sim.cluster.machines import NodeTiming
 from sim.cluster.testkit import wait_for
 from sim.cluster.threaded import ThreadedClusterSim
 from sim.scenario import Scenario
-from tests.controlplane.node_agent import NodeAgent, scenario_nodes, seed
+from tests.controlplane.node_agent import (
+    SHUTDOWN_MESSAGE,
+    NodeAgent,
+    reboot_draw,
+    scenario_nodes,
+    seed,
+)
 
 SCENARIO = Scenario.model_validate({
     "name": "agent-test",
@@ -29,6 +38,15 @@ SCENARIO = Scenario.model_validate({
                    "pool": "agent-node", "pdb": {"min_available": 1},
                    "termination_grace_seconds": 1, "readiness_delay_seconds": 0.5}],
 })
+NODES = ("agent-node-01", "agent-node-02")
+
+
+def _timing() -> NodeTiming:
+    """Short timings, and a seed under which the first reboot of one node returns before
+    the shutdown and that of the other is killed by it, so both fates are exercised."""
+    base = NodeTiming(reboot_seconds=1.5, shutdown_seconds=0.3, device_plugin_seconds=1.5)
+    return next(t for s in range(100) if (t := dataclasses.replace(base, seed=s))
+                and reboot_draw(t, NODES[0], 0)[0] != reboot_draw(t, NODES[1], 0)[0])
 
 
 class Agent:
@@ -59,7 +77,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
         path = sim.kubeconfig(Path(tmp_path_factory.mktemp("agent")) / "kubeconfig")
         api = config.new_client_from_config(config_file=str(path))
         node_agent = NodeAgent(api, scenario_nodes(SCENARIO), job_seconds=0.2,
-                               reboot_seconds=1.0, interval=0.1)
+                               timing=_timing(), interval=0.1)
         node_agent.register()
         seed(api, SCENARIO)
         stop = threading.Event()
@@ -118,14 +136,93 @@ def test_pod_that_does_not_fit_is_rejected(agent: Agent) -> None:
     assert pod.status.reason == "OutOfnvidia.com/gpu"
 
 
-def test_reboot_job_takes_the_node_down_and_fails_its_pods(agent: Agent) -> None:
-    before = {p.metadata.uid for p in agent.pods()
-              if p.spec.node_name == "agent-node-01" and p.metadata.labels.get("app") == "web"}
-    assert before
-    assert agent.job("reboot", "reboot", "agent-node-01").status.succeeded == 1
-    after = {p.metadata.uid: p for p in agent.pods()}
-    for uid in before & set(after):
-        assert after[uid].status.phase == "Failed"
-        assert after[uid].status.reason == "Terminated"
-    node = agent.core.read_node("agent-node-01")
-    assert next(c for c in node.status.conditions if c.type == "Ready").status == "True"
+def _ready_condition(node: Any) -> Any:
+    return next(c for c in node.status.conditions if c.type == "Ready")
+
+
+def _watch_reboot(agent: Agent, name: str, old_boot: str, timeout: float = 20) -> list[tuple]:
+    """(Ready, bootID, allocatable GPUs) as seen every 20 ms until the node is back with a
+    new boot ID and all its GPUs."""
+    seen: list[tuple[str, str, str]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        node = agent.core.read_node(name)
+        look = (_ready_condition(node).status, node.status.node_info.boot_id,
+                node.status.allocatable["nvidia.com/gpu"])
+        if not seen or seen[-1] != look:
+            seen.append(look)
+        if look[0] == "True" and look[1] != old_boot and look[2] == "8":
+            return seen
+        time.sleep(0.02)
+    raise AssertionError(f"{name} not back within {timeout}s: {seen}")
+
+
+@pytest.mark.parametrize("name", NODES)
+def test_reboot_kills_every_pod_and_the_node_returns_with_a_new_boot_id(
+        agent: Agent, name: str) -> None:
+    before = agent.core.read_node(name)
+    old_boot, uid = before.status.node_info.boot_id, before.metadata.uid
+    ready_since = _ready_condition(before).last_transition_time
+    web = {p.metadata.uid for p in agent.pods()
+           if p.spec.node_name == name and p.metadata.labels.get("app") == "web"}
+    daemons = {p.metadata.uid: p for p in agent.core.list_pod_for_all_namespaces().items
+               if p.spec.node_name == name and p.metadata.owner_references
+               and p.metadata.owner_references[0].kind in ("DaemonSet", "Node")}
+    kinds = sorted(p.metadata.owner_references[0].kind for p in daemons.values())
+    assert web and kinds[-1] == "Node" and "DaemonSet" in kinds, \
+        f"a web pod, the dcgm-exporter and the mirror pod: {kinds}"
+    returns_first = reboot_draw(agent.agent.timing, name, 0)[0]
+
+    with ThreadPoolExecutor(1) as watcher:
+        watching = watcher.submit(_watch_reboot, agent, name, old_boot)
+        job = agent.job(f"reboot-{name}", "reboot", name)
+        seen = watching.result()
+
+    # The command returned before the shutdown (Job succeeded) or was killed by it.
+    pod = agent.core.list_namespaced_pod(
+        "agent-test", label_selector=f"job-name=reboot-{name}").items[0]
+    if returns_first:
+        assert job.status.succeeded == 1 and pod.status.phase == "Succeeded"
+    else:
+        assert job.status.failed == 1 and pod.status.phase == "Failed"
+        assert pod.status.reason == "Terminated" and pod.status.message == SHUTDOWN_MESSAGE
+        assert pod.status.container_statuses[0].state.terminated.exit_code == 137
+    # NotReady under the old boot ID, then Ready with a new one and no GPUs, then GPUs.
+    assert seen[0][0] == "True" and seen[0][1] == old_boot
+    down = seen.index(next(s for s in seen if s[0] == "False"))
+    assert all(s[1] == old_boot for s in seen[:down + 1])
+    assert ("True", seen[-1][1], "0") in seen[down:], f"no device-plugin window: {seen}"
+    after = agent.core.read_node(name)
+    assert after.metadata.uid == uid, "a reboot keeps the Node's identity"
+    assert after.status.capacity["nvidia.com/gpu"] == "8"
+    assert _ready_condition(after).last_transition_time > ready_since
+    # Every other pod on the node died; DaemonSet and static pods restarted in place.
+    pods = {p.metadata.uid: p for p in agent.core.list_pod_for_all_namespaces().items}
+    for u in web & set(pods):
+        assert pods[u].status.phase == "Failed" and pods[u].status.reason == "Terminated"
+    for u, old in daemons.items():
+        wait_for(lambda u=u: all(c.status == "True" for c in agent.core.read_namespaced_pod(
+            pods[u].metadata.name, pods[u].metadata.namespace).status.conditions
+            if c.type == "Ready"), timeout=10)
+        assert pods[u].status.container_statuses[0].restart_count == \
+            old.status.container_statuses[0].restart_count + 1
+    machine = agent.agent.machines[name]
+    assert machine.reboots == 1 and machine.powered and machine.plugin_at is None
+
+
+def test_gpu_pod_bound_before_the_device_plugin_registers_is_rejected(agent: Agent) -> None:
+    name = NODES[0]
+    old_boot = agent.core.read_node(name).status.node_info.boot_id
+    agent.agent.request_reboot(name)
+    wait_for(lambda: agent.core.read_node(name).status.node_info.boot_id != old_boot,
+             timeout=15, interval=0.02)
+    agent.core.create_namespaced_pod("default", {
+        "metadata": {"name": "too-early"},
+        "spec": {"nodeName": name, "restartPolicy": "Never", "containers": [{
+            "name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    pod = wait_for(lambda: (lambda p: p if p.status.phase == "Failed" else None)(
+        agent.core.read_namespaced_pod("too-early", "default")))
+    assert pod.status.reason == "OutOfnvidia.com/gpu"
+    assert "capacity: 0" in pod.status.message
+    wait_for(lambda: agent.core.read_node(name).status.allocatable["nvidia.com/gpu"] == "8",
+             timeout=10)

@@ -3,13 +3,16 @@ control plane, with the worker holding only the permissions of deploy/base/rbac.
 
 The scenario test is tests/e2e/test_walking_skeleton.py's, unchanged: it is imported
 here and gets this module's ``pdb_stack``, a ControlPlaneStack (real kube-apiserver,
-controllers and scheduler; node_agent.py as the kubelets). The other tests read the
-API server's audit log of that run.
+controllers and scheduler; node_agent.py as the kubelets, whose reboots kill the reboot
+Job's own pod or let it exit first, and come back with a new boot ID). The next test
+checks each reboot was confirmed by that boot ID; the others read the API server's
+audit log of that run.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,43 @@ def pdb_stack(controlplane_binary: Path,
                    "detector.max_unavailable": 2})
     with stack:
         yield stack
+
+
+BOOT_CHANGE = re.compile(r"boot ID (\S+) → (\S+)\)")
+
+
+def test_each_reboot_confirmed_by_a_new_boot_id(pdb_stack: ControlPlaneStack) -> None:
+    """The node agent reboots like a real node: the reboot Job's pod exits 0 first or is
+    killed by the shutdown, and the node comes back with a new boot ID under the same UID.
+    The workflow confirmed each reboot by that boot ID (NodeRebooted), not by the Job."""
+    api = config.new_client_from_config(config_file=str(pdb_stack.kubeconfig))
+    with api:
+        core: Any = client.CoreV1Api(api)
+        batch: Any = client.BatchV1Api(api)
+        events = core.list_namespaced_event("default").items
+        rebooted = {n.metadata.name: n for n in core.list_node().items
+                    if any(h.get("action") == "reboot" for h in json.loads(
+                        (n.metadata.annotations or {}).get("gpu-remediate.io/history", "[]")))}
+        assert len(rebooted) == 2, f"the skeleton reboots two nodes: {sorted(rebooted)}"
+        assert not [e for e in events if e.reason == "NodeDidNotReturn"]
+        for name, node in rebooted.items():
+            confirmed = [e.message for e in events if e.reason == "NodeRebooted"
+                         and e.involved_object.name == name]
+            assert len(confirmed) == 1, f"{name}: one reboot, one confirmation: {confirmed}"
+            change = BOOT_CHANGE.search(confirmed[0])
+            assert change, confirmed[0]
+            old, new = change.groups()
+            assert old != new and new == node.status.node_info.boot_id, confirmed[0]
+            jobs = [j for j in batch.list_namespaced_job("gpu-remediate-jobs").items
+                    if j.metadata.labels.get("gpu-remediate.io/node") == name
+                    and j.metadata.labels.get("gpu-remediate.io/job") == "reboot"]
+            assert len(jobs) == 1, f"{name}: exactly one reboot Job"
+            if not jobs[0].status.succeeded:
+                # The shutdown killed the Job's own pod: its failure did not stop the repair.
+                pods = core.list_namespaced_pod(
+                    "gpu-remediate-jobs", label_selector=f"job-name={jobs[0].metadata.name}")
+                assert [(p.status.phase, p.status.reason) for p in pods.items] == [
+                    ("Failed", "Terminated")], f"{name}: {pods.items}"
 
 
 def _rules() -> list[tuple[str, str, set[str], str | None]]:
