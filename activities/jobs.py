@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
-from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, CancelledError
 
 from activities import metrics
 from activities.kube import REQUEST_TIMEOUT, raise_typed
@@ -156,6 +156,53 @@ class JobActivities:
                     self._delete(inp)
             raise
 
+    @activity.defn
+    def poll_node_job(self, inp: NodeJobInput) -> NodeJobResult:
+        """Create (or adopt) the Job, then look at it once: its result when it finished,
+        else JobRunning, which the workflow's retry policy turns into the next look a
+        poll interval later. Waiting this way holds no worker slot for the Job's minutes
+        and writes no history events; an abort deletes the Job with delete_node_job."""
+        if inp.dry_run:
+            return NodeJobResult(succeeded=True, job_name=inp.name,
+                                 message=f"would run {inp.kind} Job {inp.name} on {inp.node}")
+        if activity.info().attempt == 1:
+            self._ensure(inp)
+        try:
+            job = self.batch.read_namespaced_job_status(
+                inp.name, inp.namespace, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status == 404:
+                # Gone between looks (deleted by hand, or never created: an earlier
+                # attempt failed before its create): create it again under its own name.
+                self._ensure(inp)
+                raise ApplicationError(f"{inp.kind} Job {inp.name} (re)created",
+                                       type="JobRunning",
+                                       category=ApplicationErrorCategory.BENIGN) from err
+            raise_typed(err, f"read job {inp.namespace}/{inp.name}")
+        done = self._result(inp, job)
+        if done is not None:
+            return done
+        active = getattr(job.status, "active", None) or 0
+        raise ApplicationError(f"{inp.kind} Job {inp.name} running ({active} pod(s) active)",
+                               type="JobRunning", category=ApplicationErrorCategory.BENIGN)
+
+    @activity.defn
+    def delete_node_job(self, inp: NodeJobInput) -> None:
+        """Stop a node Job of an aborted remediation (no-op when it is gone)."""
+        if not inp.dry_run:
+            self._delete(inp)
+
+    def _result(self, inp: NodeJobInput, job: Any) -> NodeJobResult | None:
+        if _condition(job, "Complete"):
+            metrics.JOBS.labels(inp.kind, "succeeded").inc()
+            return NodeJobResult(succeeded=True, job_name=inp.name,
+                                 message=f"{inp.kind} job {inp.name} succeeded")
+        if _condition(job, "Failed"):
+            metrics.JOBS.labels(inp.kind, "failed").inc()
+            return NodeJobResult(succeeded=False, job_name=inp.name,
+                                 message=self._failure_message(inp, job))
+        return None
+
     def _delete(self, inp: NodeJobInput) -> None:
         """Stop the Job and its pod (background deletion: the pod gets its grace period),
         so an aborted validation does not keep every GPU of a node back in service."""
@@ -179,14 +226,9 @@ class JobActivities:
                 )
             except ApiException as err:
                 raise_typed(err, f"read job {inp.namespace}/{inp.name}")
-            if _condition(job, "Complete"):
-                metrics.JOBS.labels(inp.kind, "succeeded").inc()
-                return NodeJobResult(succeeded=True, job_name=inp.name,
-                                     message=f"{inp.kind} job {inp.name} succeeded")
-            if _condition(job, "Failed"):
-                metrics.JOBS.labels(inp.kind, "failed").inc()
-                return NodeJobResult(succeeded=False, job_name=inp.name,
-                                     message=self._failure_message(inp, job))
+            done = self._result(inp, job)
+            if done is not None:
+                return done
             status = job.status
             activity.heartbeat({"active": getattr(status, "active", None) or 0})
             time.sleep(POLL_SECONDS)

@@ -67,7 +67,8 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     events = EventActivities(api)
     fleet = build_fleet(settings, api)
     return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,
-            jobs.run_node_job, fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
+            jobs.run_node_job, jobs.poll_node_job, jobs.delete_node_job,
+            fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
             fleet.release_orphan, events.record_event,
             NodeReturnActivities(api, fleet).check_node_returned,
             fleet.report_admission]

@@ -190,7 +190,10 @@ class LocalStack:
                        "sdk_metrics_port": self.ports.sdk_metrics,
                        "health_port": self.ports.health, "bind": "127.0.0.1"},
         }
-        merged = merge(merge(base, stack), nest(self.overrides))
+        # Simulated Jobs take seconds: look at them every second (a --config file may say
+        # otherwise; the production default is 10 s).
+        laptop = {"remediation": {"job_poll_interval": "PT1S"}}
+        merged = merge(merge(merge(laptop, base), stack), nest(self.overrides))
         self.worker_config.write_text(yaml.safe_dump(merged, sort_keys=False))
         return self.worker_config
 

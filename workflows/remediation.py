@@ -19,6 +19,7 @@ from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action, Verdict
@@ -126,6 +127,7 @@ class RemediationWorkflow:
         # The node's identity and boot at claim: a reboot is confirmed by a new boot ID on
         # the same node (same UID), never by the reboot Job's exit code.
         self.boot_id = r.boot_id if r else ""
+        self.job_in_progress: NodeJobInput | None = None
         self.uid = r.uid if r else ""
 
     # ------------------------------------------------------------ queries and updates
@@ -784,13 +786,34 @@ class RemediationWorkflow:
             gpu_index = gpus[0] if len(gpus) == 1 else None
         self._plan(f"run {kind} Job {name} on {self.inp.node}"
                    + (f" requesting all {self.gpus} GPUs" if kind == "validate" else ""))
-        return await self._call(
-            "run_node_job",
-            NodeJobInput(node=self.inp.node, kind=kind, name=name, namespace=s.job_namespace,
-                         job=spec, gpus=self.gpus, gpu_index=gpu_index, dry_run=self.inp.dry_run),
-            NodeJobResult, timeout=spec.deadline + timedelta(minutes=5), heartbeat=True,
-            summary=f"{kind} job on {self.inp.node}",
-        )
+        job = NodeJobInput(node=self.inp.node, kind=kind, name=name, namespace=s.job_namespace,
+                           job=spec, gpus=self.gpus, gpu_index=gpu_index,
+                           dry_run=self.inp.dry_run)
+        if not workflow.patched("jobs-polled-by-retry"):
+            return await self._call(
+                "run_node_job", job, NodeJobResult, timeout=spec.deadline + timedelta(minutes=5),
+                heartbeat=True, summary=f"{kind} job on {self.inp.node}")
+        # Polled by retry: each look is a short activity, the wait between looks is the
+        # retry interval (no worker slot, no history events). The Job's own deadline fails
+        # it first; the schedule-to-close timeout is the backstop.
+        self.job_in_progress = job
+        every = s.job_poll_interval
+        try:
+            result: NodeJobResult = await self._call(
+                "poll_node_job", job, NodeJobResult, timeout=timedelta(minutes=1),
+                heartbeat=False, summary=f"{kind} job on {self.inp.node}",
+                retry=RetryPolicy(initial_interval=every, backoff_coefficient=1.0,
+                                  maximum_interval=every,
+                                  non_retryable_error_types=["NotFound", "Invalid"]),
+                schedule_to_close=spec.deadline + timedelta(minutes=5))
+        except ActivityError as err:
+            if not isinstance(err.cause, ActivityTimeout):
+                raise
+            result = NodeJobResult(succeeded=False, job_name=name,
+                                   message=f"{kind} Job {name} did not finish within "
+                                           f"{spec.deadline + timedelta(minutes=5)}")
+        self.job_in_progress = None
+        return result
 
     async def _finish(self, outcome: Literal["healthy", "released"], why: str,
                       acked: dict[str, int] | None = None) -> RemediationResult:
@@ -845,6 +868,16 @@ class RemediationWorkflow:
         why = self._abort_reason()
         self._set(NodeState.HEALTHY, "aborted")
         self._details(why)
+        if self.job_in_progress is not None:
+            # Between looks at a polled Job no activity holds it: delete it here, so an
+            # aborted validation does not keep every GPU of the node.
+            try:
+                await self._node_call("delete_node_job", self.job_in_progress, type(None),
+                                      summary=f"delete {self.job_in_progress.name}",
+                                      check_cancel=False)
+            except ActivityError as err:
+                workflow.logger.warning("could not delete %s: %s", self.job_in_progress.name,
+                                        _cause(err))
         try:
             await self._release_call("aborted", why, {}, claim_unconfirmed=not self.claimed)
         except NodeGone:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -117,19 +118,83 @@ def test_gpu_reset_refused_by_the_gpu_reports_failure(
     assert not result.succeeded and "409" in result.message
 
 
-def test_reboot_job_clears_reboot_class_faults_and_the_node_comes_back(
+def test_reboot_job_clears_reboot_class_faults_and_the_node_comes_back_with_a_new_boot(
         cluster_with_gpus: Cluster, gpu_sim: ThreadedGpuSim, acts: JobActivities,
         env: ActivityEnvironment) -> None:
+    """Like a real node, the shutdown may kill the Job's own pod: the Job's result says
+    nothing; the new boot ID and Ready do (the workflow checks them)."""
+    boot = cluster_with_gpus.node(NODE).status.node_info.boot_id
     gpu_sim.client.inject_fault(NODE, 0, "xid", 79)
     result = env.run(acts.run_node_job, job("reboot"))
-    assert result.succeeded, result.message
-    assert gpu_sim.client.health(NODE)["healthy"]
+    assert result.job_name == f"reboot-{NODE}-1"
+    wait_for(lambda: gpu_sim.client.health(NODE)["healthy"])
 
-    def ready() -> bool:
-        conds = cluster_with_gpus.node(NODE).status.conditions
-        return any(c.type == "Ready" and c.status == "True" for c in conds)
+    def back() -> bool:
+        node = cluster_with_gpus.node(NODE)
+        ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
+        return ready and node.status.node_info.boot_id != boot
 
-    wait_for(ready)
+    wait_for(back)
+
+
+def _looks(acts: JobActivities, inp: NodeJobInput, *, first: int = 1,
+           limit: int = 200) -> tuple[int, Any]:
+    """Look at a Job the way the workflow's retry policy does: attempt after attempt until
+    one returns (a JobRunning in between is the wait)."""
+    from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+
+    env = ActivityEnvironment()
+    for attempt in range(first, limit + 1):
+        env.info = dataclasses.replace(env.info, attempt=attempt)
+        try:
+            return attempt, env.run(acts.poll_node_job, inp)
+        except ApplicationError as err:
+            assert err.type == "JobRunning" and not err.non_retryable, err
+            assert err.category == ApplicationErrorCategory.BENIGN, "no error noise per look"
+        time.sleep(0.05)
+    raise AssertionError("the Job never finished")
+
+
+def test_a_polled_job_answers_running_until_it_finishes(
+        cluster_with_gpus: Cluster, acts: JobActivities) -> None:
+    attempts, result = _looks(acts, job())
+    assert attempts > 1, "the first look finds it running"
+    assert result.succeeded and result.job_name == f"validate-{NODE}-1"
+    created = cluster_with_gpus.batch.read_namespaced_job(result.job_name, NS)
+    assert created.spec.template.spec.node_name == NODE
+    creates = [w for w in cluster_with_gpus.writes("jobs") if w["verb"] == "create"]
+    assert len(creates) == 1, "one Job, however many looks"
+
+
+def test_a_polled_job_deleted_between_looks_is_created_again(
+        cluster_with_gpus: Cluster, acts: JobActivities) -> None:
+    from temporalio.exceptions import ApplicationError
+
+    env = ActivityEnvironment()
+    with pytest.raises(ApplicationError):
+        env.run(acts.poll_node_job, job())
+    cluster_with_gpus.batch.delete_namespaced_job(f"validate-{NODE}-1", NS,
+                                                  propagation_policy="Background")
+    wait_for(lambda: not cluster_with_gpus.batch.list_namespaced_job(NS).items)
+    # A later attempt (the create was the first's): it finds no Job and creates it again.
+    _, result = _looks(acts, job(), first=2)
+    assert result.succeeded
+    creates = [w for w in cluster_with_gpus.writes("jobs") if w["verb"] == "create"]
+    assert len(creates) == 2
+
+
+def test_delete_node_job_stops_a_running_job(
+        cluster_with_gpus: Cluster, acts: JobActivities) -> None:
+    from temporalio.exceptions import ApplicationError
+
+    env = ActivityEnvironment()
+    with pytest.raises(ApplicationError):
+        env.run(acts.poll_node_job, job())
+    env.run(acts.delete_node_job, job())
+    env.run(acts.delete_node_job, job())  # twice: the second finds nothing, no error
+    deletes = [(w["name"], w["code"]) for w in cluster_with_gpus.writes("jobs")
+               if w["verb"] == "delete"]
+    assert deletes[0] == (f"validate-{NODE}-1", 200)
 
 
 def test_dry_run_creates_no_job(

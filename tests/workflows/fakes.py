@@ -205,6 +205,19 @@ class FakeCluster:
                 return NodeJobResult(succeeded=ok, message="ok" if ok else "diag failed",
                                      job_name=inp.name)
 
+        @activity.defn(name="poll_node_job")
+        def poll_node_job(inp: NodeJobInput) -> NodeJobResult:
+            # Answers at the first look; the tests of the wait itself are in
+            # tests/activities/test_jobs.py against the cluster simulator.
+            result: NodeJobResult = run_node_job(inp)
+            return result
+
+        @activity.defn(name="delete_node_job")
+        def delete_node_job(inp: NodeJobInput) -> None:
+            with cluster.lock:
+                cluster.calls.append(("delete_node_job", inp))
+                cluster.mutations.append(f"delete job {inp.kind} {inp.node}")
+
         @activity.defn(name="watch_thermal")
         def watch_thermal(inp: ThermalWatchInput) -> ThermalWatchResult:
             with cluster.lock:
@@ -262,7 +275,7 @@ class FakeCluster:
 
         return [claim_node, set_node_state, release_node, drain_node, run_node_job,
                 watch_thermal, read_node_health, observe_fleet, report_admission, record_event,
-                check_node_returned]
+                check_node_returned, poll_node_job, delete_node_job]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

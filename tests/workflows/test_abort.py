@@ -80,7 +80,7 @@ class Unkind:
     used: bool = False
 
     def enter(self, name: str, inp: Any) -> None:
-        self.started.append(name + (f":{inp.kind}" if name == "run_node_job" else ""))
+        self.started.append(name + (f":{inp.kind}" if name == "poll_node_job" else ""))
         if self.used or not self.hold.matches(name, inp):
             return
         h = self.hold
@@ -157,13 +157,14 @@ MATRIX: list[tuple[str, Hold, str]] = [
     ("drain, in flight", Hold("drain_node", "cancelled"), "reboot"),
     ("drain, completes anyway", Hold("drain_node", "completes"), "reboot"),
     ("drain, retrying", Hold("drain_node", "retrying"), "reboot"),
-    ("reboot Job, in flight", Hold("run_node_job", "cancelled", "reboot"), "reboot"),
-    ("reboot Job, completes anyway", Hold("run_node_job", "completes", "reboot"), "reboot"),
-    ("validation Job, in flight", Hold("run_node_job", "cancelled", "validate"), "reboot"),
+    ("reboot Job, in flight", Hold("poll_node_job", "cancelled", "reboot"), "reboot"),
+    ("reboot Job, completes anyway", Hold("poll_node_job", "completes", "reboot"), "reboot"),
+    ("waiting for the rebooted node", Hold("check_node_returned", "retrying"), "reboot"),
+    ("validation Job, in flight", Hold("poll_node_job", "cancelled", "validate"), "reboot"),
     ("validation Job, completes anyway",
-     Hold("run_node_job", "completes", "validate"), "reboot"),
-    ("validation Job, retrying", Hold("run_node_job", "retrying", "validate"), "reboot"),
-    ("GPU reset Job, in flight", Hold("run_node_job", "cancelled", "gpu-reset"), "reset"),
+     Hold("poll_node_job", "completes", "validate"), "reboot"),
+    ("validation Job, between looks", Hold("poll_node_job", "retrying", "validate"), "reboot"),
+    ("GPU reset Job, in flight", Hold("poll_node_job", "cancelled", "gpu-reset"), "reset"),
     ("thermal watch, in flight", Hold("watch_thermal", "cancelled"), "thermal"),
     ("thermal watch, completes anyway", Hold("watch_thermal", "completes"), "thermal"),
     ("final release, retrying", Hold("release_node", "retrying"), "reboot"),
@@ -185,7 +186,7 @@ async def test_abort_in_every_step_and_activity_state_releases_the_node(
         assert await asyncio.to_thread(hold.entered.wait, 20), f"{label}: never reached"
         if hold.mode in ("cancelled", "completes"):
             await asyncio.sleep(0.3)  # let the first heartbeat land
-        jobs_before = [s for s in unkind.started if s.startswith("run_node_job")]
+        jobs_before = [s for s in unkind.started if s.startswith("poll_node_job")]
         await handle.cancel(reason="by alice: wrong node")
         if hold.mode in ("gate", "retrying"):
             await asyncio.sleep(0.5)
@@ -203,8 +204,13 @@ async def test_abort_in_every_step_and_activity_state_releases_the_node(
         return
     assert n.history and n.history[-1].outcome == "aborted: aborted by alice: wrong node", \
         [h.outcome for h in n.history]
-    jobs_after = [s for s in unkind.started if s.startswith("run_node_job")]
+    jobs_after = [s for s in unkind.started if s.startswith("poll_node_job")]
     assert jobs_after == jobs_before, f"{label}: a Job started after the abort"
+    deleted = [c[1].kind for c in cluster.calls if c[0] == "delete_node_job"]
+    if hold.activity == "poll_node_job":
+        assert deleted == [hold.kind], f"{label}: the Job of the aborted step is deleted"
+    else:
+        assert deleted == [], label
     if hold.mode == "cancelled":
         assert hold.outcome == ["cancelled"], "the activity in flight saw the cancel"
 
