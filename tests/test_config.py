@@ -99,3 +99,19 @@ def test_settings_in_a_workflow_input_ignore_fields_of_another_release() -> None
                      "drain": {"deadline": "PT1H", "knob": 1}},
         "field_of_the_next_release": {"x": 1}})
     assert inp.settings.drain.deadline.total_seconds() == 3600
+
+
+def test_worker_deployment_versioning_is_opt_in_and_names_its_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from temporalio.common import VersioningBehavior
+
+    from worker.service import deployment_config
+
+    assert deployment_config(load_settings(write(tmp_path, "{}\n")).worker) is None
+    monkeypatch.setenv("GPU_REMEDIATE_BUILD_ID", "sha-abc123")
+    cfg = deployment_config(load_settings(write(
+        tmp_path, "worker:\n  deployment_name: gpu-remediate\n")).worker)
+    assert cfg is not None and cfg.use_worker_versioning
+    assert (cfg.version.deployment_name, cfg.version.build_id) == ("gpu-remediate", "sha-abc123")
+    assert cfg.default_versioning_behavior == VersioningBehavior.AUTO_UPGRADE
+

@@ -6,6 +6,7 @@ dotted name instead of silently running on defaults.
 
 from __future__ import annotations
 
+import os
 import re
 from contextvars import ContextVar
 from datetime import timedelta
@@ -159,6 +160,22 @@ class WorkerConfig(_Section):
     graceful_shutdown_seconds: float = Field(default=30, ge=0)
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    deployment_name: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="Worker Deployment Versioning: the deployment this worker belongs to "
+                    "(null: unversioned). Remediations auto-upgrade to the current version; "
+                    "the detector is pinned and moves at its next continue-as-new. "
+                    "docs/install.md has the upgrade procedure.")
+    build_id: str = Field(
+        default="", max_length=255,
+        description="This worker's version within the deployment; default "
+                    "GPU_REMEDIATE_BUILD_ID, else the installed package's version.")
+
+    def deployment_build_id(self) -> str:
+        from worker.version import versions
+
+        return (self.build_id or os.environ.get("GPU_REMEDIATE_BUILD_ID", "")
+                or versions()["gpu-remediate"])
 
 
 _FILE_DATA: ContextVar[dict[str, Any] | None] = ContextVar("config_file_data", default=None)

@@ -13,8 +13,9 @@ from typing import Any
 from aiohttp import web
 from kubernetes.client import ApiClient
 from prometheus_client import start_http_server
+from temporalio.common import VersioningBehavior
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import Worker
+from temporalio.worker import Worker, WorkerDeploymentConfig, WorkerDeploymentVersion
 
 from activities.drain import DrainActivities
 from activities.events import EventActivities, set_event_namespace
@@ -24,7 +25,8 @@ from activities.kube import KubeSettings, make_api_client
 from activities.node_return import NodeReturnActivities
 from activities.nodes import NodeActivities
 from activities.prometheus_source import PrometheusSource
-from worker.config import Settings
+from activities.visibility import VisibilityActivities
+from worker.config import Settings, WorkerConfig
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow
 from workflows.remediation import RemediationWorkflow
@@ -99,6 +101,23 @@ class Health:
         return runner
 
 
+def deployment_config(w: WorkerConfig) -> WorkerDeploymentConfig | None:
+    """Worker Deployment Versioning when a deployment name is configured: this worker
+    serves one version (its build ID), and both workflows auto-upgrade to the deployment's
+    current version at their next workflow task. A remediation may be quarantined for months
+    and must follow every release; the detector too (its continue-as-new would move it
+    anyway). Both are replay-tested against the previous release's histories, and every
+    workflow change is guarded by workflow.patched. (A per-workflow pin would have to be
+    declared on the class, which an unversioned worker — the default — refuses.)"""
+    if w.deployment_name is None:
+        return None
+    return WorkerDeploymentConfig(
+        version=WorkerDeploymentVersion(deployment_name=w.deployment_name,
+                                        build_id=w.deployment_build_id()),
+        use_worker_versioning=True,
+        default_versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+
+
 async def run_worker(settings: Settings) -> None:
     w = settings.worker
     runtime = None
@@ -110,13 +129,16 @@ async def run_worker(settings: Settings) -> None:
     health = Health()
     runner = await health.serve(w.bind, w.health_port) if w.health_port else None
     client = await connect(settings.temporal, runtime=runtime)
-    activities = build_activities(settings)
+    # A fresh detector asks Temporal which remediations already run (visibility).
+    activities = [*build_activities(settings),
+                  VisibilityActivities(client).list_running_remediations]
     with ThreadPoolExecutor(max_workers=w.max_concurrent_activities) as pool:
         worker = Worker(
             client, task_queue=settings.temporal.task_queue,
             workflows=[RemediationWorkflow, DetectorWorkflow], activities=activities,
             activity_executor=pool, max_concurrent_activities=w.max_concurrent_activities,
             graceful_shutdown_timeout=timedelta(seconds=w.graceful_shutdown_seconds),
+            deployment_config=deployment_config(w),
         )
         health.worker = worker
         loop = asyncio.get_running_loop()

@@ -17,10 +17,16 @@ from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
-from temporalio.common import RawValue, RetryPolicy, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import (
+    RawValue,
+    RetryPolicy,
+    SearchAttributePair,
+    TypedSearchAttributes,
+)
 from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.visibility import RunningRemediations, RunningRemediationsInput
     from policy.models import Action, Verdict
     from workflows.admission import Admission
     from workflows.commands import decode_command
@@ -45,6 +51,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.search_attributes import GPU_NODE, REMEDIATION_ACTION, REMEDIATION_STATE
 
 NODE_ACTIONS = (Action.THERMAL, Action.RESET, Action.REBOOT, Action.QUARANTINE)
+# A run that did not continue from another asks visibility for running remediations first;
+# histories recorded before that look-up replay without it.
+SEED_PENDING_PATCH = "detector-seeds-pending-from-visibility"
 _NO_PAYLOAD = RawValue(Payload())
 
 
@@ -61,14 +70,16 @@ class DetectorWorkflow:
         self.last_errors: list[str] = []
         self.last_report: AdmissionReport | None = None
         self.wake = False
-        self.orphans: list[str] = []
-        self.last_managed = 0
+        # Carried from the previous run, so validators and sharding are right before
+        # this run's first observation (which may fail).
+        self.orphans: list[str] = list(inp.state.orphans)
+        self.last_managed = inp.state.last_managed
         # Nodes in remediation (label state, or "starting" for a pending start), for the
         # remediate validator.
-        self.busy: dict[str, str] = {}
+        self.busy: dict[str, str] = dict(inp.state.busy)
         # Children started by this run; a closed one no longer needs its pending slot.
         self.children: dict[str, workflow.ChildWorkflowHandle] = {}
-        self.rejected: list[RejectedCommand] = []
+        self.rejected: list[RejectedCommand] = list(inp.state.rejected)
 
     # ------------------------------------------------------------ operator messages
 
@@ -212,12 +223,19 @@ class DetectorWorkflow:
     @workflow.run
     async def run(self, inp: DetectorInput) -> None:
         ticks = 0
+        # A detector that did not continue from another (the first, one started again after
+        # `detector stop`, or after termination) does not know its predecessor's starts.
+        seeded = workflow.info().continued_run_id is not None or \
+            not workflow.patched(SEED_PENDING_PATCH)
         while True:
             # An update that arrives during this tick wakes the next one at once.
             self.wake = False
             # Children known closed before the observation: their labels in it are the truth.
             closed = self._closed_children()
-            obs = await self._observe()
+            if not seeded:
+                seeded = await self._seed_pending()
+            # Until they are known, admitting could overrun the budget: observe nothing.
+            obs = await self._observe() if seeded else None
             if obs is not None:
                 await self._admit(obs, closed)
             ticks += 1
@@ -228,7 +246,44 @@ class DetectorWorkflow:
             if ticks >= self.settings.ticks_per_run or \
                     workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                st = self.state
+                st.last_managed, st.busy = self.last_managed, self.busy
+                st.orphans, st.rejected = self.orphans, self.rejected
                 workflow.continue_as_new(DetectorInput(settings=self.settings, state=self.state))
+
+    async def _seed_pending(self) -> bool:
+        """Hold a pending slot for every remediation already running on our task queue.
+
+        Those whose claim has not landed carry no label yet, so the observation cannot
+        count them; the first admission drops the ones it sees labelled (the truth), and
+        the rest expire after the pending grace like this run's own starts. False (and
+        nothing admitted) while visibility cannot answer.
+        """
+        try:
+            found = await workflow.execute_activity(
+                "list_running_remediations",
+                RunningRemediationsInput(task_queue=workflow.info().task_queue),
+                result_type=RunningRemediations,
+                start_to_close_timeout=timedelta(minutes=1),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary="remediations started before this detector")
+        except ActivityError as err:
+            self.last_errors = [f"listing running remediations failed: {err.cause or err}; "
+                                "admitting nothing until it answers"]
+            workflow.set_current_details(f"**{self.last_errors[0]}**")
+            return False
+        now, st = workflow.now(), self.state
+        known = {p.node for p in st.pending}
+        fresh = sorted({r.node for r in found.remediations} - known)
+        st.pending = [*st.pending, *(PendingStart(node=n, at=now) for n in fresh)]
+        for n in fresh:
+            self.busy.setdefault(n, "starting")
+        if found.truncated:
+            workflow.logger.warning("only the first %d running remediations were listed",
+                                    len(found.remediations))
+        workflow.logger.info("%d remediations already running: %s", len(fresh),
+                             ", ".join(fresh[:20]))
+        return True
 
     async def _observe(self) -> FleetObservation | None:
         s = self.settings
