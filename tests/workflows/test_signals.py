@@ -127,3 +127,25 @@ async def test_detector_pause_signal_and_a_rejected_resume(local_env) -> None:
         await detector.terminate("test over")
     assert "already paused" in got[0].why and got[0].operator == "erin"
     assert got[1].name == "pasue" and "unknown signal" in got[1].why
+
+
+async def test_abort_of_a_finished_remediation_is_a_no_op_and_of_none_an_error(
+        local_env) -> None:
+    from worker.operator import OperatorError, abort
+    from workflows.models import OperatorCommand
+
+    who = OperatorCommand(operator="alice", reason="test")
+    cluster, node = FakeCluster(), node_name("abort-done")
+    async with worker_for(local_env.client, cluster) as queue:
+        handle = await start(local_env.client, queue, node,
+                             RemediationSettings(drain=FAST_DRAIN))
+        await asyncio.wait_for(handle.result(), 30)
+        said = await abort(local_env.client, node, who)
+    assert "already ended" in said and "nothing to abort" in said
+    assert cluster.nodes[node].history[-1].outcome.startswith("healthy"), "untouched"
+    try:
+        await abort(local_env.client, node_name("never"), who)
+    except OperatorError as err:
+        assert "no remediation found" in str(err)
+    else:
+        raise AssertionError("an abort of a node without a remediation must fail")
