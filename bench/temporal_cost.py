@@ -79,6 +79,7 @@ async def stub_ticks(address: str, nodes: int, ticks: int) -> dict[str, Any]:
     from temporalio import activity
     from temporalio.worker import Worker
 
+    from activities.visibility import RunningRemediations, RunningRemediationsInput
     from worker.config import TemporalConfig
     from worker.temporal_client import connect
     from workflows.detector import DetectorWorkflow
@@ -93,11 +94,16 @@ async def stub_ticks(address: str, nodes: int, ticks: int) -> dict[str, Any]:
     async def report_admission(_: AdmissionReport) -> None:
         return None
 
+    @activity.defn(name="list_running_remediations")
+    async def list_running_remediations(_: RunningRemediationsInput) -> RunningRemediations:
+        return RunningRemediations()
+
     client = await connect(TemporalConfig(address=address))
     queue = f"bench-stub-{uuid.uuid4().hex[:8]}"
     wid = f"bench-detector-{nodes}-{queue}"
     async with Worker(client, task_queue=queue, workflows=[DetectorWorkflow, RemediationWorkflow],
-                      activities=[observe_fleet, report_admission]):
+                      activities=[observe_fleet, report_admission,
+                                  list_running_remediations]):
         settings = DetectorSettings(interval=timedelta(seconds=0.5), max_unavailable=0)
         handle = await client.start_workflow(DetectorWorkflow.run, DetectorInput(settings=settings),
                                              id=wid, task_queue=queue)

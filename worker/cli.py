@@ -205,7 +205,9 @@ def _interrupt(signum: int, frame: object) -> None:
 @detector_app.command("start")
 def detector_start(config: ConfigOpt = None) -> None:
     """Start the singleton detector with the config's detector, policy and remediation
-    sections (does nothing if it is already running).
+    sections. It does nothing if a detector is already running: to change a running
+    detector's settings, use `detector reconfigure` (it keeps pause, breaker and pending
+    starts), not `stop` and `start`.
 
     Example: `gpu-remediate detector start -c config.yaml`
     """
@@ -227,7 +229,9 @@ def detector_start(config: ConfigOpt = None) -> None:
 @detector_app.command("stop")
 def detector_stop(config: ConfigOpt = None, reason: ReasonOpt = "stopped by operator") -> None:
     """Stop the detector. Running remediations continue (they are not its children
-    in life: ParentClosePolicy ABANDON)."""
+    in life: ParentClosePolicy ABANDON). Not the way to change settings: use `detector
+    reconfigure`; stop forgets the pause, the breaker and the breaker window, and a new
+    detector learns the running remediations from Temporal visibility."""
     async def go(client: Client) -> None:
         await client.get_workflow_handle(DETECTOR_WORKFLOW_ID).terminate(reason)
 

@@ -80,6 +80,9 @@ class DetectorWorkflow:
         # Children started by this run; a closed one no longer needs its pending slot.
         self.children: dict[str, workflow.ChildWorkflowHandle] = {}
         self.rejected: list[RejectedCommand] = list(inp.state.rejected)
+        # Pending starts learnt from visibility (not our children): while any is pending,
+        # each tick asks again which still run, as _closed_children does for ours.
+        self.seeded: set[str] = set()
 
     # ------------------------------------------------------------ operator messages
 
@@ -234,6 +237,8 @@ class DetectorWorkflow:
             closed = self._closed_children()
             if not seeded:
                 seeded = await self._seed_pending()
+            elif self.seeded:
+                closed |= await self._seeded_closed()
             # Until they are known, admitting could overrun the budget: observe nothing.
             obs = await self._observe() if seeded else None
             if obs is not None:
@@ -251,22 +256,26 @@ class DetectorWorkflow:
                 st.orphans, st.rejected = self.orphans, self.rejected
                 workflow.continue_as_new(DetectorInput(settings=self.settings, state=self.state))
 
+    async def _running_remediations(self, summary: str) -> RunningRemediations:
+        return await workflow.execute_activity(
+            "list_running_remediations",
+            RunningRemediationsInput(task_queue=workflow.info().task_queue),
+            result_type=RunningRemediations,
+            start_to_close_timeout=timedelta(minutes=1),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+            summary=summary)
+
     async def _seed_pending(self) -> bool:
         """Hold a pending slot for every remediation already running on our task queue.
 
         Those whose claim has not landed carry no label yet, so the observation cannot
-        count them; the first admission drops the ones it sees labelled (the truth), and
-        the rest expire after the pending grace like this run's own starts. False (and
-        nothing admitted) while visibility cannot answer.
+        count them. Like this run's own starts, each holds its slot until the observation
+        shows its label (the truth), its workflow is known closed, or the pending grace
+        passes. False (and nothing admitted) while visibility cannot answer.
         """
         try:
-            found = await workflow.execute_activity(
-                "list_running_remediations",
-                RunningRemediationsInput(task_queue=workflow.info().task_queue),
-                result_type=RunningRemediations,
-                start_to_close_timeout=timedelta(minutes=1),
-                retry_policy=RetryPolicy(maximum_attempts=3),
-                summary="remediations started before this detector")
+            found = await self._running_remediations("remediations started before this "
+                                                     "detector")
         except ActivityError as err:
             self.last_errors = [f"listing running remediations failed: {err.cause or err}; "
                                 "admitting nothing until it answers"]
@@ -276,6 +285,7 @@ class DetectorWorkflow:
         known = {p.node for p in st.pending}
         fresh = sorted({r.node for r in found.remediations} - known)
         st.pending = [*st.pending, *(PendingStart(node=n, at=now) for n in fresh)]
+        self.seeded = set(fresh)
         for n in fresh:
             self.busy.setdefault(n, "starting")
         if found.truncated:
@@ -284,6 +294,24 @@ class DetectorWorkflow:
         workflow.logger.info("%d remediations already running: %s", len(fresh),
                              ", ".join(fresh[:20]))
         return True
+
+    async def _seeded_closed(self) -> set[str]:
+        """Seeded nodes whose remediation no longer runs (asked before the observation,
+        so their labels in it are the truth). Visibility may lag: a closed one still
+        listed keeps its slot a little longer, never the reverse."""
+        self.seeded &= {p.node for p in self.state.pending}
+        if not self.seeded:
+            return set()
+        try:
+            found = await self._running_remediations("which earlier remediations still run")
+        except ActivityError as err:
+            workflow.logger.warning("list_running_remediations failed: %s", err.cause or err)
+            return set()  # they keep their slots
+        if found.truncated:
+            return set()  # an unlisted one may still run
+        gone = self.seeded - {r.node for r in found.remediations}
+        self.seeded -= gone
+        return gone
 
     async def _observe(self) -> FleetObservation | None:
         s = self.settings

@@ -596,6 +596,20 @@ class DetectorState(_Message):
     )
     ticks_total: int = 0
     started_total: int = 0
+    # What the next run needs before its first observation (which may fail), so that a
+    # continue-as-new changes nothing an operator or the budget can see.
+    last_managed: int = Field(
+        default=0, ge=0,
+        description="GPU nodes at the last observation: how many shards observe the fleet.")
+    busy: dict[str, str] = Field(
+        default_factory=dict,
+        description="Nodes in remediation at the last observation (their state, or "
+                    "'starting'): `remediate` refuses them.")
+    orphans: list[str] = Field(
+        default_factory=list,
+        description="Labelled nodes without a running workflow: `release-orphan` accepts them.")
+    rejected: list[RejectedCommand] = Field(
+        default_factory=list, description="The last rejected or unknown signals (the view).")
 
 
 class DetectorInput(_Message):

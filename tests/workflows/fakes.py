@@ -22,6 +22,11 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from activities.visibility import (
+    RunningRemediation,
+    RunningRemediations,
+    RunningRemediationsInput,
+)
 from policy.models import Action, Finding, Verdict
 from workflows.models import (
     OUT_OF_SERVICE_STATES,
@@ -46,6 +51,7 @@ from workflows.models import (
     StateInput,
     ThermalWatchInput,
     ThermalWatchResult,
+    remediation_workflow_id,
     shard_of,
 )
 
@@ -90,6 +96,11 @@ class FakeCluster:
     oos_samples: list[tuple[int, int]] = field(default_factory=list)
     claimed: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)
+    # Labelled nodes whose workflow is gone, as the observation reports them.
+    orphans: list[str] = field(default_factory=list)
+    # What Temporal visibility lists as running remediations (by node), or its error.
+    visible_remediations: list[str] = field(default_factory=list)
+    visibility_error: str | None = None
 
     def node(self, name: str) -> FakeNode:
         return self.nodes.setdefault(name, FakeNode(name))
@@ -246,7 +257,8 @@ class FakeCluster:
                     managed_nodes=len(mine), readable_nodes=len(mine),
                     verdicts=[v for v in cluster.verdicts if v.node in mine
                               and v.node not in busy and cluster.node(v.node).acked == {}],
-                    remediating=remediating)
+                    remediating=remediating,
+                    orphans=[n for n in cluster.orphans if n in mine])
 
         @activity.defn(name="report_admission")
         def report_admission(report: AdmissionReport) -> None:
@@ -267,6 +279,16 @@ class FakeCluster:
                                     confirmed_by="boot-id",
                                     message=f"{inp.node} rebooted (boot ID old -> new-boot)")
 
+        @activity.defn(name="list_running_remediations")
+        def list_running_remediations(inp: RunningRemediationsInput) -> RunningRemediations:
+            with cluster.lock:
+                cluster.calls.append(("list_running_remediations", inp))
+                if cluster.visibility_error:
+                    raise RuntimeError(cluster.visibility_error)
+                return RunningRemediations(remediations=[
+                    RunningRemediation(node=n, workflow_id=remediation_workflow_id(n))
+                    for n in cluster.visible_remediations])
+
         @activity.defn(name="record_event")
         def record_event(inp: NodeEventInput) -> None:
             with cluster.lock:
@@ -275,7 +297,7 @@ class FakeCluster:
 
         return [claim_node, set_node_state, release_node, drain_node, run_node_job,
                 watch_thermal, read_node_health, observe_fleet, report_admission, record_event,
-                check_node_returned, poll_node_job, delete_node_job]
+                check_node_returned, poll_node_job, delete_node_job, list_running_remediations]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

@@ -13,6 +13,8 @@ import asyncio
 import threading
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from datetime import timedelta
 
 import pytest
@@ -29,7 +31,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
+from activities.visibility import VisibilityActivities
 from policy.models import Action
 from tests.conftest import binary
 from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
@@ -45,6 +49,7 @@ from workflows.models import (
     OperatorCommand,
     RemediationSettings,
 )
+from workflows.remediation import RemediationWorkflow
 from workflows.search_attributes import ALL as SEARCH_ATTRIBUTES
 
 TICK = timedelta(milliseconds=500)
@@ -538,3 +543,165 @@ async def test_dry_run_plans_each_node_once_and_mutates_nothing(detector_ts_env)
     assert view.started_total == 2
     assert cluster.mutations == []
     assert not view.in_flight, "a dry-run child that finished holds no slot"
+
+
+# ------------------------------------------------------------------ a fresh detector's memory
+
+
+@asynccontextmanager
+async def worker_with_visibility(client: Client, cluster: FakeCluster) -> AsyncIterator[str]:
+    """Like ``worker_for``, but the detector asks the server's real visibility store which
+    remediations run (the query, the search attributes and the task-queue filter)."""
+    queue = f"tq-{uuid.uuid4()}"
+    fakes = [a for a in cluster.activities()
+             if getattr(a, "__name__", "") != "list_running_remediations"]
+    real = VisibilityActivities(client).list_running_remediations
+    with ThreadPoolExecutor(16) as pool:
+        async with Worker(client, task_queue=queue,
+                          workflows=[RemediationWorkflow, DetectorWorkflow],
+                          activities=[*fakes, real], activity_executor=pool):
+            try:
+                yield queue
+            finally:
+                cluster.release_gates()
+
+
+async def test_a_fresh_detector_counts_starts_whose_claim_has_not_landed(local_env):
+    """`detector stop` and `start` (or a terminated detector) between a child's start and
+    its claim: the new detector cannot see the node as labelled, and must still not admit
+    past the budget."""
+    client = local_env.client
+    cluster, names = fleet(10)
+    slow, other = names[:2]
+    gate = threading.Event()
+    cluster.claim_gates[slow] = gate  # started, its claim not landed yet
+    cluster.verdicts = [xid_verdict(slow)]
+    s = settings(max_unavailable=1, **NO_BREAKER)
+    async with worker_with_visibility(client, cluster) as queue:
+        first = await start(client, queue, s)
+        second = None
+        child = client.get_workflow_handle(f"remediation-{slow}")
+        try:
+            async def child_running() -> bool:
+                try:
+                    return (await child.describe()).status == WorkflowExecutionStatus.RUNNING
+                except RPCError:
+                    return False
+            await until(child_running, what="the first detector's child")
+            await first.terminate("detector stop")
+            cluster.verdicts = [xid_verdict(slow), xid_verdict(other)]
+            second = await start(client, queue, s)
+            view = await ticks(second, 2)
+            assert view.in_flight == [slow], "the running child holds the only slot"
+            assert view.waiting == [f"{other} (reboot: budget full (1/1))"]
+            assert started_children(cluster) == [], "the claim is still held"
+            gate.set()
+            await until(lambda: set(cluster.claimed) == {slow, other}
+                        and all(n.state == NodeState.HEALTHY for n in cluster.nodes.values()),
+                        timeout=30, what="both remediated, one after the other")
+        finally:
+            gate.set()
+            if second is not None:
+                await cleanup(client, second, cluster)
+            await cleanup(client, first, cluster)
+    assert cluster.max_out_of_service() == 1, "never two nodes out at once"
+
+
+async def test_a_fresh_detector_admits_nothing_until_visibility_answers(detector_ts_env):
+    env = detector_ts_env
+    cluster, names = fleet(10)
+    cluster.verdicts = [xid_verdict(names[0])]
+    cluster.visibility_error = "visibility store unavailable"
+    async with worker_for(env.client, cluster) as queue:
+        detector = await start(env.client, queue, settings(max_unavailable=1))
+        try:
+            view = await ticks(detector, 2, timeout=30)
+            assert "listing running remediations failed" in view.last_errors[0]
+            assert "visibility store unavailable" in view.last_errors[0]
+            with cluster.lock:
+                assert not any(c[0] == "observe_fleet" for c in cluster.calls)
+            assert started_children(cluster) == []
+            cluster.visibility_error = None
+            await until(lambda: started_children(cluster) == [names[0]], what="recovery")
+        finally:
+            await cleanup(env.client, detector, cluster)
+
+
+async def test_seeded_starts_hold_slots_until_labelled_or_closed(detector_ts_env):
+    """What visibility lists holds a slot until the observation shows its label (then the
+    label holds it) or visibility no longer lists it (or the pending grace passes, as for
+    the detector's own starts)."""
+    env = detector_ts_env
+    cluster, names = fleet(10)
+    stuck, labelled, ending, flagged = names[:4]
+    cluster.visible_remediations = [stuck, labelled, ending]
+    cluster.nodes[labelled].state = NodeState.DRAINING
+    cluster.verdicts = [xid_verdict(flagged)]
+    s = settings(max_unavailable=3, **NO_BREAKER)
+    async with worker_for(env.client, cluster) as queue:
+        detector = await start(env.client, queue, s)
+        try:
+            view = await ticks(detector, 2)
+            assert view.in_flight == sorted([stuck, labelled, ending])
+            assert view.waiting == [f"{flagged} (reboot: budget full (3/3))"]
+            # ending's remediation closed without ever claiming its node.
+            cluster.visible_remediations = [stuck, labelled]
+            await until(lambda: started_children(cluster) == [flagged], what="admission")
+            view = await ticks(detector, 2)
+            assert stuck in view.in_flight and labelled in view.in_flight
+            assert ending not in view.in_flight
+            cluster.nodes[labelled].state = NodeState.HEALTHY
+            cluster.visible_remediations = []
+            await ticks(detector, 2)
+            with cluster.lock:
+                asked = sum(1 for c in cluster.calls if c[0] == "list_running_remediations")
+            await ticks(detector, 3)
+            with cluster.lock:
+                assert asked == sum(1 for c in cluster.calls
+                                    if c[0] == "list_running_remediations"), \
+                    "no more look-ups once no seeded start is pending"
+        finally:
+            await cleanup(env.client, detector, cluster)
+
+
+async def test_continue_as_new_carries_fleet_size_busy_nodes_orphans_and_rejections(local_env):
+    """The next run knows, before its first observation (which fails here), how many shards
+    observe the fleet, which nodes are in remediation, which are orphans, and which
+    signals were rejected; visibility is asked once per detector, not once per run."""
+    cluster, names = fleet(9)
+    busy, orphan = names[:2]
+    cluster.nodes[busy].state = NodeState.DRAINING
+    cluster.nodes[orphan].state = NodeState.DRAINING
+    cluster.orphans = [orphan]
+    s = settings(max_unavailable=2, observe_shard_size=4, ticks_per_run=3)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, s)
+        try:
+            first_run = (await detector.describe()).run_id
+            await ticks(detector, 1)
+            await detector.signal("pasue", OP)  # a typo, recorded as rejected
+
+            async def recorded() -> bool:
+                return bool((await dview(detector)).rejected_commands)
+            await until(recorded, what="the rejected signal")
+            # From now on no observation refreshes what the first tick learned.
+            cluster.observe_error = "dcgm-exporter unreachable"
+
+            async def new_run() -> bool:
+                return (await detector.describe()).run_id != first_run
+            await until(new_run, timeout=20, what="continue-as-new")
+            view = await dview(detector)
+            assert view.orphans == [orphan]
+            assert [r.name for r in view.rejected_commands] == ["pasue"]
+            why = await rejected(detector, DetectorWorkflow.remediate, ManualRemediation(
+                node=busy, action=Action.REBOOT, operator="bob", reason="user report"))
+            assert "already in remediation (draining)" in why
+            await ticks(detector, 1)
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+    with cluster.lock:
+        shards = [c[1].shards for c in cluster.calls if c[0] == "observe_fleet"]
+        seeds = [c for c in cluster.calls if c[0] == "list_running_remediations"]
+    assert shards[0] == 1 and len(shards) > 6, shards
+    assert set(shards[1:]) == {3}, "the new run observes in three shards from its first tick"
+    assert len(seeds) == 1
