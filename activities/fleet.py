@@ -21,7 +21,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import annotations as node_annotations
@@ -77,6 +77,8 @@ from workflows.models import (
     ObserveInput,
     OrphanRelease,
     ReleaseInput,
+    ThermalCheckInput,
+    ThermalCheckResult,
     ThermalWatchInput,
     ThermalWatchResult,
     remediation_workflow_id,
@@ -182,6 +184,16 @@ def _acknowledged(text: str | None) -> dict[str, int]:
 
 NOTICE_REPEAT = timedelta(hours=6)
 """A lasting condition (an exporter down all day) is announced again this often."""
+
+
+OBSERVE_HEARTBEAT_SECONDS = 5.0
+
+
+async def _heartbeat_every(seconds: float) -> None:
+    while True:
+        if activity.in_activity():
+            activity.heartbeat("observing")
+        await asyncio.sleep(seconds)
 
 
 class FleetActivities:
@@ -374,11 +386,17 @@ class FleetActivities:
 
     @activity.defn
     async def observe_fleet(self, inp: ObserveInput) -> FleetObservation:
+        # A heartbeat every few seconds whatever the observation is doing, so that the
+        # detector's heartbeat timeout notices a worker that died mid-tick within seconds,
+        # not at the end of observe_timeout.
+        beating = asyncio.create_task(_heartbeat_every(OBSERVE_HEARTBEAT_SECONDS))
         try:
             return await self._observe_fleet(inp)
         except Exception as err:
             metrics.OBSERVATION_ERRORS.labels(type(err).__name__).inc()
             raise
+        finally:
+            beating.cancel()
 
     async def _observe_fleet(self, inp: ObserveInput) -> FleetObservation:
         started = time.monotonic()
@@ -643,6 +661,29 @@ class FleetActivities:
                 return ThermalWatchResult(outcome="hot", message=last)
             await asyncio.sleep(inp.poll_interval.total_seconds())
 
+
+    @activity.defn
+    async def check_thermal(self, inp: ThermalCheckInput) -> ThermalCheckResult:
+        """One look at a node cordoned for heat: its state (hot, cool, or a fault that needs
+        more than a cordon) once it differs from ``inp.now``, else ThermalUnchanged, which
+        the workflow's retry policy turns into the next look a poll interval later. The
+        wait holds no worker slot; the hold timer lives in the workflow."""
+        health = await self.read_node_health(NodeHealthInput(node=inp.node, policy=inp.policy))
+        if health.readable and health.verdict is not None and \
+                health.verdict.action in (Action.RESET, Action.REBOOT, Action.QUARANTINE):
+            return ThermalCheckResult(outcome="fault", verdict=health.verdict,
+                                      message=health.verdict.summary)
+        if not health.readable or health.verdict is None:
+            # No data is not evidence of cooling.
+            state, why = "hot", f"unreadable: {health.message}"
+        elif health.thermal_recovered:
+            state, why = "cool", "below the recovery threshold"
+        else:
+            state, why = "hot", health.verdict.summary
+        if state == inp.now:
+            raise ApplicationError(f"still {state}: {why}", type="ThermalUnchanged",
+                                   category=ApplicationErrorCategory.BENIGN)
+        return ThermalCheckResult(outcome="cool" if state == "cool" else "hot", message=why)
 
     @activity.defn(name="report_admission")
     async def report_admission(self, report: AdmissionReport) -> None:

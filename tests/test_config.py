@@ -115,3 +115,8 @@ def test_worker_deployment_versioning_is_opt_in_and_names_its_build(
     assert (cfg.version.deployment_name, cfg.version.build_id) == ("gpu-remediate", "sha-abc123")
     assert cfg.default_versioning_behavior == VersioningBehavior.AUTO_UPGRADE
 
+
+
+def test_the_detector_observes_on_its_own_queue(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "temporal:\n  task_queue: gpu-q\n"))
+    assert settings.detector_settings().observe_task_queue == "gpu-q-observe"

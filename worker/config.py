@@ -30,7 +30,12 @@ from pydantic_settings import (
 
 from policy.config import PolicyConfig
 from policy.fields import unknown_fields
-from workflows.models import TASK_QUEUE, DetectorSettings, RemediationSettings
+from workflows.models import (
+    TASK_QUEUE,
+    DetectorSettings,
+    RemediationSettings,
+    observe_task_queue,
+)
 
 
 class _Section(BaseModel):
@@ -241,8 +246,10 @@ class Settings(BaseSettings):
 
     def detector_settings(self) -> DetectorSettings:
         """What the detector workflow runs with: its section plus policy and remediation."""
-        return self.detector.model_copy(update={"policy": self.policy,
-                                                "remediation": self.remediation})
+        return self.detector.model_copy(update={
+            "policy": self.policy, "remediation": self.remediation,
+            "observe_task_queue": (self.detector.observe_task_queue
+                                   or observe_task_queue(self.temporal.task_queue))})
 
 
 class ConfigError(Exception):

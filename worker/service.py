@@ -29,9 +29,12 @@ from activities.visibility import VisibilityActivities
 from worker.config import Settings, WorkerConfig
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow
+from workflows.models import observe_task_queue
 from workflows.remediation import RemediationWorkflow
 
 log = logging.getLogger("gpu_remediate.worker")
+# What a detector tick runs, served on observe_task_queue by a worker of its own.
+TICK_ACTIVITIES = ("observe_fleet", "report_admission")
 
 
 def kube_client(settings: Settings) -> ApiClient:
@@ -71,6 +74,7 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,
             jobs.run_node_job, jobs.poll_node_job, jobs.delete_node_job,
             fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
+            fleet.check_thermal,
             fleet.release_orphan, events.record_event,
             NodeReturnActivities(api, fleet).check_node_returned,
             fleet.report_admission]
@@ -99,6 +103,18 @@ class Health:
         await runner.setup()
         await web.TCPSite(runner, bind, port).start()
         return runner
+
+
+async def _run_both(worker: Worker, observer: Worker) -> None:
+    """Both workers until either stops (the other is then shut down too)."""
+    tasks = [asyncio.create_task(worker.run()), asyncio.create_task(observer.run())]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for w in (worker, observer):
+        if w.is_running:
+            await w.shutdown()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for t in done:
+        t.result()
 
 
 def deployment_config(w: WorkerConfig) -> WorkerDeploymentConfig | None:
@@ -140,6 +156,18 @@ async def run_worker(settings: Settings) -> None:
             graceful_shutdown_timeout=timedelta(seconds=w.graceful_shutdown_seconds),
             deployment_config=deployment_config(w),
         )
+        # The detector's tick (observation, admission report) on its own queue, served by
+        # its own worker: a tick never waits behind drains and claims for a slot (the main
+        # worker keeps these activities too, for detectors started with settings that name
+        # no observation queue).
+        observer = Worker(
+            client, task_queue=observe_task_queue(settings.temporal.task_queue),
+            activities=[a for a in activities
+                        if getattr(a, "__name__", "") in TICK_ACTIVITIES],
+            max_concurrent_activities=4,
+            graceful_shutdown_timeout=timedelta(seconds=w.graceful_shutdown_seconds),
+            deployment_config=deployment_config(w),
+        )
         health.worker = worker
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
@@ -151,7 +179,7 @@ async def run_worker(settings: Settings) -> None:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _stop, sig.name)
-        run = asyncio.create_task(worker.run())
+        run = asyncio.create_task(_run_both(worker, observer))
         health.ready = True
         log.info("worker polling task queue %s on %s (namespace %s)",
                  settings.temporal.task_queue, settings.temporal.address,
@@ -160,7 +188,7 @@ async def run_worker(settings: Settings) -> None:
         await asyncio.wait({run, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         health.ready = False
         if not run.done():
-            await worker.shutdown()
+            await asyncio.gather(worker.shutdown(), observer.shutdown())
         stop_wait.cancel()
         await run
     if runner is not None:

@@ -324,7 +324,9 @@ class DetectorWorkflow:
                                               shard=i, shards=shards,
                                               track_xid_repeats=not s.dry_run),
                 result_type=FleetObservation,
+                task_queue=s.observe_task_queue,
                 start_to_close_timeout=s.observe_timeout,
+                heartbeat_timeout=s.observe_heartbeat_timeout,
                 retry_policy=RetryPolicy(maximum_attempts=2),
                 summary=("scrape and evaluate the fleet" if shards == 1
                          else f"scrape and evaluate shard {i + 1}/{shards}"),
@@ -372,7 +374,8 @@ class DetectorWorkflow:
         if report != self.last_report:
             try:
                 await workflow.execute_activity(
-                    "report_admission", report, start_to_close_timeout=timedelta(seconds=30),
+                    "report_admission", report, task_queue=self.settings.observe_task_queue,
+                    start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=RetryPolicy(maximum_attempts=3),
                     summary="publish budget figures")
             except ActivityError as err:

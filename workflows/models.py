@@ -43,6 +43,12 @@ Reason = Annotated[str, _cut(MAX_REASON_CHARS)]
 OperatorName = Annotated[str, _cut(MAX_OPERATOR_CHARS)]
 
 
+def observe_task_queue(task_queue: str) -> str:
+    """The fleet observation's own task queue, polled by a worker of its own in every
+    worker process, so a tick never waits for a slot behind remediation activities."""
+    return f"{task_queue}-observe"
+
+
 def remediation_workflow_id(node: str) -> str:
     return f"remediation-{node}"
 
@@ -469,6 +475,21 @@ class ThermalWatchResult(_Message):
     message: str = ""
 
 
+class ThermalCheckInput(_Message):
+    """One look at a hot node (``check_thermal``): answers once its state differs from
+    ``now``, and raises "unchanged" (retried at the poll interval) until then."""
+
+    node: str
+    policy: PolicyConfig
+    now: Literal["hot", "cool"]
+
+
+class ThermalCheckResult(_Message):
+    outcome: Literal["hot", "cool", "fault"]
+    verdict: Verdict | None = None
+    message: str = ""
+
+
 # ---------------------------------------------------------------- detector
 
 
@@ -495,6 +516,15 @@ class DetectorSettings(_Model):
     )
     observe_timeout: timedelta = Field(default=timedelta(minutes=5), gt=timedelta(0),
                                        le=timedelta(hours=1))
+    observe_heartbeat_timeout: timedelta = Field(
+        default=timedelta(seconds=30), gt=timedelta(0), le=timedelta(minutes=10),
+        description="An observation whose worker stops heartbeating this long is retried on "
+                    "another worker (it heartbeats every 5 s).")
+    observe_task_queue: str | None = Field(
+        default=None,
+        description="Task queue of the fleet observation, polled by its own worker so that "
+                    "it never queues behind remediation activities (the worker process "
+                    "sets it to '<task_queue>-observe'); null: the workflow's own queue.")
     observe_shard_size: int = Field(
         default=5000, ge=1,
         description="Past this many GPU nodes, the fleet is observed by several activities in "

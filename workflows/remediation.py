@@ -18,7 +18,7 @@ from typing import Any, Literal
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue, RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
@@ -46,6 +46,8 @@ with workflow.unsafe.imports_passed_through():
         ReturnInput,
         ReturnResult,
         StateInput,
+        ThermalCheckInput,
+        ThermalCheckResult,
         ThermalWatchInput,
         ThermalWatchResult,
         Transition,
@@ -494,14 +496,17 @@ class RemediationWorkflow:
             watch_for = max(min(left, timedelta(hours=1)), t.hold + t.poll_interval)
             self._details(f"cordoned for heat since {hot_since:%H:%M:%S}; waiting for "
                           f"{t.hold} below the recovery threshold")
-            result = await self._call(
-                "watch_thermal",
-                ThermalWatchInput(node=self.inp.node, policy=self.inp.policy, hold=t.hold,
-                                  poll_interval=t.poll_interval, give_up_after=watch_for),
-                ThermalWatchResult, timeout=watch_for + timedelta(minutes=5),
-                heartbeat=max(self.inp.settings.heartbeat_timeout, t.poll_interval * 3),
-                summary=f"watch {self.inp.node} temperature",
-            )
+            if workflow.patched("thermal-polled-by-retry"):
+                result = await self._watch_by_retry(watch_for)
+            else:
+                result = await self._call(
+                    "watch_thermal",
+                    ThermalWatchInput(node=self.inp.node, policy=self.inp.policy, hold=t.hold,
+                                      poll_interval=t.poll_interval, give_up_after=watch_for),
+                    ThermalWatchResult, timeout=watch_for + timedelta(minutes=5),
+                    heartbeat=max(self.inp.settings.heartbeat_timeout, t.poll_interval * 3),
+                    summary=f"watch {self.inp.node} temperature",
+                )
             if self._quarantine_due():
                 return None
             if result.outcome == "recovered":
@@ -521,6 +526,46 @@ class RemediationWorkflow:
                 return None
             await workflow.sleep(t.poll_interval, summary="before watching again")
             await self._continue_as_new_if_due("thermal")
+
+    async def _watch_by_retry(self, watch_for: timedelta) -> ThermalWatchResult:
+        """Watch a hot node for up to ``watch_for`` without holding a worker slot: each
+        look is a short activity retried at the poll interval until the node's state
+        changes (hot to cool, cool to hot, or a fault). Cool for ``hold`` is a look that
+        stays "unchanged: cool" until its schedule-to-close timeout: recovered."""
+        t = self.inp.settings.thermal
+        end = workflow.now() + watch_for
+        state: Literal["hot", "cool"] = "hot"
+        cool_since = workflow.now()
+        last = "hot"
+        while True:
+            wait = (t.hold - (workflow.now() - cool_since)) if state == "cool" \
+                else end - workflow.now()
+            if wait <= timedelta(0):
+                return ThermalWatchResult(outcome="recovered" if state == "cool" else "hot",
+                                          message=last)
+            try:
+                look: ThermalCheckResult = await self._call(
+                    "check_thermal",
+                    ThermalCheckInput(node=self.inp.node, policy=self.inp.policy, now=state),
+                    ThermalCheckResult, timeout=timedelta(minutes=1), heartbeat=False,
+                    retry=RetryPolicy(initial_interval=t.poll_interval, backoff_coefficient=1.0,
+                                      maximum_interval=t.poll_interval,
+                                      non_retryable_error_types=["NotFound", "Invalid"]),
+                    schedule_to_close=wait, summary=f"watch {self.inp.node} temperature")
+            except ActivityError as err:
+                if not _timed_out(err):
+                    raise
+                if state == "cool":
+                    return ThermalWatchResult(outcome="recovered",
+                                              message=f"below the recovery threshold for "
+                                                      f"{t.hold}")
+                return ThermalWatchResult(outcome="hot", message=last)
+            if look.outcome == "fault":
+                return ThermalWatchResult(outcome="fault", verdict=look.verdict,
+                                          message=look.message)
+            state, last = look.outcome, look.message
+            cool_since = workflow.now()
+            self._details(f"cordoned for heat: {state} ({look.message})")
 
     def _escalate(self, verdict: Verdict, why: str) -> None:
         self.action = verdict.action
@@ -807,7 +852,7 @@ class RemediationWorkflow:
                                   non_retryable_error_types=["NotFound", "Invalid"]),
                 schedule_to_close=spec.deadline + timedelta(minutes=5))
         except ActivityError as err:
-            if not isinstance(err.cause, ActivityTimeout):
+            if not _timed_out(err):
                 raise
             result = NodeJobResult(succeeded=False, job_name=name,
                                    message=f"{kind} Job {name} did not finish within "
@@ -972,6 +1017,12 @@ class RemediationWorkflow:
 
 class _GiveUp(Exception):
     pass
+
+
+def _timed_out(err: ActivityError) -> bool:
+    """The wait ran out (schedule-to-close while polling by retry): its cause is either the
+    timeout itself or, when the last look failed, that failure with retry state TIMEOUT."""
+    return isinstance(err.cause, ActivityTimeout) or err.retry_state == RetryState.TIMEOUT
 
 
 def _cause(err: BaseException) -> str:

@@ -347,3 +347,28 @@ async def test_sightings_survive_write_conflicts(cluster: Cluster,
     await observe(cluster, template(gpu_sim))
     assert sightings(cluster, "gpu-node-02") != {}
     assert [x for x, _ in sightings(cluster, "gpu-node-01")[uuid]["seen"]] == [31]
+
+
+async def test_check_thermal_answers_only_when_the_state_changes(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    """One look per call: "unchanged" (retried by the workflow at the poll interval) while
+    the node is as the workflow last saw it, the new state once it differs."""
+    from temporalio.exceptions import ApplicationError
+
+    from workflows.models import ThermalCheckInput
+
+    acts = FleetActivities(cluster.api, template(gpu_sim))
+    env = ActivityEnvironment()
+    gpu_sim.client.inject_fault("gpu-node-01", 5, "gpu-temp", 92)
+    look = ThermalCheckInput(node="gpu-node-01", policy=POLICY, now="hot")
+    with pytest.raises(ApplicationError) as still:
+        await env.run(acts.check_thermal, look)
+    assert still.value.type == "ThermalUnchanged" and "still hot" in str(still.value)
+    hot = await env.run(acts.check_thermal, look.model_copy(update={"now": "cool"}))
+    assert hot.outcome == "hot"
+    gpu_sim.client.set_exporter_mode("gpu-node-02", "down")
+    with pytest.raises(ApplicationError) as unreadable:
+        await env.run(acts.check_thermal, look.model_copy(update={"node": "gpu-node-02"}))
+    assert "unreadable" in str(unreadable.value), "no data is not evidence of cooling"
+    cool = await env.run(acts.check_thermal, look.model_copy(update={"node": "gpu-node-03"}))
+    assert cool.outcome == "cool"

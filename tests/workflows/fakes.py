@@ -49,6 +49,8 @@ from workflows.models import (
     ReturnInput,
     ReturnResult,
     StateInput,
+    ThermalCheckInput,
+    ThermalCheckResult,
     ThermalWatchInput,
     ThermalWatchResult,
     remediation_workflow_id,
@@ -236,6 +238,22 @@ class FakeCluster:
                 return cluster._next(cluster.thermal_results,
                                      ThermalWatchResult(outcome="recovered", message="cool"))
 
+        @activity.defn(name="check_thermal")
+        def check_thermal(inp: ThermalCheckInput) -> ThermalCheckResult:
+            # The scripted watch results as states: recovered is cool, hot stays hot.
+            with cluster.lock:
+                cluster.calls.append(("check_thermal", inp))
+                scripted = cluster._next(cluster.thermal_results,
+                                         ThermalWatchResult(outcome="recovered", message="cool"))
+            if scripted.outcome == "fault":
+                return ThermalCheckResult(outcome="fault", verdict=scripted.verdict,
+                                          message=scripted.message)
+            state = "cool" if scripted.outcome == "recovered" else "hot"
+            if state == inp.now:
+                raise ApplicationError(f"still {state}: {scripted.message}",
+                                       type="ThermalUnchanged")
+            return ThermalCheckResult(outcome=state, message=scripted.message)
+
         @activity.defn(name="read_node_health")
         def read_node_health(inp: NodeHealthInput) -> NodeHealth:
             return NodeHealth(readable=True, thermal_recovered=True)
@@ -297,7 +315,8 @@ class FakeCluster:
 
         return [claim_node, set_node_state, release_node, drain_node, run_node_job,
                 watch_thermal, read_node_health, observe_fleet, report_admission, record_event,
-                check_node_returned, poll_node_job, delete_node_job, list_running_remediations]
+                check_node_returned, poll_node_job, delete_node_job, list_running_remediations,
+                check_thermal]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

@@ -165,8 +165,8 @@ MATRIX: list[tuple[str, Hold, str]] = [
      Hold("poll_node_job", "completes", "validate"), "reboot"),
     ("validation Job, between looks", Hold("poll_node_job", "retrying", "validate"), "reboot"),
     ("GPU reset Job, in flight", Hold("poll_node_job", "cancelled", "gpu-reset"), "reset"),
-    ("thermal watch, in flight", Hold("watch_thermal", "cancelled"), "thermal"),
-    ("thermal watch, completes anyway", Hold("watch_thermal", "completes"), "thermal"),
+    ("thermal watch, between looks", Hold("check_thermal", "retrying"), "thermal"),
+    ("thermal watch, a look completes anyway", Hold("check_thermal", "gate"), "thermal"),
     ("final release, retrying", Hold("release_node", "retrying"), "reboot"),
 ]
 
