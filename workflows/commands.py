@@ -8,8 +8,11 @@ workflow records where an operator looks (its view, a Warning Event, the log).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from temporalio import workflow
 from temporalio.common import RawValue
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.models import OperatorCommand
@@ -37,3 +40,16 @@ def abort_requester(reason: str) -> tuple[str, str]:
         if who.strip():
             return who.strip()[:100], why[:500] or "no reason given"
     return "a cancel request", reason[:500] or "workflow cancelled (no reason given)"
+
+
+def checked_command(raw: RawValue, check: Callable[[OperatorCommand], None],
+                    ) -> tuple[OperatorCommand | None, str | None]:
+    """A signal's command and why it is refused (None when it may be applied): the
+    update's validator runs on it, so a signal is held to the same rules as its update."""
+    cmd: OperatorCommand | None = None
+    try:
+        cmd = decode_command(raw)
+        check(cmd)
+    except (ApplicationError, ValueError) as err:
+        return cmd, str(getattr(err, "message", None) or err)
+    return cmd, None

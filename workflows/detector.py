@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.visibility import RunningRemediations, RunningRemediationsInput
     from policy.models import Action, Verdict
     from workflows.admission import Admission
-    from workflows.commands import decode_command
+    from workflows.commands import checked_command
     from workflows.models import (
         AdmissionReport,
         DetectorInput,
@@ -150,12 +150,9 @@ class DetectorWorkflow:
 
     def _signal(self, name: str, raw: RawValue, check: Callable[[OperatorCommand], None],
                 apply: Callable[[OperatorCommand], OperatorAck]) -> None:
-        cmd: OperatorCommand | None = None
-        try:
-            cmd = decode_command(raw)
-            check(cmd)
-        except (ApplicationError, ValueError) as err:
-            self._reject_signal(name, cmd, str(getattr(err, "message", None) or err))
+        cmd, refused = checked_command(raw, check)
+        if refused is not None or cmd is None:
+            self._reject_signal(name, cmd, refused or "no command")
             return
         workflow.logger.info("signal %s from %s applied: %s", name, cmd.operator,
                              apply(cmd).message)

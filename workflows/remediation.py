@@ -24,7 +24,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action, Verdict
     from policy.rules import SIG_XID, gpu_key
-    from workflows.commands import abort_requester, decode_command
+    from workflows.commands import abort_requester, checked_command
     from workflows.models import (
         ClaimInput,
         ClaimResult,
@@ -267,12 +267,9 @@ class RemediationWorkflow:
     async def _signal(self, name: str, raw: RawValue,
                       check: Callable[[OperatorCommand], None],
                       apply: Callable[[OperatorCommand], OperatorAck]) -> None:
-        cmd: OperatorCommand | None = None
-        try:
-            cmd = decode_command(raw)
-            check(cmd)
-        except (ApplicationError, ValueError) as err:
-            await self._reject_signal(name, cmd, str(getattr(err, "message", None) or err))
+        cmd, refused = checked_command(raw, check)
+        if refused is not None or cmd is None:
+            await self._reject_signal(name, cmd, refused or "no command")
             return
         ack = apply(cmd)
         workflow.logger.info("signal %s from %s applied: %s", name, cmd.operator, ack.message)

@@ -175,7 +175,9 @@ def test_a_polled_job_deleted_between_looks_is_created_again(
         env.run(acts.poll_node_job, job())
     cluster_with_gpus.batch.delete_namespaced_job(f"validate-{NODE}-1", NS,
                                                   propagation_policy="Background")
-    wait_for(lambda: not cluster_with_gpus.batch.list_namespaced_job(NS).items)
+    # Gone with its pod (which holds the GPUs through its grace period).
+    wait_for(lambda: not cluster_with_gpus.batch.list_namespaced_job(NS).items
+             and not cluster_with_gpus.core.list_namespaced_pod(NS).items)
     # A later attempt (the create was the first's): it finds no Job and creates it again.
     _, result = _looks(acts, job(), first=2)
     assert result.succeeded
