@@ -4,12 +4,19 @@ A failure here means a change to RemediationWorkflow or DetectorWorkflow is not
 replay-safe: workflows already running would break on the next worker. Either
 guard the change with ``workflow.patched(...)``, or, when breaking replay is
 intended (nothing old is running), rerun ``python -m tests.histories.record``.
+
+Two corpora: the previous release's four histories (written before abort by
+cancellation, signals, continue-as-new, polled Jobs and the confirmed reboot: they prove
+every ``workflow.patched`` branch is skipped on replay), and ``v2_*``, one history per
+workflow test scenario with the patched branches taken.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import WorkflowHistory
@@ -29,15 +36,80 @@ def replayer() -> Replayer:
                     data_converter=pydantic_data_converter)
 
 
+PREVIOUS = {"remediation_reboot", "remediation_approved", "remediation_quarantine_release",
+            "detector_ticks"}
+CURRENT = {
+    "v2_reboot", "v2_reset_then_reboot", "v2_thermal_recovered", "v2_thermal_escalated.run1",
+    "v2_external_repaired_update", "v2_external_repaired_signal", "v2_approved_update",
+    "v2_approved_signal", "v2_rejected", "v2_approval_timeout", "v2_rejected_signals",
+    "v2_abort_mid_drain", "v2_drain_force", "v2_drain_release", "v2_drain_overdue",
+    "v2_step_failure.run1", "v2_repeat_offender.run1", "v2_quarantine_hold.run1",
+    "v2_quarantine_hold.run2", "v2_drain_continue_as_new.run1", "v2_dry_run",
+    "v2_detector_pause_signal.run1"}
+
+
+def workflow_id(path: Path) -> str:
+    """The file name up to its first dot (``.runN`` names one run of a continued one)."""
+    return path.name.split(".", 1)[0]
+
+
+def events(name: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = json.loads((HISTORIES / f"{name}.json").read_text())["events"]
+    return events
+
+
+def activity_types(name: str) -> list[str]:
+    return [e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
+            for e in events(name) if "activityTaskScheduledEventAttributes" in e]
+
+
+def markers(name: str) -> set[str]:
+    """The patch IDs a history recorded (``workflow.patched`` that returned True)."""
+    found = set()
+    for e in events(name):
+        attrs = e.get("markerRecordedEventAttributes")
+        if attrs and attrs["markerName"] == "core_patch":
+            found.add(json.loads(base64.b64decode(
+                attrs["details"]["patch-data"]["payloads"][0]["data"]))["id"])
+    return found
+
+
 def test_the_recorded_histories_are_there():
-    assert {f.stem for f in FILES} >= {
-        "remediation_reboot", "remediation_approved", "remediation_quarantine_release",
-        "detector_ticks"}
+    assert {f.stem for f in FILES} == PREVIOUS | CURRENT
+
+
+def test_the_previous_corpus_took_no_patched_branch():
+    """What proves the patched branches replay-safe: old histories without their markers."""
+    for name in PREVIOUS - {"detector_ticks"}:
+        assert "continue-as-new-in-loops" not in markers(name), name
+        assert "run_node_job" in activity_types(name), name
+
+
+def test_the_current_corpus_takes_the_patched_branches():
+    """The scenarios recorded what they are named for (a recorder that silently took
+    another path would leave a branch without a replay check)."""
+    reboot = activity_types("v2_reboot")
+    assert "poll_node_job" in reboot and "run_node_job" not in reboot
+    assert "check_node_returned" in reboot
+    assert {"jobs-polled-by-retry", "reboot-confirmed-by-the-node"} <= markers("v2_reboot")
+    assert activity_types("v2_reset_then_reboot").count("poll_node_job") == 4
+    for name in ("v2_thermal_escalated.run1", "v2_step_failure.run1",
+                 "v2_repeat_offender.run1", "v2_quarantine_hold.run1",
+                 "v2_drain_continue_as_new.run1", "v2_detector_pause_signal.run1"):
+        assert "workflowExecutionContinuedAsNewEventAttributes" in events(name)[-1], name
+    assert "policy-quarantine-awaits-approval" in markers("v2_repeat_offender.run1")
+    assert "workflowExecutionCanceledEventAttributes" in events("v2_abort_mid_drain")[-1]
+    assert "drain-before-release-validation" in markers("v2_quarantine_hold.run2")
+    signals = [e["workflowExecutionSignaledEventAttributes"]["signalName"]
+               for e in events("v2_rejected_signals")
+               if "workflowExecutionSignaledEventAttributes" in e]
+    assert signals == ["approve", "aprove", "release"]
+    assert "record_event" in activity_types("v2_rejected_signals")
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
 async def test_history_replays(path: Path):
-    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    history = WorkflowHistory.from_json(workflow_id(path), path.read_text())
     assert len(history.events) > 10
     result = await replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, f"{path.name}: {result.replay_failure}"
