@@ -8,7 +8,7 @@ from datetime import timedelta
 from temporalio.client import WorkflowHandle
 
 from tests.workflows.fakes import FakeCluster, xid_verdict
-from tests.workflows.test_remediation import running
+from tests.workflows.test_remediation import end_in_hold, running
 from workflows.models import (
     DrainResult,
     DrainSettings,
@@ -103,7 +103,7 @@ async def test_a_node_that_never_comes_back_is_quarantined_with_the_reason(
             await time_skipping_env.sleep(timedelta(minutes=1))
             if cluster.node("gone-dark").state == NodeState.QUARANTINED:
                 break
-        await handle.terminate("test over")
+        await end_in_hold(handle)
     node = cluster.nodes["gone-dark"]
     assert node.state == NodeState.QUARANTINED and node.tainted and node.cordoned
     assert cluster.jobs_run() == ["reboot"], "no validation of a node that is not back"
