@@ -93,8 +93,13 @@ def test_drain_evicts_normal_pods_and_skips_daemonset_mirror_and_finished_pods(
                for s in result.skipped)
     left = {f"{p.metadata.namespace}/{p.metadata.name}" for p in cluster.pods_on(NODE)}
     assert trainer not in left and "team-c/cpu-worker" not in left
-    evictions = [w for w in cluster.writes("pods/eviction")]
-    assert len(evictions) == 2, "only the two movable pods were asked to move"
+    # Under load the trainer's PDB may refuse a round (429) until its replacement is ready;
+    # what matters is that only the two movable pods were ever asked to move, once each.
+    evictions = cluster.writes("pods/eviction")
+    assert {w["name"] for w in evictions} == {trainer.split("/")[1], "cpu-worker"}, \
+        "only the two movable pods were asked to move"
+    assert sorted(w["name"] for w in evictions if w["code"] in (200, 201)) == sorted(
+        [trainer.split("/")[1], "cpu-worker"]), "each was evicted once"
     assert not [w for w in cluster.writes("pods") if w["verb"] == "delete"]
 
 

@@ -4,7 +4,7 @@ the reason and operator are capped, and any text renders literally (no markup, n
 
 from __future__ import annotations
 
-import io
+import contextlib
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -41,16 +41,11 @@ payloads = st.one_of(
 
 def rendered(print_to: Console, call: Callable[[], object]) -> str:
     """What ``call`` prints on ``print_to`` (the CLI's own console, its settings as they are)."""
-    buffer = io.StringIO()
-    saved = print_to.file
-    print_to.file = buffer
-    try:
+    # Rich's capture, not a swapped file: reading ``console.file`` resolves sys.stderr, and
+    # writing it back would pin the console to this test's stream for every later test.
+    with print_to.capture() as captured, contextlib.suppress(typer.Exit):
         call()
-    except typer.Exit:
-        pass
-    finally:
-        print_to.file = saved
-    return buffer.getvalue()
+    return captured.get()
 
 
 @budget(500)
