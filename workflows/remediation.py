@@ -130,6 +130,7 @@ class RemediationWorkflow:
         # the same node (same UID), never by the reboot Job's exit code.
         self.boot_id = r.boot_id if r else ""
         self.job_in_progress: NodeJobInput | None = None
+        self.signal_events = 0  # Events recorded for rejected signals in this run
         self.uid = r.uid if r else ""
 
     # ------------------------------------------------------------ queries and updates
@@ -282,6 +283,11 @@ class RemediationWorkflow:
         workflow.logger.warning("signal %s%s rejected: %s", name[:100],
                                 f" from {who}" if who else "", why)
         self._details(f"signal `{name[:100]}` rejected: {why}")
+        # Signals cost nothing to send: a stray client looping on a bad one must not turn
+        # each into an activity and an Event. Past the first few of a run, view and log only.
+        self.signal_events += 1
+        if self.signal_events > REJECTIONS_KEPT:
+            return
         try:
             await workflow.execute_activity(
                 "record_event",

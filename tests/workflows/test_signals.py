@@ -149,3 +149,27 @@ async def test_abort_of_a_finished_remediation_is_a_no_op_and_of_none_an_error(
         assert "no remediation found" in str(err)
     else:
         raise AssertionError("an abort of a node without a remediation must fail")
+
+
+async def test_a_flood_of_bad_signals_records_a_bounded_number_of_events(local_env) -> None:
+    """A stray client looping on a bad signal: each is in the log, the view keeps the last
+    20, and only the first 20 become activities and Events."""
+    cluster, node = FakeCluster(), node_name("sig-flood")
+    async with worker_for(local_env.client, cluster) as queue:
+        handle = await start(local_env.client, queue, node)
+        await reach(handle, NodeState.AWAITING_APPROVAL)
+        for i in range(30):
+            await handle.signal(f"nonsense-{i}", OP)
+        got = await rejected(handle, 20)
+
+        async def last_seen() -> bool:
+            return (await view(handle)).rejected_commands[-1].name == "nonsense-29"
+        await until(last_seen, 15, "the last signal in the view")
+
+        def events() -> list[tuple[str, str, str]]:
+            return [e for e in cluster.events if e[1] == "OperatorSignalRejected"]
+        await until(lambda: len(events()) >= 20, 15, "the first 20 Events")
+        await asyncio.sleep(1.0)  # room for any further Event to show up
+        await handle.terminate("test over")
+    assert len(got) == 20
+    assert len(events()) == 20, len(events())
