@@ -120,6 +120,9 @@ class DrainActivities:
                 pod.metadata.name, pod.metadata.namespace, _request_timeout=REQUEST_TIMEOUT
             )
         except ApiException as err:
+            if err.status == 403:
+                raise_typed(err, f"delete {pod_key(pod)} (a force drain needs pods delete: "
+                                 "deploy/components/force-drain, Helm forceDrain: true)")
             if err.status != 404:
                 raise_typed(err, f"delete {pod_key(pod)}")
 

@@ -16,6 +16,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, CancelledError
 
 from activities import metrics
+from activities.job_templates import JobsConfig, JobTemplate, TemplateRefused
 from activities.kube import REQUEST_TIMEOUT, raise_typed
 from activities.node_keys import A_RUN, JOB_LABEL, NODE_LABEL, label_value
 from workflows.models import NodeJobInput, NodeJobResult
@@ -25,9 +26,11 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 1.0
 
 
-def job_manifest(inp: NodeJobInput, run_id: str = "") -> dict[str, Any]:
-    """The Job: pinned by nodeName (so cordon and taints do not stop it), tolerating
-    everything, requesting all the node's GPUs for validation (exclusive access)."""
+def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
+                 run_id: str = "") -> dict[str, Any]:
+    """The Job: the worker's template for the step, pinned by nodeName (so cordon and taints
+    do not stop it), tolerating everything, requesting all the node's GPUs for validation
+    (exclusive access). Only the node, the name and the GPU come from the workflow."""
     labels = {JOB_LABEL: inp.kind, NODE_LABEL: label_value(inp.node),
               "app.kubernetes.io/managed-by": "gpu-remediate"}
     # The label selects (a node name may be too long for it); the annotation names.
@@ -36,8 +39,8 @@ def job_manifest(inp: NodeJobInput, run_id: str = "") -> dict[str, Any]:
         annotations[A_RUN] = run_id
     container: dict[str, Any] = {
         "name": inp.kind,
-        "image": inp.job.image,
-        "command": list(inp.job.command),
+        "image": template.image,
+        "command": list(template.command),
         "env": [{"name": "NODE_NAME", "value": inp.node}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -53,21 +56,28 @@ def job_manifest(inp: NodeJobInput, run_id: str = "") -> dict[str, Any]:
         "tolerations": [{"operator": "Exists"}],
         "containers": [container],
     }
-    if inp.job.service_account:
-        pod_spec["serviceAccountName"] = inp.job.service_account
-    if inp.job.privileged:
+    if template.service_account:
+        pod_spec["serviceAccountName"] = template.service_account
+    if template.runtime_class_name:
+        pod_spec["runtimeClassName"] = template.runtime_class_name
+    if template.privileged:
         container["securityContext"] = {"privileged": True}
         pod_spec["hostPID"] = True
         pod_spec["volumes"] = [{"name": "host", "hostPath": {"path": "/"}}]
         container["volumeMounts"] = [{"name": "host", "mountPath": "/host"}]
+    elif template.run_as_user is not None:
+        container["securityContext"] = {
+            "runAsNonRoot": True, "runAsUser": template.run_as_user,
+            "runAsGroup": template.run_as_user, "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": inp.name, "namespace": inp.namespace, "labels": labels,
+        "metadata": {"name": inp.name, "namespace": namespace, "labels": labels,
                      "annotations": annotations},
         "spec": {
             "backoffLimit": 0,
-            "activeDeadlineSeconds": int(inp.job.deadline.total_seconds()),
+            "activeDeadlineSeconds": int(template.deadline.total_seconds()),
             "ttlSecondsAfterFinished": 86400,
             "template": {"metadata": {"labels": labels, "annotations": annotations},
                          "spec": pod_spec},
@@ -83,20 +93,32 @@ def _condition(job: Any, kind: str) -> Any | None:
 
 
 class JobActivities:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, jobs: JobsConfig | None = None) -> None:
         self.batch = client.BatchV1Api(api)
         self.core = client.CoreV1Api(api)
+        self.jobs = jobs or JobsConfig()
+        self.namespace = self.jobs.namespace
+
+    def _template(self, inp: NodeJobInput) -> JobTemplate:
+        try:
+            return self.jobs.resolve(inp.kind, inp.template)
+        except TemplateRefused as err:
+            metrics.JOBS.labels(inp.kind, "refused").inc()
+            log.warning("refused %s Job for %s: %s", inp.kind, inp.node, err)
+            raise ApplicationError(str(err), type="JobTemplateRefused",
+                                   non_retryable=True) from err
 
     def _ensure(self, inp: NodeJobInput) -> None:
         run_id = activity.info().workflow_run_id or ""
+        manifest = job_manifest(inp, self._template(inp), self.namespace, run_id)
         try:
             self.batch.create_namespaced_job(
-                inp.namespace, client.V1Job.model_validate(job_manifest(inp, run_id)),
+                self.namespace, client.V1Job.model_validate(manifest),
                 _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as err:
             if err.status != 409:
-                raise_typed(err, f"create job {inp.namespace}/{inp.name}")
+                raise_typed(err, f"create job {self.namespace}/{inp.name}")
             self._adopt(inp, run_id)
 
     def _adopt(self, inp: NodeJobInput, run_id: str) -> None:
@@ -105,13 +127,13 @@ class JobActivities:
         are adopted as before)."""
         try:
             job = self.batch.read_namespaced_job_status(
-                inp.name, inp.namespace, _request_timeout=REQUEST_TIMEOUT)
+                inp.name, self.namespace, _request_timeout=REQUEST_TIMEOUT)
         except ApiException as err:
-            raise_typed(err, f"read job {inp.namespace}/{inp.name}")
+            raise_typed(err, f"read job {self.namespace}/{inp.name}")
         owner = ((job.metadata.annotations or {}) if job.metadata else {}).get(A_RUN)
         if owner and run_id and owner != run_id:
             raise ApplicationError(
-                f"Job {inp.namespace}/{inp.name} already exists and belongs to run {owner}, "
+                f"Job {self.namespace}/{inp.name} already exists and belongs to run {owner}, "
                 f"not this one ({run_id}); delete it or release the node by hand",
                 type="JobConflict", non_retryable=True)
 
@@ -120,7 +142,7 @@ class JobActivities:
         parts = [f"{cond.reason}: {cond.message}" if cond else "failed"]
         try:
             pods = self.core.list_namespaced_pod(
-                inp.namespace, label_selector=f"job-name={inp.name}",
+                self.namespace, label_selector=f"job-name={inp.name}",
                 _request_timeout=REQUEST_TIMEOUT,
             ).items
         except ApiException:
@@ -141,8 +163,7 @@ class JobActivities:
     @activity.defn
     def run_node_job(self, inp: NodeJobInput) -> NodeJobResult:
         if inp.dry_run:
-            return NodeJobResult(succeeded=True, job_name=inp.name,
-                                 message=f"would run {inp.kind} Job {inp.name} on {inp.node}")
+            return self._planned(inp)
         self._ensure(inp)
         try:
             return self._wait(inp)
@@ -163,13 +184,12 @@ class JobActivities:
         poll interval later. Waiting this way holds no worker slot for the Job's minutes
         and writes no history events; an abort deletes the Job with delete_node_job."""
         if inp.dry_run:
-            return NodeJobResult(succeeded=True, job_name=inp.name,
-                                 message=f"would run {inp.kind} Job {inp.name} on {inp.node}")
+            return self._planned(inp)
         if activity.info().attempt == 1:
             self._ensure(inp)
         try:
             job = self.batch.read_namespaced_job_status(
-                inp.name, inp.namespace, _request_timeout=REQUEST_TIMEOUT)
+                inp.name, self.namespace, _request_timeout=REQUEST_TIMEOUT)
         except ApiException as err:
             if err.status == 404:
                 # Gone between looks (deleted by hand, or never created: an earlier
@@ -178,13 +198,19 @@ class JobActivities:
                 raise ApplicationError(f"{inp.kind} Job {inp.name} (re)created",
                                        type="JobRunning",
                                        category=ApplicationErrorCategory.BENIGN) from err
-            raise_typed(err, f"read job {inp.namespace}/{inp.name}")
+            raise_typed(err, f"read job {self.namespace}/{inp.name}")
         done = self._result(inp, job)
         if done is not None:
             return done
         active = getattr(job.status, "active", None) or 0
         raise ApplicationError(f"{inp.kind} Job {inp.name} running ({active} pod(s) active)",
                                type="JobRunning", category=ApplicationErrorCategory.BENIGN)
+
+    def _planned(self, inp: NodeJobInput) -> NodeJobResult:
+        t = self._template(inp)
+        return NodeJobResult(succeeded=True, job_name=inp.name,
+                             message=f"would run {inp.kind} Job {inp.name} on {inp.node}: "
+                                     f"{t.image} {' '.join(t.command)}"[:500])
 
     @activity.defn
     def delete_node_job(self, inp: NodeJobInput) -> None:
@@ -208,24 +234,24 @@ class JobActivities:
         so an aborted validation does not keep every GPU of a node back in service."""
         try:
             self.batch.delete_namespaced_job(
-                inp.name, inp.namespace, propagation_policy="Background",
+                inp.name, self.namespace, propagation_policy="Background",
                 _request_timeout=REQUEST_TIMEOUT)
             metrics.JOBS.labels(inp.kind, "aborted").inc()
             log.info("deleted %s Job %s/%s: remediation of %s aborted",
-                     inp.kind, inp.namespace, inp.name, inp.node)
+                     inp.kind, self.namespace, inp.name, inp.node)
         except ApiException as err:
             if err.status != 404:
                 log.warning("could not delete aborted Job %s/%s: %s %s",
-                            inp.namespace, inp.name, err.status, err.reason)
+                            self.namespace, inp.name, err.status, err.reason)
 
     def _wait(self, inp: NodeJobInput) -> NodeJobResult:
         while True:
             try:
                 job = self.batch.read_namespaced_job_status(
-                    inp.name, inp.namespace, _request_timeout=REQUEST_TIMEOUT
+                    inp.name, self.namespace, _request_timeout=REQUEST_TIMEOUT
                 )
             except ApiException as err:
-                raise_typed(err, f"read job {inp.namespace}/{inp.name}")
+                raise_typed(err, f"read job {self.namespace}/{inp.name}")
             done = self._result(inp, job)
             if done is not None:
                 return done

@@ -120,3 +120,71 @@ def test_worker_deployment_versioning_is_opt_in_and_names_its_build(
 def test_the_detector_observes_on_its_own_queue(tmp_path: Path) -> None:
     settings = load_settings(write(tmp_path, "temporal:\n  task_queue: gpu-q\n"))
     assert settings.detector_settings().observe_task_queue == "gpu-q-observe"
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    # Where the templates used to be: the loader says where they went.
+    ("remediation:\n  validation: {image: x, command: [x], deadline: PT1M}\n",
+     "remediation.validation: moved to jobs.templates.validation"),
+    ("remediation:\n  job_namespace: jobs\n", "remediation.job_namespace: moved to jobs.namespace"),
+    # A step names a template the worker lacks, or one made for another step.
+    ("remediation:\n  job_templates: {validation: long-diag}\n",
+     "remediation.job_templates.validation: no Job template 'long-diag'"),
+    ("remediation:\n  job_templates: {validation: reboot}\n",
+     "'reboot' is for reboot, not validate"),
+    ("jobs:\n  templates:\n    validation: {purpose: reboot, image: x, command: [x], "
+     "deadline: PT1M}\n", "templates.validation.purpose: the built-in validation template"),
+    ("jobs:\n  require_digest: true\n", "templates.reboot.image: 'busybox:1.37' is not pinned"),
+    ("jobs:\n  templates:\n    reboot: {image: x, command: [x], deadline: PT1M, "
+     "privileged: true, run_as_user: 1000}\n", "a privileged template runs as root"),
+    ("jobs:\n  templates:\n    Bad_Name: {purpose: validate, image: x, command: [x], "
+     "deadline: PT1M}\n", "templates.Bad_Name: a name must be a DNS label"),
+    ("jobs:\n  templates:\n    validation: {image: x, command: [x], deadline: PT3H}\n",
+     "remediation.job_timeout: must be longer than the longest Job template deadline"),
+    ("jobs:\n  namespace: Kube_System\n", "namespace: must be a DNS label"),
+])
+def test_job_templates_are_checked_when_the_worker_loads_them(
+        tmp_path: Path, text: str, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, text))
+    assert says in str(err.value)
+
+
+def test_an_added_template_can_be_chosen_for_its_step_and_builtins_stay(tmp_path: Path) -> None:
+    digest = "sha256:" + "0" * 64
+    s = load_settings(write(tmp_path, (
+        "jobs:\n  templates:\n    long-diag: {purpose: validate, image: 'dcgm@" + digest
+        + "', command: [dcgmi, diag, -r, '3'], deadline: PT90M, run_as_user: 1000}\n"
+        "remediation:\n  job_templates: {validation: long-diag}\n")))
+    assert s.jobs.resolve("validate", "long-diag").deadline.total_seconds() == 90 * 60
+    assert set(s.jobs.templates) == {"validation", "gpu-reset", "reboot", "long-diag"}
+    assert s.jobs.templates["long-diag"].pinned and not s.jobs.templates["reboot"].pinned
+
+
+def test_a_workflow_input_from_before_templates_decodes_and_names_the_defaults() -> None:
+    """Runs in flight at the upgrade carry the Job's image and command in their settings:
+    they decode, the content is dropped, and their steps use the worker's templates."""
+    from workflows.models import NodeJobInput, RemediationSettings
+
+    old = RemediationSettings.model_validate({
+        "job_namespace": "kube-system",
+        "validation": {"image": "evil", "command": ["sh"], "deadline": "PT1M",
+                       "privileged": True}})
+    assert old.job_templates.for_kind("validate") == "validation"
+    assert not hasattr(old, "validation")
+    job = NodeJobInput.model_validate({"node": "n", "kind": "reboot", "name": "j", "gpus": 8,
+                                       "namespace": "kube-system",
+                                       "job": {"image": "evil", "command": ["sh"]}})
+    assert job.template == "" and "evil" not in job.model_dump_json()
+
+
+@pytest.mark.parametrize("command", [["detector", "status"], ["worker"]])
+def test_require_auth_refuses_to_connect_without_a_certificate_or_key(
+        tmp_path: Path, command: list[str]) -> None:
+    # Port 9 (discard): had it tried to connect it would say "cannot reach".
+    path = write(tmp_path, "temporal:\n  address: 127.0.0.1:9\n  require_auth: true\n"
+                           "worker: {metrics_port: 0, sdk_metrics_port: 0, health_port: 0}\n")
+    result = CliRunner().invoke(app, [*command, "-c", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "temporal.require_auth is set" in result.output
+    assert "cannot reach" not in result.output

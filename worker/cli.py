@@ -90,6 +90,8 @@ def with_client(config: Path | None, work: Callable[[Client], Awaitable[T]]) -> 
     async def go() -> T:
         try:
             client = await connect(settings.temporal)
+        except ConfigError as e:
+            fail(str(e), 2)
         except RuntimeError as e:
             fail(f"cannot reach Temporal at {settings.temporal.address}: {e}")
         return await work(client)
@@ -117,6 +119,8 @@ def worker(config: ConfigOpt = None) -> None:
     configure_logging(settings.worker.log_format, settings.worker.log_level)
     try:
         asyncio.run(run_worker(settings))
+    except ConfigError as e:
+        fail(str(e), 2)
     except RuntimeError as e:
         fail(f"worker: {e}")
 

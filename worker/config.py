@@ -28,6 +28,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from activities.job_templates import JobsConfig, TemplateRefused
 from policy.config import PolicyConfig
 from policy.fields import unknown_fields
 from workflows.models import (
@@ -63,10 +64,24 @@ class TemporalConfig(_Section):
     tls: TlsConfig = Field(default_factory=TlsConfig)
     api_key: str | None = Field(default=None, description="Temporal Cloud API key (prefer env).",
                                 repr=False)
+    require_auth: bool = Field(
+        default=False,
+        description="Refuse to connect without a client certificate (mTLS) or an API key. "
+                    "Whoever can reach the Temporal namespace can start, approve and abort "
+                    "remediations; the shipped deploy configuration sets this.")
     ui_url: str | None = Field(
         default=None, pattern=r"^https?://[^\s/]+(/\S*)?$",
         description="Temporal UI base URL for the links the CLI prints (status NODE). Unset: "
                     "the dev server's (frontend port + 1000) for a local address, else none.")
+
+
+    def auth_problem(self) -> str:
+        """Why a connection would not authenticate this worker, or "" (require_auth)."""
+        if not self.require_auth or self.api_key or (self.tls.enabled and self.tls.client_cert):
+            return ""
+        return ("temporal.require_auth is set, but there is no client certificate "
+                "(temporal.tls.enabled with client_cert and client_key: mTLS) and no API key "
+                "(GPU_REMEDIATE_TEMPORAL__API_KEY); see docs/install.md, 'Connect to Temporal'")
 
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -210,6 +225,7 @@ class Settings(BaseSettings):
     detector: DetectorSettings = Field(default_factory=DetectorSettings)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
+    jobs: JobsConfig = Field(default_factory=JobsConfig)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
 
     @field_validator("policy", mode="before")
@@ -224,6 +240,18 @@ class Settings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _no_nested_policy(cls, data: Any) -> Any:
+        remediation = data.get("remediation") if isinstance(data, dict) else None
+        if isinstance(remediation, dict):
+            moved = {"job_namespace": "jobs.namespace",
+                     **{k: f"jobs.templates.{v}" for k, v in
+                        (("validation", "validation"), ("gpu_reset", "gpu-reset"),
+                         ("reboot", "reboot"))}}
+            for key, where in moved.items():
+                if key in remediation:
+                    raise ValueError(
+                        f"remediation.{key}: moved to {where} (what a Job runs is the "
+                        "worker's configuration; a remediation names a template in "
+                        "remediation.job_templates)")
         detector = data.get("detector") if isinstance(data, dict) else None
         if isinstance(detector, dict):
             for key in ("policy", "remediation"):
@@ -235,6 +263,24 @@ class Settings(BaseSettings):
         if unknown:
             raise ValueError("; ".join(f"{name}: unknown field" for name in unknown))
         return data
+
+    @model_validator(mode="after")
+    def _templates_exist(self) -> Settings:
+        problems = []
+        for kind, field in (("validate", "validation"), ("gpu-reset", "gpu_reset"),
+                            ("reboot", "reboot")):
+            name = getattr(self.remediation.job_templates, field)
+            try:
+                self.jobs.resolve(kind, name)
+            except TemplateRefused as err:
+                problems.append(f"remediation.job_templates.{field}: {err}")
+        longest = self.jobs.longest_deadline()
+        if self.remediation.job_timeout <= longest:
+            problems.append(f"remediation.job_timeout: must be longer than the longest Job "
+                            f"template deadline ({longest})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @classmethod
     def settings_customise_sources(

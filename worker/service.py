@@ -68,7 +68,8 @@ def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
 def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     set_event_namespace(settings.kubernetes.event_namespace)
     api = kube_client(settings)
-    nodes, drain, jobs = NodeActivities(api), DrainActivities(api), JobActivities(api)
+    nodes, drain = NodeActivities(api), DrainActivities(api)
+    jobs = JobActivities(api, settings.jobs)
     events = EventActivities(api)
     fleet = build_fleet(settings, api)
     return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,

@@ -170,8 +170,8 @@ class LocalStack:
         """What deploy/ does in a real cluster: the namespace for repair and validation Jobs."""
         from kubernetes import client, config
 
-        namespace = str(nest(self.overrides).get("remediation", {}).get(
-            "job_namespace", "gpu-remediate-jobs"))
+        namespace = str(nest(self.overrides).get("jobs", {}).get(
+            "namespace", "gpu-remediate-jobs"))
         api = config.new_client_from_config(config_file=str(self.kubeconfig))
         with api:
             client.CoreV1Api(api).create_namespace(

@@ -6,7 +6,7 @@ from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import Runtime
 
-from worker.config import TemporalConfig
+from worker.config import ConfigError, TemporalConfig
 
 
 def tls_config(cfg: TemporalConfig) -> TLSConfig | bool:
@@ -22,6 +22,9 @@ def tls_config(cfg: TemporalConfig) -> TLSConfig | bool:
 
 
 async def connect(cfg: TemporalConfig, *, runtime: Runtime | None = None) -> Client:
+    problem = cfg.auth_problem()
+    if problem:
+        raise ConfigError(problem)
     return await Client.connect(
         cfg.address, namespace=cfg.namespace, data_converter=pydantic_data_converter,
         tls=tls_config(cfg), api_key=cfg.api_key, runtime=runtime,

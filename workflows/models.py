@@ -123,40 +123,17 @@ class DrainSettings(_Model):
     )
 
 
-class JobSettings(_Model):
-    image: str
-    command: list[str]
-    deadline: timedelta
-    privileged: bool = False
-    service_account: str | None = Field(
-        default=None, description="ServiceAccount of the Job's pod (no API token is mounted)."
-    )
+class JobTemplateNames(_Model):
+    """Which of the worker's Job templates (its configuration's ``jobs.templates``) each
+    step runs. Names only: what a Job runs is the cluster operator's, never a workflow's."""
 
+    validation: str = Field(default="validation", max_length=63)
+    gpu_reset: str = Field(default="gpu-reset", max_length=63)
+    reboot: str = Field(default="reboot", max_length=63)
 
-def _default_validation() -> JobSettings:
-    return JobSettings(
-        image="nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
-        command=["dcgmi", "diag", "-r", "2"],
-        deadline=timedelta(minutes=20),
-    )
-
-
-def _default_reset() -> JobSettings:
-    return JobSettings(
-        image="nvcr.io/nvidia/cuda:12.8.0-base-ubuntu22.04",
-        command=["nvidia-smi", "--gpu-reset"],
-        deadline=timedelta(minutes=10),
-        privileged=True,
-    )
-
-
-def _default_reboot() -> JobSettings:
-    return JobSettings(
-        image="busybox:1.37",
-        command=["chroot", "/host", "systemctl", "reboot"],
-        deadline=timedelta(minutes=30),
-        privileged=True,
-    )
+    def for_kind(self, kind: str) -> str:
+        return {"validate": self.validation, "gpu-reset": self.gpu_reset,
+                "reboot": self.reboot}[kind]
 
 
 class ApprovalSettings(_Model):
@@ -183,16 +160,19 @@ class ThermalSettings(_Model):
 
 
 class RemediationSettings(_Model):
-    job_namespace: str = "gpu-remediate-jobs"
     heartbeat_timeout: timedelta = Field(
         default=timedelta(seconds=30), gt=timedelta(0), le=timedelta(hours=1),
         description="A drain, Job or thermal watch whose worker died is retried on another "
                     "worker after this long without a heartbeat.",
     )
     drain: DrainSettings = Field(default_factory=DrainSettings)
-    validation: JobSettings = Field(default_factory=_default_validation)
-    gpu_reset: JobSettings = Field(default_factory=_default_reset)
-    reboot: JobSettings = Field(default_factory=_default_reboot)
+    job_templates: JobTemplateNames = Field(
+        default_factory=JobTemplateNames,
+        description="The worker's Job template for each step, by name (jobs.templates).")
+    job_timeout: timedelta = Field(
+        default=timedelta(hours=2), gt=timedelta(0), le=timedelta(hours=24),
+        description="Backstop for a node Job: its template's deadline fails it first; past "
+                    "this the remediation stops waiting for it.")
     reset_method: Literal["gpu-reset", "external"] = Field(
         default="gpu-reset",
         description="How a GPU reset is done: a privileged Job, or handed to a human or another "
@@ -436,8 +416,9 @@ class NodeJobInput(_Message):
     node: str
     kind: Literal["validate", "gpu-reset", "reboot"]
     name: str
-    namespace: str
-    job: JobSettings
+    template: str = Field(
+        default="", max_length=63,
+        description="The worker's Job template by name; empty: the step's default.")
     gpus: int
     gpu_index: str | None = None
     dry_run: bool = False

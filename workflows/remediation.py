@@ -826,7 +826,6 @@ class RemediationWorkflow:
     async def _job(self, kind: Literal["validate", "gpu-reset", "reboot"],
                    attempt: int) -> NodeJobResult:
         s = self.inp.settings
-        spec = {"validate": s.validation, "gpu-reset": s.gpu_reset, "reboot": s.reboot}[kind]
         name = node_job_name(kind, self.inp.node, workflow.info().run_id, attempt)
         gpu_index = None
         if kind == "gpu-reset":
@@ -834,12 +833,12 @@ class RemediationWorkflow:
             gpu_index = gpus[0] if len(gpus) == 1 else None
         self._plan(f"run {kind} Job {name} on {self.inp.node}"
                    + (f" requesting all {self.gpus} GPUs" if kind == "validate" else ""))
-        job = NodeJobInput(node=self.inp.node, kind=kind, name=name, namespace=s.job_namespace,
-                           job=spec, gpus=self.gpus, gpu_index=gpu_index,
-                           dry_run=self.inp.dry_run)
+        job = NodeJobInput(node=self.inp.node, kind=kind, name=name,
+                           template=s.job_templates.for_kind(kind), gpus=self.gpus,
+                           gpu_index=gpu_index, dry_run=self.inp.dry_run)
         if not workflow.patched("jobs-polled-by-retry"):
             return await self._call(
-                "run_node_job", job, NodeJobResult, timeout=spec.deadline + timedelta(minutes=5),
+                "run_node_job", job, NodeJobResult, timeout=s.job_timeout,
                 heartbeat=True, summary=f"{kind} job on {self.inp.node}")
         # Polled by retry: each look is a short activity, the wait between looks is the
         # retry interval (no worker slot, no history events). The Job's own deadline fails
@@ -852,14 +851,15 @@ class RemediationWorkflow:
                 heartbeat=False, summary=f"{kind} job on {self.inp.node}",
                 retry=RetryPolicy(initial_interval=every, backoff_coefficient=1.0,
                                   maximum_interval=every,
-                                  non_retryable_error_types=["NotFound", "Invalid"]),
-                schedule_to_close=spec.deadline + timedelta(minutes=5))
+                                  non_retryable_error_types=["NotFound", "Invalid",
+                                                             "JobTemplateRefused"]),
+                schedule_to_close=s.job_timeout)
         except ActivityError as err:
             if not _timed_out(err):
                 raise
             result = NodeJobResult(succeeded=False, job_name=name,
                                    message=f"{kind} Job {name} did not finish within "
-                                           f"{spec.deadline + timedelta(minutes=5)}")
+                                           f"{s.job_timeout}")
         self.job_in_progress = None
         return result
 

@@ -6,32 +6,41 @@ from datetime import timedelta
 
 import pytest
 
+from activities.job_templates import JobsConfig, JobTemplate
 from activities.jobs import job_manifest
-from workflows.models import JobSettings, NodeJobInput, RemediationSettings
+from workflows.models import NodeJobInput
+
+TEMPLATES = JobsConfig().templates
 
 
-def manifest(kind: str, job: JobSettings, gpus: int = 8) -> dict:
+def manifest(kind: str, job: JobTemplate, gpus: int = 8) -> dict:
     return job_manifest(NodeJobInput(node="gpu-node-07", kind=kind, name=f"gr-{kind}-x-1",
-                                     namespace="gpu-remediate-jobs", job=job, gpus=gpus,
-                                     gpu_index="3" if kind == "gpu-reset" else None))
+                                     gpus=gpus, gpu_index="3" if kind == "gpu-reset" else None),
+                        job, "gpu-remediate-jobs")
 
 
-def test_validation_job_requests_every_gpu_and_runs_unprivileged() -> None:
-    m = manifest("validate", RemediationSettings().validation)
+def test_validation_job_requests_every_gpu_and_runs_as_non_root() -> None:
+    m = manifest("validate", TEMPLATES["validation"])
     pod = m["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert pod["nodeName"] == "gpu-node-07"
     assert pod["tolerations"] == [{"operator": "Exists"}]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    assert "securityContext" not in container and "hostPID" not in pod
+    assert container["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"}}
+    assert "hostPID" not in pod and "volumes" not in pod
     assert pod["automountServiceAccountToken"] is False
+    assert m["metadata"]["namespace"] == "gpu-remediate-jobs"
     assert m["spec"]["backoffLimit"] == 0
     assert m["spec"]["activeDeadlineSeconds"] == 20 * 60
     assert container["command"] == ["dcgmi", "diag", "-r", "2"]
 
 
 def test_reset_job_is_privileged_targets_one_gpu_and_requests_none() -> None:
-    job = RemediationSettings().gpu_reset.model_copy(update={"service_account": "gpu-repair"})
+    job = TEMPLATES["gpu-reset"].model_copy(update={"service_account": "gpu-repair",
+                                                    "runtime_class_name": "nvidia"})
     m = manifest("gpu-reset", job)
     pod = m["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -39,12 +48,20 @@ def test_reset_job_is_privileged_targets_one_gpu_and_requests_none() -> None:
     assert {"name": "GPU_INDEX", "value": "3"} in container["env"]
     assert "resources" not in container
     assert pod["serviceAccountName"] == "gpu-repair"
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["hostPID"] is True
+    assert pod["volumes"] == [{"name": "host", "hostPath": {"path": "/"}}]
     assert m["metadata"]["labels"]["gpu-remediate.io/job"] == "gpu-reset"
 
 
-def test_deadline_comes_from_settings() -> None:
-    job = JobSettings(image="x", command=["true"], deadline=timedelta(minutes=3))
-    assert manifest("reboot", job)["spec"]["activeDeadlineSeconds"] == 180
+def test_deadline_image_and_command_come_from_the_template() -> None:
+    job = JobTemplate(purpose="reboot", image="x", command=["true"],
+                      deadline=timedelta(minutes=3))
+    m = manifest("reboot", job)
+    assert m["spec"]["activeDeadlineSeconds"] == 180
+    container = m["spec"]["template"]["spec"]["containers"][0]
+    assert (container["image"], container["command"]) == ("x", ["true"])
+    assert "securityContext" not in container
 
 
 # A node name may be a 253-character DNS subdomain; label values and Job names stop at 63.
@@ -57,7 +74,7 @@ def test_a_long_node_name_labels_its_job_with_a_stable_short_value() -> None:
 
     assert len(LONG_NODE) == 253
     m = job_manifest(NodeJobInput(node=LONG_NODE, kind="validate", name="gr-validate-x-1",
-                                  namespace="ns", job=RemediationSettings().validation, gpus=8))
+                                  gpus=8), TEMPLATES["validation"], "ns")
     value = m["metadata"]["labels"]["gpu-remediate.io/node"]
     assert len(value) <= 63 and _LABEL_VALUE.match(value), value
     assert value == label_value(LONG_NODE) and value.startswith("gpu-node-0007.")

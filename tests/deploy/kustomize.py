@@ -1,6 +1,7 @@
 """A small kustomize renderer for the tests: exactly the features deploy/ uses.
 
-Supported kustomization fields: ``resources`` (files and directories), ``labels``
+Supported kustomization fields: ``resources`` (files and directories), ``components``
+(directories of a ``kind: Component`` kustomization: their resources), ``labels``
 (``pairs`` on metadata only), ``configMapGenerator`` (``files``, ``literals``,
 ``behavior`` create/replace) with kustomize's name-suffix hash and the rewriting of
 ConfigMap references in pod specs. Anything else is an error, so a kustomization that
@@ -19,7 +20,8 @@ from typing import Any
 
 import yaml
 
-SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "labels", "configMapGenerator"}
+SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "components", "labels",
+                    "configMapGenerator"}
 GENERATOR_FIELDS = {"name", "namespace", "behavior", "files", "literals"}
 HASH_LETTERS = str.maketrans({"0": "g", "1": "h", "3": "k", "a": "m", "e": "t"})
 
@@ -113,6 +115,11 @@ def _build(directory: Path) -> Build:
             build.generated += sub.generated
         else:
             build.resources += [d for d in yaml.safe_load_all(target.read_text()) if d]
+    for entry in doc.get("components", []):
+        # A Component (kind: Component) adds its resources to the kustomization using it.
+        sub = _build((directory / entry).resolve())
+        build.resources += sub.resources
+        build.generated += sub.generated
     for spec in doc.get("configMapGenerator", []):
         unknown = set(spec) - GENERATOR_FIELDS
         if unknown:

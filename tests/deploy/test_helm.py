@@ -218,14 +218,16 @@ def test_budget_policy_and_job_templates_reach_the_worker(helm: Path, tmp_path: 
     assert settings.detector.max_unavailable == "10%"
     assert settings.policy.xid_overrides[74].value == "reboot"
     assert settings.policy.follow_recovery_action is False
-    assert settings.remediation.validation.image == "registry.example.com/dcgm:4.2.3"
-    assert settings.remediation.validation.command == ["dcgmi", "diag", "-r", "3"]
-    assert settings.remediation.validation.deadline.total_seconds() == 45 * 60
+    validation = settings.jobs.templates["validation"]
+    assert validation.image == "registry.example.com/dcgm:4.2.3"
+    assert validation.command == ["dcgmi", "diag", "-r", "3"]
+    assert validation.deadline.total_seconds() == 45 * 60
+    assert validation.purpose == "validate"
     # The rest of the config stays as given, and the other Job templates as default.
     assert settings.detector.interval.total_seconds() == 60
     assert settings.remediation.approval.timeout.total_seconds() == 2 * 3600
     assert settings.remediation.drain.deadline_policy == "wait"
-    assert settings.remediation.reboot == Settings().remediation.reboot
+    assert settings.jobs.templates["reboot"] == Settings().jobs.templates["reboot"]
 
 
 def test_namespaces_follow_the_config(helm: Path, tmp_path: Path) -> None:
@@ -233,13 +235,13 @@ def test_namespaces_follow_the_config(helm: Path, tmp_path: Path) -> None:
         helm,
         {
             "config": {
-                "remediation": {"job_namespace": "gpu-jobs"},
+                "jobs": {"namespace": "gpu-jobs"},
                 "kubernetes": {"in_cluster": True, "event_namespace": "gpu-events"},
             }
         },
     )
     settings = config_of(objects, tmp_path)
-    assert settings.remediation.job_namespace == "gpu-jobs"
+    assert settings.jobs.namespace == "gpu-jobs"
     assert settings.kubernetes.event_namespace == "gpu-events"
     namespaces = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
     assert namespaces == {"gpu-remediate", "gpu-jobs"}
@@ -354,10 +356,10 @@ def test_wrong_values_fail_naming_the_value(helm: Path, values: dict[str, Any], 
         ),
         (
             {
-                "config": {"remediation": {"reboot": {"deadline": "PT1H"}}},
+                "config": {"jobs": {"templates": {"reboot": {"deadline": "PT1H"}}}},
                 "jobs": {"reboot": {"deadline": "PT2H"}},
             },
-            "config.remediation.reboot: set it under jobs.reboot only",
+            "config.jobs.templates.reboot: set it under jobs.reboot only",
         ),
     ],
 )

@@ -168,10 +168,16 @@ def test_permission_mapping() -> None:
     assert permission("replace_namespaced_deployment") == ("apps", "deployments", "update")
 
 
-def assert_grants_exactly_what_the_code_uses(objects: list[dict[str, Any]]) -> None:
+OPT_IN: dict[Permission, str] = {("", "pods", "delete"): "force-drain"}
+"""Calls made only under a setting that needs its own grant: deleting pods bypasses
+PodDisruptionBudgets, so only deploy/components/force-drain grants it."""
+
+
+def assert_grants_exactly_what_the_code_uses(objects: list[dict[str, Any]],
+                                             components: tuple[str, ...] = ()) -> None:
     roles = _roles_of_worker(objects)
     have: set[Permission] = set().union(*(granted(r) for r in roles))
-    need = used_permissions()
+    need = {p for p in used_permissions() if OPT_IN.get(p, "") in ("", *components)}
     assert not need - have, f"missing permissions: {sorted(need - have)}"
     assert not have - need, f"permissions the code never uses: {sorted(have - need)}"
 
@@ -181,6 +187,33 @@ def test_rbac_grants_exactly_what_the_code_uses(
     name: str, rendered: dict[str, list[dict[str, Any]]]
 ) -> None:
     assert_grants_exactly_what_the_code_uses(rendered[name])
+
+
+def test_pods_delete_is_granted_only_by_the_force_drain_component(tmp_path: Path) -> None:
+    from tests.deploy.conftest import DEPLOY
+    from tests.deploy.kustomize import render
+
+    assert ("", "pods", "delete") in used_permissions()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{DEPLOY / 'overlays' / 'autonomous'}]\n"
+        f"components: [{DEPLOY / 'components' / 'force-drain'}]\n")
+    objects = render(site)
+    assert_grants_exactly_what_the_code_uses(objects, components=("force-drain",))
+    assert _namespace_of_grant(_roles_of_worker(objects), ("", "pods", "delete")) == {"*"}
+
+
+def test_helm_grants_pods_delete_only_for_a_force_drain(helm: Path) -> None:
+    from tests.deploy.test_helm import render as helm_render
+
+    for values, granted_delete in (({}, False), ({"forceDrain": True}, True),
+                                   ({"config": {"remediation": {"drain": {
+                                       "deadline_policy": "force"}}}}, True)):
+        objects = helm_render(helm, values)
+        assert_grants_exactly_what_the_code_uses(
+            objects, components=("force-drain",) if granted_delete else ())
 
 
 def _namespace_of_grant(roles: list[dict[str, Any]], perm: Permission) -> set[str]:
@@ -212,7 +245,7 @@ def assert_grants_are_where_the_code_calls(
         path = tmp_path / f"{name}.yaml"
         path.write_text(config)
         settings = load_settings(path)
-        job_ns = settings.remediation.job_namespace
+        job_ns = settings.jobs.namespace
         assert _namespace_of_grant(roles, ("batch", "jobs", "create")) == {job_ns}, name
         assert _namespace_of_grant(roles, ("batch", "jobs/status", "get")) == {job_ns}, name
         assert _namespace_of_grant(roles, ("", "events", "create")) == {

@@ -180,12 +180,12 @@ def test_job_namespace_allows_privileged_only_there(
     namespaces = {
         o["metadata"]["name"]: o["metadata"]["labels"] for o in base if o["kind"] == "Namespace"
     }
-    assert set(namespaces) == {"gpu-remediate", settings.remediation.job_namespace}
+    assert set(namespaces) == {"gpu-remediate", settings.jobs.namespace}
     enforce = "pod-security.kubernetes.io/enforce"
-    assert namespaces[settings.remediation.job_namespace][enforce] == "privileged"
+    assert namespaces[settings.jobs.namespace][enforce] == "privileged"
     assert namespaces["gpu-remediate"][enforce] == "restricted"
     sa = find(base, "ServiceAccount", "default")
-    assert sa["metadata"]["namespace"] == settings.remediation.job_namespace
+    assert sa["metadata"]["namespace"] == settings.jobs.namespace
     assert sa["automountServiceAccountToken"] is False
 
 
@@ -268,3 +268,39 @@ def _unhash(node: Any) -> Any:
     if isinstance(node, list):
         return [_unhash(v) for v in node]
     return node
+
+
+def test_worker_network_is_fenced_to_what_it_talks_to(
+        base: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Only scrapes and probes reach the worker; it reaches DNS, the API server, Temporal
+    and the exporter pods of the configured namespace and port, nothing else."""
+    policy = find(base, "NetworkPolicy", "gpu-remediate")["spec"]
+    worker = find(base, "Deployment", "gpu-remediate")["spec"]["template"]["metadata"]
+    assert policy["podSelector"]["matchLabels"].items() <= worker["labels"].items()
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    (ingress,) = policy["ingress"]
+    assert "from" not in ingress and {p["port"] for p in ingress["ports"]} == {9464, 9465, 8080}
+    settings = config_of(base, tmp_path)
+    w = settings.worker
+    assert {p["port"] for p in ingress["ports"]} == {w.metrics_port, w.sdk_metrics_port,
+                                                      w.health_port}
+    open_ports = {p["port"] for rule in policy["egress"] if "to" not in rule
+                  for p in rule["ports"]}
+    assert open_ports == {53, 443, 6443, 7233}
+    (exporters,) = [rule for rule in policy["egress"] if "to" in rule]
+    (peer,) = exporters["to"]
+    assert peer == {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": settings.exporter.namespace}}}
+    assert [p["port"] for p in exporters["ports"]] == [settings.exporter.port]
+
+
+def test_shipped_configs_refuse_an_unauthenticated_temporal(
+        rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """Whoever reaches the Temporal namespace can start, approve and abort remediations:
+    every shipped configuration makes the worker refuse to connect without mTLS or a key."""
+    for name, objects in rendered.items():
+        t = config_of(objects, tmp_path).temporal
+        assert t.require_auth, name
+        assert "require_auth is set" in t.auth_problem()
+        with_key = t.model_copy(update={"api_key": "k"})
+        assert with_key.auth_problem() == ""

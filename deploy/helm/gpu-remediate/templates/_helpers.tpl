@@ -29,7 +29,7 @@ value set in both places is an error naming both, never a silent choice.
 {{- define "gpu-remediate.config" -}}
 {{- $v := .Values -}}
 {{- $c := deepCopy $v.config -}}
-{{- range $section := list "detector" "remediation" -}}
+{{- range $section := list "detector" "remediation" "jobs" -}}
 {{- if not (kindIs "map" (get $c $section)) -}}
 {{- $_ := set $c $section (dict) -}}
 {{- end -}}
@@ -59,11 +59,15 @@ value set in both places is an error naming both, never a silent choice.
 {{- end -}}
 {{- $_ := set $approval "required_for" (ternary $v.approval.requiredFor (list) (eq $v.mode "supervised")) -}}
 {{- $_ := set $remediation "approval" $approval -}}
+{{- $templates := get $c.jobs "templates" | default (dict) -}}
 {{- range $name, $job := $v.jobs -}}
-{{- if hasKey $remediation $name -}}
-{{- fail (printf "config.remediation.%s: set it under jobs.%s only" $name $name) -}}
+{{- if hasKey $templates $name -}}
+{{- fail (printf "config.jobs.templates.%s: set it under jobs.%s only" $name $name) -}}
 {{- end -}}
-{{- $_ := set $remediation $name $job -}}
+{{- $_ := set $templates $name $job -}}
+{{- end -}}
+{{- if $templates -}}
+{{- $_ := set $c.jobs "templates" $templates -}}
 {{- end -}}
 {{- if $v.policy -}}
 {{- $_ := set $c "policy" $v.policy -}}
@@ -82,6 +86,10 @@ value set in both places is an error naming both, never a silent choice.
 {{- end -}}
 {{- $_ := set $temporal "tls" $tls -}}
 {{- end -}}
+{{- if hasKey $temporal "require_auth" -}}
+{{- fail "config.temporal.require_auth: set temporal.requireAuth instead" -}}
+{{- end -}}
+{{- $_ := set $temporal "require_auth" $v.temporal.requireAuth -}}
 {{- if $temporal -}}
 {{- $_ := set $c "temporal" $temporal -}}
 {{- end -}}
@@ -110,7 +118,7 @@ value set in both places is an error naming both, never a silent choice.
 {{- end -}}
 
 {{- define "gpu-remediate.jobNamespace" -}}
-{{- dig "remediation" "job_namespace" "gpu-remediate-jobs" .Values.config -}}
+{{- dig "jobs" "namespace" "gpu-remediate-jobs" .Values.config -}}
 {{- end -}}
 
 {{/* Temporal connection of the setup Jobs' temporal CLI (deploy/base/scripts). */}}
