@@ -38,7 +38,9 @@ from activities.node_keys import (
     A_WORKFLOW,
     A_XID_SIGHTINGS,
     EXCLUDE_LABEL,
+    LEGACY_EXCLUDE_LABEL,
     STATE_LABEL,
+    TAINT_KEY,
 )
 from activities.nodes import NodeActivities
 from activities.notices import (
@@ -128,13 +130,43 @@ class GpuNode:
     unreadable: str = ""
     """Why an annotation the node carries could not be read (activities/annotations.py):
     the node is reported unreadable rather than judged on half its state."""
+    marker_note: str = ""
+    """Why our markers on the node disagree (see _state): shown with the observation's
+    errors, the node is counted out of service."""
 
 
-def _state(value: str | None) -> NodeState:
-    try:
-        return NodeState(value) if value else NodeState.HEALTHY
-    except ValueError:
-        return NodeState.HEALTHY
+def _state(value: str | None, tainted: bool = False) -> tuple[NodeState, str]:
+    """The node's remediation state from what it carries, failing closed.
+
+    A kubelet may rewrite its own Node's labels and annotations (not its taints): an unknown
+    state value, or the healthy state under our taint (a node relabelling itself healthy
+    mid-drain to free a budget slot), counts as out of service (repairing) with a note,
+    never as healthy. Returns the state and the note ("" when the markers agree)."""
+    if value:
+        try:
+            state = NodeState(value)
+        except ValueError:
+            return NodeState.REPAIRING, (f"state label {value[:63]!r} is not one of ours: "
+                                         "counted as out of service")
+    else:
+        state = NodeState.HEALTHY
+    if state == NodeState.HEALTHY and tainted:
+        return NodeState.REPAIRING, (f"carries the {TAINT_KEY} taint but its state label says "
+                                     "healthy: counted as out of service")
+    return state, ""
+
+
+def _tainted(n: client.V1Node) -> bool:
+    return any(t.key == TAINT_KEY for t in ((n.spec.taints or []) if n.spec else []))
+
+
+def _excluded(labels: dict[str, str]) -> tuple[bool, str]:
+    if labels.get(EXCLUDE_LABEL) == "true":
+        return True, ""
+    if labels.get(LEGACY_EXCLUDE_LABEL) == "true":
+        return False, (f"{LEGACY_EXCLUDE_LABEL}=true ignored (a kubelet can set it): opt out "
+                       f"with {EXCLUDE_LABEL}=true")
+    return False, ""
 
 
 def _still_shown(acked: dict[str, int], readings: NodeReadings) -> dict[str, int]:
@@ -149,10 +181,12 @@ def _gpu_node(n: client.V1Node) -> GpuNode:
     acked = node_annotations.parse_acknowledged(A_ACK_XIDS, ann.get(A_ACK_XIDS))
     tracks = node_annotations.parse_tracks(A_XID_SIGHTINGS, ann.get(A_XID_SIGHTINGS))
     problem = acked.problem or tracks.problem
-    return GpuNode(n.metadata.name, _state(labels.get(STATE_LABEL)), ann.get(A_WORKFLOW, ""),
-                   acked.value, labels, A_ORPHAN in ann,
-                   labels.get(EXCLUDE_LABEL) == "true", tracks.value,
-                   n.metadata.resource_version or "", str(problem) if problem else "")
+    state, note = _state(labels.get(STATE_LABEL), _tainted(n))
+    excluded, exclude_note = _excluded(labels)
+    return GpuNode(n.metadata.name, state, ann.get(A_WORKFLOW, ""),
+                   acked.value, labels, A_ORPHAN in ann, excluded, tracks.value,
+                   n.metadata.resource_version or "", str(problem) if problem else "",
+                   "; ".join(x for x in (note, exclude_note) if x))
 
 
 def _learned(node: GpuNode, r: NodeReadings, inp: ObserveInput,
@@ -233,8 +267,8 @@ class FleetActivities:
         nodes = []
         for n in items:
             labels = meta_dict(n, "labels")
-            state = _state(labels.get(STATE_LABEL))
-            excluded = labels.get(EXCLUDE_LABEL) == "true"
+            state, _ = _state(labels.get(STATE_LABEL), _tainted(n))
+            excluded, _ = _excluded(labels)
             # An opt-out label added mid-remediation must not free the node's budget
             # slot: such a node is still reported, only never flagged or started again.
             if excluded and state == NodeState.HEALTHY:
@@ -434,7 +468,11 @@ class FleetActivities:
                     for w in new_warnings(node.xid_tracks, tracks, verdict, inp.policy, now))
             if annotations:
                 writes.append((node, r, annotations))
-        await self._annotate_many(writes, inp, now)
+        # What the tick learned is written only by the detector's own observation: not in
+        # its dry-run (track_xid_repeats off), not outside a worker (`gpu-remediate plan`
+        # changes nothing; its verdicts use the same tracks, kept in memory).
+        if inp.track_xid_repeats and activity.in_activity():
+            await self._annotate_many(writes, inp, now)
         labelled = [n for n in listed if n.state != NodeState.HEALTHY]
         remediating = [NodeStatus(node=n.name, state=n.state, workflow_id=n.workflow_id,
                                   excluded=n.excluded) for n in labelled]
@@ -458,12 +496,15 @@ class FleetActivities:
             gone=self._last_listed.get((inp.shard, inp.shards), set()) - {n.name for n in listed})
         self._last_listed[(inp.shard, inp.shards)] = {n.name for n in listed}
         await self._announce(inp, nodes, errors, app_only, xid_warnings)
+        # Markers that disagree (a node writing its own state): shown, not announced as
+        # telemetry trouble; the node already counts as out of service.
+        notes = [f"{n.name}: {n.marker_note}" for n in listed if n.marker_note]
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         metrics.LAST_OBSERVATION.set_to_current_time()
         return bound_observation(FleetObservation(
             managed_nodes=len(nodes), readable_nodes=len(readings),
             verdicts=sorted(verdicts, key=lambda v: v.node), remediating=remediating,
-            errors=sorted(errors.values())[:50], orphans=orphans, pool_of=pool_of,
+            errors=sorted([*errors.values(), *notes])[:50], orphans=orphans, pool_of=pool_of,
             pool_sizes=pool_sizes,
         ))
 
@@ -511,10 +552,14 @@ class FleetActivities:
             return []  # not running in a worker (offline tools)
         orphans = []
         for node in labelled:
-            wid = node.workflow_id or remediation_workflow_id(node.name)
+            # The one ID a remediation of this node runs under, never the ID the node's
+            # annotation names (a node can write it: naming the detector, which always
+            # runs, would hold a budget slot forever).
+            wid = remediation_workflow_id(node.name)
             try:
                 desc = await client.get_workflow_handle(wid).describe()
-                running = desc.status == WorkflowExecutionStatus.RUNNING
+                running = (desc.status == WorkflowExecutionStatus.RUNNING
+                           and desc.workflow_type == "RemediationWorkflow")
             except RPCError as err:
                 if err.status != RPCStatusCode.NOT_FOUND:
                     continue  # cannot tell: never call a node an orphan on no data
@@ -536,8 +581,8 @@ class FleetActivities:
         except ApiException as err:
             raise_typed(err, f"read node {req.node}")
         labels, ann = meta_dict(n, "labels"), meta_dict(n, "annotations")
-        node = GpuNode(req.node, _state(labels.get(STATE_LABEL)), ann.get(A_WORKFLOW, ""), {},
-                       labels)
+        node = GpuNode(req.node, _state(labels.get(STATE_LABEL), _tainted(n))[0],
+                       ann.get(A_WORKFLOW, ""), {}, labels)
         if node.state == NodeState.HEALTHY or req.node not in await self.find_orphans([node]):
             raise ApplicationError(f"{req.node} is not an orphan any more", type="NotOrphan",
                                    non_retryable=True)

@@ -10,7 +10,11 @@ import hashlib
 PREFIX = "gpu-remediate.io"
 
 STATE_LABEL = f"{PREFIX}/state"
-EXCLUDE_LABEL = f"{PREFIX}/exclude"
+# The opt-out label: under node-restriction.kubernetes.io/, which the NodeRestriction
+# admission plugin forbids a kubelet to set on its own Node, so a compromised node cannot
+# mute itself. The label under our prefix (which a kubelet can set) is ignored and reported.
+EXCLUDE_LABEL = "node-restriction.kubernetes.io/gpu-remediate-exclude"
+LEGACY_EXCLUDE_LABEL = f"{PREFIX}/exclude"
 TAINT_KEY = f"{PREFIX}/remediation"
 JOB_LABEL = f"{PREFIX}/job"
 NODE_LABEL = f"{PREFIX}/node"

@@ -372,3 +372,109 @@ async def test_check_thermal_answers_only_when_the_state_changes(
     assert "unreadable" in str(unreadable.value), "no data is not evidence of cooling"
     cool = await env.run(acts.check_thermal, look.model_copy(update={"node": "gpu-node-03"}))
     assert cool.outcome == "cool"
+
+
+# ------------------------------------------------ what a node writes about itself
+
+
+async def test_a_node_cannot_opt_itself_out_with_a_label_its_kubelet_can_set(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    """NodeRestriction lets a kubelet set its own labels except under
+    node-restriction.kubernetes.io/: only that opt-out counts."""
+    from activities.node_keys import LEGACY_EXCLUDE_LABEL
+
+    assert EXCLUDE_LABEL.startswith("node-restriction.kubernetes.io/")
+    gpu_sim.client.inject_fault("gpu-node-02", 3, "xid", 79)
+    cluster.core.patch_node("gpu-node-02", {"metadata": {"labels": {
+        LEGACY_EXCLUDE_LABEL: "true"}}})
+    obs = await observe(cluster, template(gpu_sim))
+    assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-02", Action.REBOOT)]
+    assert any(e.startswith("gpu-node-02: gpu-remediate.io/exclude=true ignored")
+               for e in obs.errors), obs.errors
+
+
+@pytest.mark.parametrize(("labels", "tainted", "says"), [
+    # A value we never write (a typo, or a node muting itself): fail closed.
+    ({STATE_LABEL: "fine-thanks"}, False, "state label 'fine-thanks' is not one of ours"),
+    # Relabelled healthy mid-drain to free a budget slot: our taint (which a kubelet
+    # cannot change) still says otherwise.
+    ({STATE_LABEL: NodeState.HEALTHY.value}, True, "taint but its state label says healthy"),
+    ({}, True, "taint but its state label says healthy"),
+])
+async def test_markers_that_disagree_count_the_node_out_of_service(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim, labels: dict[str, str], tainted: bool,
+        says: str) -> None:
+    from activities.node_keys import TAINT_KEY
+
+    body: dict = {"metadata": {"labels": labels}}
+    if tainted:
+        body["spec"] = {"taints": [{"key": TAINT_KEY, "value": "true",
+                                    "effect": "NoSchedule"}]}
+    cluster.core.patch_node("gpu-node-03", body)
+    gpu_sim.client.inject_fault("gpu-node-03", 1, "xid", 79)
+    obs = await observe(cluster, template(gpu_sim))
+    assert [(n.node, n.state) for n in obs.remediating] == [
+        ("gpu-node-03", NodeState.REPAIRING)]
+    # It holds a budget slot and is never started again while its markers say so.
+    from datetime import UTC, datetime
+
+    from workflows.admission import Admission
+    from workflows.models import DetectorSettings, DetectorState
+
+    adm = Admission(DetectorSettings(), DetectorState(), obs, datetime.now(UTC))
+    assert adm.in_use == ["gpu-node-03"] and adm.queue == []
+    assert any(e.startswith("gpu-node-03: ") and says in e for e in obs.errors), obs.errors
+
+
+class _Described:
+    def __init__(self, status: object, workflow_type: str) -> None:
+        self.status, self.workflow_type = status, workflow_type
+
+
+class _Handle:
+    def __init__(self, described: _Described | None) -> None:
+        self.described = described
+
+    async def describe(self) -> _Described:
+        from temporalio.service import RPCError, RPCStatusCode
+
+        if self.described is None:
+            raise RPCError("not found", RPCStatusCode.NOT_FOUND, b"")
+        return self.described
+
+
+class _Temporal:
+    """What Temporal answers about workflows: the detector runs, no remediation does."""
+
+    def __init__(self, running: dict[str, str]) -> None:
+        self.running = running
+        self.asked: list[str] = []
+
+    def get_workflow_handle(self, wid: str) -> _Handle:
+        from temporalio.client import WorkflowExecutionStatus
+
+        self.asked.append(wid)
+        kind = self.running.get(wid)
+        return _Handle(_Described(WorkflowExecutionStatus.RUNNING, kind) if kind else None)
+
+
+async def test_a_node_naming_a_running_workflow_of_its_own_choice_is_still_an_orphan(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    """Labelled draining with workflow-id=gpu-remediate-detector (which always runs), a
+    node held the only budget slot forever. Only remediation-<node> of the remediation
+    workflow type backs a node's markers."""
+    from activities.fleet import GpuNode
+
+    fleet = FleetActivities(cluster.api, template(gpu_sim))
+    node = GpuNode("gpu-node-01", NodeState.DRAINING, "gpu-remediate-detector", {}, {})
+    temporal = _Temporal({"gpu-remediate-detector": "DetectorWorkflow",
+                          "remediation-gpu-node-02": "RemediationWorkflow",
+                          "remediation-gpu-node-03": "DetectorWorkflow"})
+    env = ActivityEnvironment(client=temporal)  # type: ignore[arg-type]
+    assert await env.run(fleet.find_orphans, [node]) == ["gpu-node-01"]
+    assert temporal.asked == ["remediation-gpu-node-01"]
+    backed = GpuNode("gpu-node-02", NodeState.DRAINING, "anything", {}, {})
+    assert await env.run(fleet.find_orphans, [backed]) == []
+    # Right ID, wrong workflow type (a stray client started something under it).
+    impostor = GpuNode("gpu-node-03", NodeState.DRAINING, "remediation-gpu-node-03", {}, {})
+    assert await env.run(fleet.find_orphans, [impostor]) == ["gpu-node-03"]

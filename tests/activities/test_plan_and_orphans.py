@@ -10,6 +10,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.fleet import ExporterSettings, FleetActivities, GpuNode
 from activities.node_keys import (
+    A_ACK_XIDS,
     A_ORPHAN,
     A_PRECORDONED,
     A_WORKFLOW,
@@ -19,7 +20,7 @@ from activities.node_keys import (
 from tests.activities.conftest import Cluster, ThreadedGpuSim
 from worker.config import load_settings
 from worker.plan import make_plan
-from workflows.models import NodeState, OrphanRelease
+from workflows.models import NodeState, ObserveInput, OrphanRelease
 
 
 def settings_for(tmp_path: Path, cluster: Cluster, gpu: ThreadedGpuSim, extra: str = "") -> Path:
@@ -36,12 +37,24 @@ async def test_plan_shows_who_would_start_and_who_waits_and_changes_nothing(
         tmp_path: Path, cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
     gpu_sim.client.inject_fault("gpu-node-01", 2, "xid", 48)
     gpu_sim.client.inject_fault("gpu-node-03", 0, "row-remap-failure")
+    # What a detector tick would write down: an application XID's sighting on node 02 and
+    # the end of an acknowledgement node 04's exporter no longer shows.
+    gpu_sim.client.inject_fault("gpu-node-02", 1, "xid", 13)
+    cluster.core.patch_node("gpu-node-04", {"metadata": {"annotations": {
+        A_ACK_XIDS: '{"gpu5": 79}'}}})
     cluster.clear_writes()
     plan = await make_plan(load_settings(settings_for(tmp_path, cluster, gpu_sim)))
     assert [(s.node, s.action) for s in plan.start] == [("gpu-node-03", "quarantine")]
     assert plan.waiting == ["gpu-node-01 (reset: budget full (1/1))"]
     assert (plan.budget, plan.managed_nodes, plan.readable_nodes) == (1, 4, 4)
     assert cluster.writes() == [], "a plan changes nothing"
+    # The same observation inside a worker does write them (so the check above can fail).
+    fleet = FleetActivities(cluster.api, ExporterSettings(
+        mode="template", url_template=f"{gpu_sim.url}/nodes/{{node}}/metrics"))
+    await ActivityEnvironment().run(fleet.observe_fleet, ObserveInput(
+        policy=load_settings(settings_for(tmp_path, cluster, gpu_sim)).policy))
+    written = {w["name"] for w in cluster.writes("nodes") if w["verb"] == "patch"}
+    assert {"gpu-node-02", "gpu-node-04"} <= written
 
 
 def _orphan(cluster: Cluster, node: str, precordoned: bool) -> None:
