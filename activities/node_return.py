@@ -22,7 +22,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.fleet import GPU_RESOURCE, FleetActivities, GpuNode
 from activities.kube import REQUEST_TIMEOUT, raise_typed
@@ -140,8 +140,11 @@ class NodeReturnActivities:
                 missing.append("exporter not answering: "
                                + errors.get(inp.node, "no readings for the node"))
         if missing:
+            # "Not yet", polled by retry: benign, so each look logs no error and counts in
+            # no failure metric (the workflow's schedule-to-close is the real limit).
             raise ApplicationError(f"{inp.node} not back from reboot: " + "; ".join(missing),
-                                   *missing, type=NODE_NOT_BACK)
+                                   *missing, type=NODE_NOT_BACK,
+                                   category=ApplicationErrorCategory.BENIGN)
         if result.confirmed_by == "boot-id":
             how = f"boot ID {inp.old_boot_id} → {result.boot_id}"
         else:

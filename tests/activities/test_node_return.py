@@ -93,6 +93,9 @@ async def test_a_node_is_back_only_with_a_new_boot_id_ready_and_every_gpu(
     inp = look(k)
     err = await refused(acts, inp)
     assert err.type == NODE_NOT_BACK and not err.non_retryable
+    from temporalio.exceptions import ApplicationErrorCategory
+
+    assert err.category == ApplicationErrorCategory.BENIGN, "no error noise per look"
     assert f"boot ID unchanged ({inp.old_boot_id})" in str(err)
     reboot(k)
     seen: list[str] = []

@@ -28,6 +28,9 @@ The current corpus, one history per workflow test scenario (every patched branch
 - v2_thermal_recovered.json          thermal: cordon only, cools down, healthy
 - v2_thermal_escalated.run1.json     thermal: still hot after escalate_after, drained,
                                      quarantined by policy (the run before its hold run)
+                                     (both v2_thermal_* watched in one long activity)
+- v3_thermal_recovered.json          the same two with the watch polled by retry
+- v3_thermal_escalated.run1.json     (check_thermal: thermal-polled-by-retry)
 - v2_external_repaired_update.json   external reboot, `repaired` update, validated
 - v2_external_repaired_signal.json   the same with a `repaired` signal
 - v2_approved_update.json            supervised: `approve` update
@@ -274,6 +277,32 @@ async def v2_thermal_escalated(client: Client) -> None:
         await save_run(client, "v2_thermal_escalated.run1", "v2_thermal_escalated", run1)
 
 
+async def v3_thermal_recovered(client: Client) -> None:
+    """The thermal watch polled by retry (check_thermal), cools down, healthy."""
+    async with worker_for(client, FakeCluster()) as queue:
+        handle = await start(client, queue, "v3_thermal_recovered",
+                             verdict=thermal_verdict("v3-thermal-recovered"))
+        await handle.result()
+        await save("v3_thermal_recovered", handle)
+
+
+async def v3_thermal_escalated(client: Client) -> None:
+    """Polled by retry and still hot after escalate_after: drained, quarantined by policy."""
+    hot = ThermalWatchResult(outcome="hot", message="GPU 0 at 92 C")
+    settings = FAST.model_copy(update={"thermal": ThermalSettings(
+        poll_interval=timedelta(seconds=1), hold=timedelta(0),
+        escalate_after=timedelta(seconds=2))})
+    async with worker_for(client, FakeCluster(thermal_results=[hot])) as queue:
+        handle = await start(client, queue, "v3_thermal_escalated", settings=settings,
+                             verdict=thermal_verdict("v3-thermal-escalated"))
+        run1 = await first_run(handle)
+        await continued(handle, run1)
+        await state_is(handle, NodeState.QUARANTINED)
+        await handle.execute_update(RemediationWorkflow.release, OP)
+        await handle.result()
+        await save_run(client, "v3_thermal_escalated.run1", "v3_thermal_escalated", run1)
+
+
 async def external_repair(client: Client, name: str,
                           report: Callable[[WorkflowHandle], Awaitable[Any]]) -> None:
     settings = FAST.model_copy(update={"reboot_method": "external"})
@@ -503,7 +532,7 @@ CURRENT = (v2_reboot, v2_reset_then_reboot, v2_thermal_recovered, v2_thermal_esc
            v2_approved_signal, v2_rejected, v2_approval_timeout, v2_rejected_signals,
            v2_abort_mid_drain, v2_drain_force, v2_drain_release, v2_drain_overdue,
            v2_step_failure, v2_repeat_offender, v2_quarantine_hold, v2_drain_continue_as_new,
-           v2_dry_run, v2_detector_pause_signal)
+           v2_dry_run, v2_detector_pause_signal, v3_thermal_recovered, v3_thermal_escalated)
 
 
 async def main() -> None:

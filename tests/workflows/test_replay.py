@@ -45,7 +45,7 @@ CURRENT = {
     "v2_abort_mid_drain", "v2_drain_force", "v2_drain_release", "v2_drain_overdue",
     "v2_step_failure.run1", "v2_repeat_offender.run1", "v2_quarantine_hold.run1",
     "v2_quarantine_hold.run2", "v2_drain_continue_as_new.run1", "v2_dry_run",
-    "v2_detector_pause_signal.run1"}
+    "v2_detector_pause_signal.run1", "v3_thermal_recovered", "v3_thermal_escalated.run1"}
 
 
 def workflow_id(path: Path) -> str:
@@ -98,6 +98,14 @@ def test_the_current_corpus_takes_the_patched_branches():
                  "v2_drain_continue_as_new.run1", "v2_detector_pause_signal.run1"):
         assert "workflowExecutionContinuedAsNewEventAttributes" in events(name)[-1], name
     assert "policy-quarantine-awaits-approval" in markers("v2_repeat_offender.run1")
+    for name in ("v3_thermal_recovered", "v3_thermal_escalated.run1"):
+        assert "thermal-polled-by-retry" in markers(name), name
+        assert "check_thermal" in activity_types(name), name
+        assert "watch_thermal" not in activity_types(name), name
+    assert "workflowExecutionContinuedAsNewEventAttributes" in \
+        events("v3_thermal_escalated.run1")[-1]
+    for name in ("v2_thermal_recovered", "v2_thermal_escalated.run1"):
+        assert "watch_thermal" in activity_types(name), name
     assert "workflowExecutionCanceledEventAttributes" in events("v2_abort_mid_drain")[-1]
     assert "drain-before-release-validation" in markers("v2_quarantine_hold.run2")
     signals = [e["workflowExecutionSignaledEventAttributes"]["signalName"]
