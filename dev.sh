@@ -42,6 +42,8 @@ case "${1:-}" in
     "$VENV/bin/ruff" check .
     echo "==> mypy"
     "$VENV/bin/mypy" policy activities workflows worker sim
+    echo "==> import layers (lint-imports)"
+    "$VENV/bin/lint-imports" --no-cache
     echo "==> shellcheck"
     # Every shell script: *.sh, and files whose first line is a shell shebang (.ci/run).
     scripts=()

@@ -10,47 +10,19 @@ once, before its first admission.
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.client import Client
 
-from workflows.models import _Message
+# The messages live with the others (the detector workflow imports them).
+from workflows.models import (
+    RunningRemediation,
+    RunningRemediations,
+    RunningRemediationsInput,
+)
 from workflows.search_attributes import GPU_NODE, REMEDIATION_STATE
 
 REMEDIATION_WORKFLOW = "RemediationWorkflow"
 _ID_PREFIX = "remediation-"
-
-
-class RunningRemediationsInput(_Message):
-    task_queue: str = Field(
-        min_length=1, max_length=1000,
-        description="Only remediations on this task queue: the detector's own (its "
-                    "children run on it), not another installation's in the namespace.")
-    limit: int = Field(default=10_000, ge=1, le=100_000,
-                       description="At most this many; the rest are reported as truncated.")
-
-    @field_validator("task_queue")
-    @classmethod
-    def _quotable(cls, v: str) -> str:
-        # It goes into a visibility query between single quotes.
-        if "'" in v or "\\" in v:
-            raise ValueError("task_queue: a quote or backslash cannot be used in a "
-                             f"visibility query: {v!r}")
-        return v
-
-
-class RunningRemediation(_Message):
-    node: str
-    workflow_id: str
-    state: str = Field(default="", description="Its RemediationState search attribute.")
-    started: datetime | None = None
-
-
-class RunningRemediations(_Message):
-    remediations: list[RunningRemediation] = Field(default_factory=list)
-    truncated: bool = False
 
 
 def running_remediations_query(task_queue: str) -> str:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
+import re
 import sys
 import tempfile
 import time
@@ -68,7 +70,7 @@ async def run(stack: Any, nodes: list[str], timeout: float) -> dict[str, Any]:
     from kubernetes import client as k8s
     from kubernetes import config
 
-    from activities.node_keys import STATE_LABEL
+    from activities.node_keys import A_HISTORY, STATE_LABEL
 
     core = k8s.CoreV1Api(config.new_client_from_config(config_file=str(stack.kubeconfig)))
     all_started = None
@@ -100,8 +102,19 @@ async def run(stack: Any, nodes: list[str], timeout: float) -> dict[str, Any]:
     timeouts: collections.Counter[str] = collections.Counter()
     events_total = 0
     queue_wait: list[float] = []
-    labels = {n.metadata.name: (n.metadata.labels or {}).get(STATE_LABEL, "")
-              for n in core.list_node().items}
+    listed = core.list_node().items
+    labels = {n.metadata.name: (n.metadata.labels or {}).get(STATE_LABEL, "") for n in listed}
+    # Why each quarantine happened: the last history entry the release wrote on the node,
+    # with numbers and node names blanked so that alike reasons count together.
+    why: collections.Counter[str] = collections.Counter()
+    for n in listed:
+        if labels.get(n.metadata.name) != "quarantined":
+            continue
+        try:
+            last = json.loads((n.metadata.annotations or {}).get(A_HISTORY, "[]"))[-1]
+            why[re.sub(r"bench-\d+|[0-9a-f]{8,}|\d+", "#", str(last.get("outcome")))[:160]] += 1
+        except (ValueError, IndexError, AttributeError):
+            why["(no readable history)"] += 1
     for n in nodes:
         handle = client.get_workflow_handle(remediation_workflow_id(n),
                                             result_type=RemediationResult)
@@ -129,6 +142,7 @@ async def run(stack: Any, nodes: list[str], timeout: float) -> dict[str, Any]:
             "all_settled_s": finished if sum(outcomes.values()) == len(nodes)
             and not any(k.startswith("not finished") for k in outcomes) else None,
             "elapsed_s": finished, "outcomes": dict(outcomes), "history_problems": dict(timeouts),
+            "quarantine_reasons": dict(why.most_common(5)),
             "events_total": events_total,
             "activity_queue_wait_s": {"median": percentile(queue_wait, 50),
                                       "p95": percentile(queue_wait, 95),
@@ -167,6 +181,8 @@ def main() -> None:
                   sum(r["history_problems"].values()), problems["TMPRL1101"],
                   problems["TMPRL1104"], r["worker_vmhwm_mib"], r["worker_cpu_s"]]]))
     print(f"activity schedule-to-start wait: {r['activity_queue_wait_s']}")
+    if r.get("quarantine_reasons"):
+        print(f"quarantine reasons: {r['quarantine_reasons']}")
     print(f"stack start-up {startup:.1f}s; history events in all remediations: "
           f"{r['events_total']} ({r['events_total'] / args.nodes:.0f} each); "
           f"worker log: {problems}")

@@ -26,7 +26,6 @@ from temporalio.common import (
 from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.visibility import RunningRemediations, RunningRemediationsInput
     from policy.models import Action, Verdict
     from workflows.admission import Admission
     from workflows.commands import checked_command
@@ -45,6 +44,8 @@ with workflow.unsafe.imports_passed_through():
         PendingStart,
         RejectedCommand,
         RemediationInput,
+        RunningRemediations,
+        RunningRemediationsInput,
         merge_observations,
         remediation_workflow_id,
     )
