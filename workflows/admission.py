@@ -74,6 +74,8 @@ class Admission:
         self.quarantined = sum(1 for ns in labelled.values()
                                if ns.state == NodeState.QUARANTINED)
         self.budget = s.budget_for(obs.managed_nodes)
+        self._count_quarantines({n for n, ns in labelled.items()
+                                 if ns.state == NodeState.QUARANTINED})
 
         flagged = {v.node: v for v in obs.verdicts}
         if s.dry_run:
@@ -108,6 +110,29 @@ class Admission:
                         key=lambda v: (-SEVERITY[v.action], st.first_seen[v.node], v.node)):
             if v.node not in manual_nodes:
                 self.queue.append(Candidate(v, "detector", v.summary))
+
+    def _count_quarantines(self, quarantined: set[str]) -> None:
+        """The outcome breaker: remediations that ended in quarantine (seen as nodes newly
+        labelled quarantined since the last observation) within the window. The first
+        observation of a detector only learns who is quarantined already."""
+        s, st, now = self.settings, self.state, self.now
+        if st.quarantined_seen is not None:
+            for n in sorted(quarantined - set(st.quarantined_seen)):
+                st.recently_quarantined.setdefault(n, now)
+        st.quarantined_seen = sorted(quarantined)
+        start = now - s.breaker_quarantine_window
+        st.recently_quarantined = {n: t for n, t in st.recently_quarantined.items() if t > start}
+        count = len(st.recently_quarantined)
+        if st.breaker_open or not s.breaker_max_quarantines or \
+                count < s.breaker_max_quarantines:
+            return
+        st.breaker_open = True
+        names = ", ".join(sorted(st.recently_quarantined)[:5]) + (", …" if count > 5 else "")
+        st.breaker_reason = (
+            f"{count} remediations ended in quarantine within {s.breaker_quarantine_window} "
+            f"({names}; limit {s.breaker_max_quarantines}): a failing repair, validation or "
+            "Job template would quarantine the fleet one slot at a time; check them, then "
+            "resume")
 
     def _check_breaker(self, newly_flagged: int) -> None:
         s, st = self.settings, self.state
@@ -145,7 +170,10 @@ class Admission:
             limit = s.pool_budget_for(pool, self.obs.pool_sizes.get(pool, 0))
             if limit is not None and self.pool_in_use(pool) >= limit:
                 return f"pool {pool or '(none)'} full ({self.pool_in_use(pool)}/{limit})"
-        if c.verdict.action == Action.QUARANTINE and s.max_quarantined is not None:
+        if s.max_quarantined is not None and c.who == "detector":
+            # Any remediation may end in quarantine (a failed repair or validation), so
+            # the cap holds back every automatic start, not only quarantine orders. An
+            # operator's own `remediate` request is their decision, made seeing the count.
             cap = limit_for(s.max_quarantined, self.obs.managed_nodes)
             if self.quarantined >= cap:
                 return f"quarantine cap reached ({self.quarantined}/{cap})"

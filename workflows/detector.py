@@ -125,6 +125,7 @@ class DetectorWorkflow:
         self.state.breaker_open = False
         self.state.breaker_reason = ""
         self.state.recently_flagged = {}  # the operator has seen these: count afresh
+        self.state.recently_quarantined = {}
         self.wake = True
         return self._ack(f"{was} by {cmd.operator}")
 

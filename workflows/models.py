@@ -525,9 +525,21 @@ class DetectorSettings(_Model):
                     "the key '*' applies to pools not named.",
     )
     max_quarantined: int | str | None = Field(
-        default=None,
-        description="Quarantined nodes do not hold budget slots; past this cap (count or "
-                    "percent) no new quarantine-class remediation starts.",
+        default="5%",
+        description="Quarantined nodes hold no budget slot; at this many (count or percent "
+                    "of the managed nodes, never below 1) no remediation starts, since any "
+                    "may end in quarantine. null: no cap.",
+    )
+    breaker_max_quarantines: int = Field(
+        default=3, ge=0,
+        description="Outcome breaker: this many remediations ending in quarantine within "
+                    "breaker_quarantine_window stop admissions until resume (a broken Job "
+                    "template or repair would otherwise quarantine the fleet one slot at a "
+                    "time). 0: off.",
+    )
+    breaker_quarantine_window: timedelta = Field(
+        default=timedelta(hours=1), gt=timedelta(0), le=timedelta(days=7),
+        description="The window the outcome breaker counts new quarantines over.",
     )
 
     @field_validator("max_unavailable", "max_quarantined")
@@ -605,6 +617,13 @@ class DetectorState(_Message):
         default_factory=dict,
         description="Newly flagged nodes within the breaker window, and when.",
     )
+    quarantined_seen: list[str] | None = Field(
+        default=None,
+        description="Nodes quarantined at the last observation (null before the first): a "
+                    "node quarantined since counts toward the outcome breaker.")
+    recently_quarantined: dict[str, datetime] = Field(
+        default_factory=dict,
+        description="Nodes newly quarantined within breaker_quarantine_window, and when.")
     ticks_total: int = 0
     started_total: int = 0
     # What the next run needs before its first observation (which may fail), so that a

@@ -59,12 +59,64 @@ def test_a_stale_pending_start_frees_its_slot_after_the_grace_period() -> None:
 
 
 def test_quarantined_nodes_hold_no_slot_but_count_against_the_quarantine_cap() -> None:
-    o = obs([xid_verdict("n1", 64, Action.QUARANTINE), xid_verdict("n2")],
-            [NodeStatus(node="n7", state=NodeState.QUARANTINED),
-             NodeStatus(node="n8", state=NodeState.QUARANTINED)])
+    """Any start may end in quarantine (a failed repair), so at the cap none starts."""
+    q = [NodeStatus(node="n7", state=NodeState.QUARANTINED)]
+    o = obs([xid_verdict("n1", 64, Action.QUARANTINE), xid_verdict("n2")], q)
     started, waiting = decide(DetectorSettings(max_unavailable=2, max_quarantined=2), o)
-    assert started == ["n2"]
-    assert waiting == ["n1: quarantine cap reached (2/2)"]
+    assert started == ["n1"], "quarantined nodes hold no budget slot"
+    assert waiting == ["n2: quarantine cap reached (2/2)"], "n1's start counts toward it"
+    o = obs([xid_verdict("n2")], [*q, NodeStatus(node="n8", state=NodeState.QUARANTINED)])
+    _, waiting = decide(DetectorSettings(max_unavailable=2, max_quarantined=2), o)
+    assert waiting == ["n2: quarantine cap reached (2/2)"]
+
+
+def test_the_quarantine_cap_is_on_by_default_and_never_below_one() -> None:
+    assert DetectorSettings().max_quarantined == "5%"
+    o = obs([xid_verdict("n2")], [NodeStatus(node="n7", state=NodeState.QUARANTINED)],
+            managed=10)
+    _, waiting = decide(DetectorSettings(max_unavailable=2), o)
+    assert waiting == ["n2: quarantine cap reached (1/1)"]
+    started, _ = decide(DetectorSettings(max_unavailable=2), obs([xid_verdict("n2")], [
+        NodeStatus(node="n7", state=NodeState.QUARANTINED)], managed=40))
+    assert started == ["n2"], "5% of 40 is 2"
+
+
+def _quarantined(*nodes: str) -> list[NodeStatus]:
+    return [NodeStatus(node=n, state=NodeState.QUARANTINED) for n in nodes]
+
+
+def test_the_outcome_breaker_trips_on_remediations_ending_in_quarantine() -> None:
+    """A broken Job template quarantines every node it touches: three new quarantines
+    within the hour stop admissions, whatever the budget, until resume."""
+    settings = DetectorSettings(max_unavailable=5, max_quarantined=None)
+    state = DetectorState()
+    # The first observation only learns who is quarantined already.
+    decide(settings, obs([], _quarantined("old1", "old2", "old3")), state)
+    assert state.recently_quarantined == {} and not state.breaker_open
+    for tick, q in enumerate((["a"], ["a", "b"])):
+        adm = Admission(settings, state, obs([], _quarantined("old1", "old2", "old3", *q)),
+                        NOW + timedelta(minutes=10 * (tick + 1)))
+        assert not state.breaker_open, adm
+    started, waiting = decide(settings, obs([xid_verdict("n1")], _quarantined(
+        "old1", "old2", "old3", "a", "b", "c")), state)
+    assert state.breaker_open and started == [] and waiting == ["n1: breaker open"]
+    assert state.breaker_reason.startswith(
+        "3 remediations ended in quarantine within 1:00:00 (a, b, c; limit 3)")
+
+
+def test_quarantines_outside_the_window_or_released_do_not_count() -> None:
+    settings = DetectorSettings(max_unavailable=5, max_quarantined=None,
+                                breaker_quarantine_window=timedelta(minutes=30))
+    state = DetectorState(quarantined_seen=[])
+    for minutes, q in ((0, ["a"]), (20, ["b"]), (40, ["b", "c"]), (45, ["c", "d"])):
+        Admission(settings, state, obs([], _quarantined(*q)), NOW + timedelta(minutes=minutes))
+    # a (at 0) left the window; b, c, d are within it: three, at the limit.
+    assert sorted(state.recently_quarantined) == ["b", "c", "d"] and state.breaker_open
+    off = DetectorState(quarantined_seen=[])
+    for minutes, q in ((0, ["a"]), (1, ["a", "b"]), (2, ["a", "b", "c"])):
+        Admission(settings.model_copy(update={"breaker_max_quarantines": 0}), off,
+                  obs([], _quarantined(*q)), NOW + timedelta(minutes=minutes))
+    assert not off.breaker_open, "0 turns the outcome breaker off"
 
 
 def test_pool_limits_apply_under_the_fleet_limit() -> None:
@@ -82,7 +134,7 @@ def test_most_severe_first_then_longest_waiting() -> None:
     state = DetectorState(first_seen={"old": NOW - timedelta(hours=1), "new": NOW})
     o = obs([xid_verdict("new", 79), xid_verdict("old", 79),
              xid_verdict("q", 64, Action.QUARANTINE), xid_verdict("r", 48, Action.RESET)])
-    started, waiting = decide(DetectorSettings(max_unavailable=2), o, state)
+    started, waiting = decide(DetectorSettings(max_unavailable=2, max_quarantined=None), o, state)
     assert started == ["q", "old"]
     assert [w.split(":")[0] for w in waiting] == ["new", "r"]
 
@@ -149,3 +201,14 @@ def test_shards_split_the_fleet_disjointly_and_merge_back() -> None:
     assert merged.managed_nodes == 1000 and merged.readable_nodes == 997
     assert len(merged.verdicts) == 3 and len(merged.remediating) == 3
     assert merged.pool_sizes == {"a": 1000}
+
+
+def test_an_operators_request_is_not_held_back_by_the_quarantine_cap() -> None:
+    from workflows.models import ManualRemediation
+
+    state = DetectorState(manual=[ManualRemediation(node="n3", action=Action.RESET,
+                                                    operator="bob", reason="NaNs")])
+    o = obs([xid_verdict("n2")], [NodeStatus(node="n7", state=NodeState.QUARANTINED)])
+    started, waiting = decide(DetectorSettings(max_unavailable=3), o, state)
+    assert started == ["n3"]
+    assert waiting == ["n2: quarantine cap reached (1/1)"]
