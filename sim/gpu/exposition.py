@@ -1,10 +1,10 @@
 """Render simulated GPUs as dcgm-exporter's Prometheus text, byte for byte in its shape.
 
-Shape rules (dcgm-xid.md §1.1-1.2): `# HELP`/`# TYPE` once per family, families in the
-counters-CSV order, a family with no samples prints nothing, labels in the exporter's
-fixed order (gpu, UUID, pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION,
-then attributes key-sorted), no spaces after commas, integers `%d`, doubles `%f`, no
-timestamps, counters without `_total`.
+Shape rules (docs/simulators-gpu.md, "Exposition format"): `# HELP`/`# TYPE` once per
+family, families in the counters-CSV order, a family with no samples prints nothing, labels
+in the exporter's fixed order (gpu, UUID, pci_bus_id, device, modelName, Hostname,
+DCGM_FI_DRIVER_VERSION, then attributes key-sorted), no spaces after commas, integers `%d`,
+doubles `%f`, no timestamps, counters without `_total`.
 
 The opt-in `DCGM_EXP_XID_ERRORS_COUNT` family (fleet switch `xid_count_window_ms`) comes
 last, as from the exporter's separate XID collector: one series per (GPU, XID) seen in the

@@ -1,6 +1,6 @@
 """Fault kinds the GPU simulator can inject, their defaults and validation.
 
-The defaults follow the shared research notes (dcgm-xid.md sections 2-4):
+The defaults follow DCGM's and dcgm-exporter's documented behaviour (docs/simulators-gpu.md):
 what a GPU reset clears, what needs a node reboot, and what no repair fixes.
 """
 
@@ -32,7 +32,8 @@ CLEARS_ON: tuple[str, ...] = get_args(ClearsOn)
 # them, only an explicit `clear`, and health judges them by threshold, not by presence.
 ENVIRONMENTAL: frozenset[str] = frozenset({"gpu-temp", "memory-temp", "thermal-slowdown"})
 
-# Thermal thresholds of an H100/A100 SXM board (dcgm-xid.md §4); real boards differ per VBIOS.
+# Thermal thresholds of an H100/A100 SXM board (docs/simulators-gpu.md); real boards differ
+# per VBIOS.
 GPU_MAX_OPERATING_C = 87
 GPU_SLOWDOWN_C = 89
 MEMORY_MAX_OPERATING_C = 95

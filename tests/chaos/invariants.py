@@ -1,5 +1,5 @@
 """A background checker that samples the cluster and Temporal while chaos runs and
-records every breach of the design's invariants (section 3):
+records every breach of the invariants (docs/architecture.md, "Invariants"):
 
 - budget: never more nodes out of service by us than ``max_unavailable``;
 - ownership: no node carries our label or taint without a running remediation

@@ -125,7 +125,7 @@ def test_dashboard_uses_exported_metrics() -> None:
         names = series_in(expr)
         assert names <= known, f"{expr}: unknown series {names - known}"
         used |= names
-    # Every family the brief names is on the board.
+    # Every family docs/operations.md names is on the board.
     for family in (
         "gpu_remediate_nodes",
         "gpu_remediate_budget_slots",

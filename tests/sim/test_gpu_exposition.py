@@ -1,4 +1,4 @@
-"""The simulator's text must have dcgm-exporter's exact shape (dcgm-xid.md §1)."""
+"""The simulator's text must have dcgm-exporter's exact shape (docs/simulators-gpu.md)."""
 
 from __future__ import annotations
 
