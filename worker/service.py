@@ -28,7 +28,7 @@ from activities.prometheus_source import PrometheusSource
 from activities.visibility import VisibilityActivities
 from worker.config import Settings, WorkerConfig
 from worker.temporal_client import connect
-from workflows.detector import DetectorWorkflow
+from workflows.detector import DetectorWorkflow, PinnedDetectorWorkflow
 from workflows.models import observe_task_queue
 from workflows.remediation import RemediationWorkflow
 
@@ -120,12 +120,11 @@ async def _run_both(worker: Worker, observer: Worker) -> None:
 
 def deployment_config(w: WorkerConfig) -> WorkerDeploymentConfig | None:
     """Worker Deployment Versioning when a deployment name is configured: this worker
-    serves one version (its build ID), and both workflows auto-upgrade to the deployment's
-    current version at their next workflow task. A remediation may be quarantined for months
-    and must follow every release; the detector too (its continue-as-new would move it
-    anyway). Both are replay-tested against the previous release's histories, and every
-    workflow change is guarded by workflow.patched. (A per-workflow pin would have to be
-    declared on the class, which an unversioned worker — the default — refuses.)"""
+    serves one version (its build ID). Remediations auto-upgrade to the deployment's current
+    version at their next workflow task: one may be quarantined for months and must follow
+    every release (replay-tested against the previous release's histories, every change
+    guarded by workflow.patched). The detector is pinned (``detector_workflow``) and moves
+    at its continue-as-new."""
     if w.deployment_name is None:
         return None
     return WorkerDeploymentConfig(
@@ -133,6 +132,12 @@ def deployment_config(w: WorkerConfig) -> WorkerDeploymentConfig | None:
                                         build_id=w.deployment_build_id()),
         use_worker_versioning=True,
         default_versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+
+
+def detector_workflow(cfg: WorkerDeploymentConfig | None) -> type[DetectorWorkflow]:
+    """The detector class to register: pinned under versioning, plain otherwise (an
+    unversioned worker refuses a class that declares a versioning behaviour)."""
+    return PinnedDetectorWorkflow if cfg is not None else DetectorWorkflow
 
 
 async def run_worker(settings: Settings) -> None:
@@ -152,7 +157,8 @@ async def run_worker(settings: Settings) -> None:
     with ThreadPoolExecutor(max_workers=w.max_concurrent_activities) as pool:
         worker = Worker(
             client, task_queue=settings.temporal.task_queue,
-            workflows=[RemediationWorkflow, DetectorWorkflow], activities=activities,
+            workflows=[RemediationWorkflow, detector_workflow(deployment_config(w))],
+            activities=activities,
             activity_executor=pool, max_concurrent_activities=w.max_concurrent_activities,
             graceful_shutdown_timeout=timedelta(seconds=w.graceful_shutdown_seconds),
             deployment_config=deployment_config(w),

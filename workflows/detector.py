@@ -22,6 +22,7 @@ from temporalio.common import (
     RetryPolicy,
     SearchAttributePair,
     TypedSearchAttributes,
+    VersioningBehavior,
 )
 from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
@@ -84,6 +85,9 @@ class DetectorWorkflow:
         # Pending starts learnt from visibility (not our children): while any is pending,
         # each tick asks again which still run, as _closed_children does for ours.
         self.seeded: set[str] = set()
+
+    pinned = False
+    """True in PinnedDetectorWorkflow: what a versioned worker registers."""
 
     # ------------------------------------------------------------ operator messages
 
@@ -253,7 +257,13 @@ class DetectorWorkflow:
                 st = self.state
                 st.last_managed, st.busy = self.last_managed, self.busy
                 st.orphans, st.rejected = self.orphans, self.rejected
-                workflow.continue_as_new(DetectorInput(settings=self.settings, state=self.state))
+                # Pinned (a versioned worker registers PinnedDetectorWorkflow): the next
+                # run starts on the deployment's current version and is pinned there.
+                workflow.continue_as_new(
+                    DetectorInput(settings=self.settings, state=self.state),
+                    initial_versioning_behavior=(
+                        workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE
+                        if self.pinned else None))
 
     async def _running_remediations(self, summary: str) -> RunningRemediations:
         return await workflow.execute_activity(
@@ -438,3 +448,18 @@ def _evidence(verdict: Verdict, who: str, why: str, dry_run: bool) -> str:
         f"Requested by **{who}**: {why}", "",
         "| GPU | UUID | signal | value | rule | action |", "|---|---|---|---|---|---|", *rows,
     ])
+
+
+@workflow.defn(name="DetectorWorkflow", versioning_behavior=VersioningBehavior.PINNED)
+class PinnedDetectorWorkflow(DetectorWorkflow):
+    """The detector as a worker with Worker Deployment Versioning registers it: pinned to
+    the version it started on, so a release never changes the code under a running loop,
+    and moved to the deployment's current version at its next continue-as-new (every
+    ``ticks_per_run`` ticks). An unversioned worker (the default) refuses a pinned class,
+    hence a subclass the worker picks (worker/service.py ``detector_workflow``)."""
+
+    pinned = True
+
+    @workflow.run
+    async def run(self, inp: DetectorInput) -> None:
+        await super().run(inp)
