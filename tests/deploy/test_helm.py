@@ -369,3 +369,11 @@ def test_a_setting_in_two_places_fails_naming_it(
     with pytest.raises(chart.HelmFailed) as failed:
         render(helm, values)
     assert named in failed.value.stderr
+
+
+def test_stuck_alert_durations_are_values(helm: Path) -> None:
+    objects = render(helm, {"prometheusRule": {"stuckAfter": {"draining": "45m"}}})
+    rule = find(objects, "PrometheusRule", "gpu-remediate")
+    stuck = {r["labels"]["state"]: r["for"] for g in rule["spec"]["groups"]
+             for r in g["rules"] if r["alert"] == "GpuRemediateRemediationStuck"}
+    assert stuck["draining"] == "45m" and stuck["validating"] == "1h"

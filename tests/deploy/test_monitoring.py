@@ -47,6 +47,9 @@ def exported_series() -> set[str]:
         if isinstance(value, MetricWrapperBase):
             for family in value.describe():
                 names |= {family.name + s for s in SUFFIXES[family.type]}
+        elif isinstance(value, metrics.NodeStates):
+            # A custom collector (one series per node): its families are what it collects.
+            names |= {family.name for family in value.collect()}
     return names
 
 
@@ -101,6 +104,7 @@ def test_the_required_alerts_exist() -> None:
         "GpuRemediateScrapeErrors": ("rate(gpu_remediate_scrape_errors_total[5m])", "15m"),
         "GpuRemediateWorkerDown": ('up{job="gpu-remediate"}', None),
         "GpuRemediateOrphanedRemediation": ("gpu_remediate_orphaned_nodes", "10m"),
+        "GpuRemediateRemediationStuck": ("gpu_remediate_node_state", None),
     }
     assert set(by_name) == set(expected)
     for name, (fragment, duration) in expected.items():
@@ -109,6 +113,22 @@ def test_the_required_alerts_exist() -> None:
             assert by_name[name]["for"] == duration, name
         assert by_name[name]["labels"]["severity"] in ("warning", "critical")
         assert by_name[name]["annotations"]["summary"]
+
+
+def test_a_remediation_stuck_in_any_state_alerts() -> None:
+    """One GpuRemediateRemediationStuck rule per state a remediation can sit in, each with
+    its own duration, on the per-node state series."""
+    from workflows.models import NodeState
+
+    stuck = {r["labels"]["state"]: r for r in rules()
+             if r["alert"] == "GpuRemediateRemediationStuck"}
+    assert set(stuck) == {s.value for s in NodeState} - {"healthy", "quarantined"}
+    for state, rule in stuck.items():
+        assert rule["expr"] == (f'max by (node) (gpu_remediate_node_state{{state="{state}"}})'
+                                " == 1"), state
+    assert {s: r["for"] for s, r in stuck.items()} == {
+        "awaiting-approval": "12h", "draining": "2h", "repairing": "1h", "validating": "1h",
+        "cordoned": "6h"}
 
 
 def test_prometheusrule_and_rule_file_agree(rendered: dict[str, list[dict[str, Any]]]) -> None:
