@@ -193,9 +193,11 @@ class RemediationSettings(_Model):
         default=2, ge=1, description="Repair + validation rounds before quarantine."
     )
     repeat_offender_count: int = Field(
-        default=3, ge=1, description="Remediations within the window that mean quarantine."
-    )
-    repeat_offender_window: timedelta = timedelta(days=7)
+        default=3, ge=1,
+        description="Earlier repairs within the window that mean quarantine: remediations in "
+                    "which a reset or reboot ran (not rejected, released, aborted or thermal).")
+    repeat_offender_window: timedelta = Field(default=timedelta(days=7), gt=timedelta(0),
+                                              le=timedelta(days=365))
     approval: ApprovalSettings = Field(default_factory=ApprovalSettings)
     thermal: ThermalSettings = Field(default_factory=ThermalSettings)
     job_poll_interval: timedelta = Field(
@@ -242,6 +244,19 @@ class HistoryEntry(_Message):
     outcome: str
     workflow_id: str = ""
     by: str = ""
+    repaired: bool | None = Field(
+        default=None,
+        description="A repair (GPU reset or reboot) ran in this remediation; null in entries "
+                    "written before this field (then judged by action and outcome).")
+
+    def counts_as_repair(self) -> bool:
+        """For the repeat-offender rule: a repair that actually happened, whether the node
+        came back healthy or failed after it. Not a rejected, released or aborted
+        remediation, nor a thermal cordon."""
+        if self.repaired is not None:
+            return self.repaired
+        return self.action in ("reset", "reboot") and \
+            self.outcome.split(":", 1)[0] in ("healthy", "quarantined")
 
 
 class Transition(_Message):

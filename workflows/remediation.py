@@ -353,10 +353,12 @@ class RemediationWorkflow:
         claim = await self._claim(first)
         window_start = self.started - s.repeat_offender_window
         recent = [h for h in claim.history if h.started >= window_start]
+        if workflow.patched("repeat-offender-counts-repairs"):
+            recent = [h for h in recent if h.counts_as_repair()]
         if len(recent) >= s.repeat_offender_count and self.action != Action.THERMAL:
-            self._plan(f"repeat offender: {len(recent)} remediations since "
+            self._plan(f"repeat offender: {len(recent)} repairs since "
                        f"{window_start:%Y-%m-%d}; quarantine")
-            why = f"repeat offender: {len(recent)} remediations within " \
+            why = f"repeat offender: {len(recent)} repairs within " \
                   f"{s.repeat_offender_window}"
             if workflow.patched("policy-quarantine-awaits-approval"):
                 self.policy_quarantine = why
@@ -893,6 +895,7 @@ class RemediationWorkflow:
                 uncordon=not self.view.previously_cordoned,
                 history=HistoryEntry(started=self.started, finished=workflow.now(),
                                      action=self.action.value, reason=self.view.reason,
+                                     repaired=self.view.attempt > 0,
                                      outcome=f"{outcome}: {why}"[:300],
                                      workflow_id=info.workflow_id,
                                      by=self.inp.requested_by),

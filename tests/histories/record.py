@@ -31,6 +31,7 @@ The current corpus, one history per workflow test scenario (every patched branch
                                      (both v2_thermal_* watched in one long activity)
 - v3_thermal_recovered.json          the same two with the watch polled by retry
 - v3_thermal_escalated.run1.json     (check_thermal: thermal-polled-by-retry)
+- v3_repeat_offender.run1.json       repeat offender counting only repairs that happened
 - v2_external_repaired_update.json   external reboot, `repaired` update, validated
 - v2_external_repaired_signal.json   the same with a `repaired` signal
 - v2_approved_update.json            supervised: `approve` update
@@ -457,6 +458,30 @@ async def v2_repeat_offender(client: Client) -> None:
         await save_run(client, "v2_repeat_offender.run1", "v2_repeat_offender", run1)
 
 
+async def v3_repeat_offender(client: Client) -> None:
+    """Repeat offender counting only repairs that happened (repeat-offender-counts-repairs):
+    three real repairs and a rejected remediation in the window."""
+    cluster = FakeCluster()
+    now = datetime.now(UTC)
+    cluster.node("v3-repeat-offender").history = [
+        *(HistoryEntry(started=now - timedelta(days=d), finished=now - timedelta(days=d),
+                       action="reboot", reason="XID 79", outcome="healthy: validated",
+                       workflow_id="remediation-v3-repeat-offender", repaired=True)
+          for d in (1, 2, 3)),
+        HistoryEntry(started=now - timedelta(days=4), action="reboot", reason="XID 79",
+                     outcome="released: rejected by bob", repaired=False)]
+    async with worker_for(client, cluster) as queue:
+        handle = await start(client, queue, "v3_repeat_offender", settings=SUPERVISED)
+        run1 = await first_run(handle)
+        await state_is(handle, NodeState.AWAITING_APPROVAL)
+        await handle.execute_update(RemediationWorkflow.approve, OP)
+        await continued(handle, run1)
+        await state_is(handle, NodeState.QUARANTINED)
+        await handle.execute_update(RemediationWorkflow.release, OP)
+        await handle.result()
+        await save_run(client, "v3_repeat_offender.run1", "v3_repeat_offender", run1)
+
+
 async def v2_quarantine_hold(client: Client) -> None:
     cluster = FakeCluster(drain_results=[BLOCKED])
     async with worker_for(client, cluster) as queue:
@@ -532,7 +557,8 @@ CURRENT = (v2_reboot, v2_reset_then_reboot, v2_thermal_recovered, v2_thermal_esc
            v2_approved_signal, v2_rejected, v2_approval_timeout, v2_rejected_signals,
            v2_abort_mid_drain, v2_drain_force, v2_drain_release, v2_drain_overdue,
            v2_step_failure, v2_repeat_offender, v2_quarantine_hold, v2_drain_continue_as_new,
-           v2_dry_run, v2_detector_pause_signal, v3_thermal_recovered, v3_thermal_escalated)
+           v2_dry_run, v2_detector_pause_signal, v3_thermal_recovered, v3_thermal_escalated,
+           v3_repeat_offender)
 
 
 async def main() -> None:

@@ -141,6 +141,31 @@ async def test_repeat_offender_goes_straight_to_quarantine(time_skipping_env):
         await end_in_hold(handle)
 
 
+async def test_only_repairs_that_happened_make_a_repeat_offender(time_skipping_env):
+    """Rejected, released, aborted and thermal remediations repaired nothing: they never
+    make a node a repeat offender. The entry this remediation writes says it repaired."""
+    cluster = FakeCluster()
+    now = await time_skipping_env.get_current_time()
+    cluster.node("n17").history = [
+        HistoryEntry(started=now - timedelta(days=1), action="reboot", reason="xid 79",
+                     outcome="released: rejected by bob: not now"),
+        HistoryEntry(started=now - timedelta(days=2), action="reset", reason="xid 48",
+                     outcome="aborted: aborted by alice: wrong node"),
+        HistoryEntry(started=now - timedelta(days=3), action="thermal", reason="94 C",
+                     outcome="healthy: cooled down"),
+        HistoryEntry(started=now - timedelta(days=4), action="reboot", reason="xid 79",
+                     outcome="quarantined: by carol", repaired=False),
+        HistoryEntry(started=now - timedelta(days=5), action="reboot", reason="xid 79",
+                     outcome="healthy: validated")]
+    result = await remediate(time_skipping_env, cluster,
+                             RemediationInput(node="n17", verdict=xid_verdict("n17")))
+    assert result.outcome == NodeState.HEALTHY, "one repair in the window, not five"
+    assert cluster.jobs_run() == ["reboot", "validate"]
+    assert cluster.nodes["n17"].history[-1].repaired is True
+    assert HistoryEntry(started=now, action="reboot", reason="", outcome="healthy: ok"
+                        ).counts_as_repair(), "entries from before the field: by outcome"
+
+
 async def test_old_remediations_outside_window_do_not_count(time_skipping_env):
     cluster = FakeCluster()
     now = await time_skipping_env.get_current_time()

@@ -45,7 +45,8 @@ CURRENT = {
     "v2_abort_mid_drain", "v2_drain_force", "v2_drain_release", "v2_drain_overdue",
     "v2_step_failure.run1", "v2_repeat_offender.run1", "v2_quarantine_hold.run1",
     "v2_quarantine_hold.run2", "v2_drain_continue_as_new.run1", "v2_dry_run",
-    "v2_detector_pause_signal.run1", "v3_thermal_recovered", "v3_thermal_escalated.run1"}
+    "v2_detector_pause_signal.run1", "v3_thermal_recovered", "v3_thermal_escalated.run1",
+    "v3_repeat_offender.run1"}
 
 
 def workflow_id(path: Path) -> str:
@@ -106,6 +107,8 @@ def test_the_current_corpus_takes_the_patched_branches():
         events("v3_thermal_escalated.run1")[-1]
     for name in ("v2_thermal_recovered", "v2_thermal_escalated.run1"):
         assert "watch_thermal" in activity_types(name), name
+    assert "repeat-offender-counts-repairs" in markers("v3_repeat_offender.run1")
+    assert "repeat-offender-counts-repairs" not in markers("v2_repeat_offender.run1")
     assert "workflowExecutionCanceledEventAttributes" in events("v2_abort_mid_drain")[-1]
     assert "drain-before-release-validation" in markers("v2_quarantine_hold.run2")
     signals = [e["workflowExecutionSignaledEventAttributes"]["signalName"]
