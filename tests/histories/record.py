@@ -20,18 +20,25 @@ are: they prove that every ``workflow.patched`` branch replays what old workers 
 - detector_ticks.json                first run of a detector: ticks, a child start, a
                                      `pause` and `resume` update, continue-as-new
 
+Recorded by an earlier version of this script and kept as they are, like the previous
+release's (their scenarios now take later patched branches, recorded as v3_*):
+
+- v2_thermal_recovered.json, v2_thermal_escalated.run1.json   the thermal watch as one
+                                     long activity (before thermal-polled-by-retry)
+- v2_repeat_offender.run1.json       every history entry counted (before
+                                     repeat-offender-counts-repairs)
+
 The current corpus, one history per workflow test scenario (every patched branch taken):
 
 - v2_reboot.json                     XID 79: drain, reboot Job polled by retry, the node
                                      polled (check_node_returned) until it is back, healthy
 - v2_reset_then_reboot.json          GPU reset, validation fails, the next round reboots
-- v2_thermal_recovered.json          thermal: cordon only, cools down, healthy
-- v2_thermal_escalated.run1.json     thermal: still hot after escalate_after, drained,
+- v3_thermal_recovered.json          thermal: cordon only, the watch polled by retry
+                                     (check_thermal), cools down, healthy
+- v3_thermal_escalated.run1.json     thermal: still hot after escalate_after, drained,
                                      quarantined by policy (the run before its hold run)
-                                     (both v2_thermal_* watched in one long activity)
-- v3_thermal_recovered.json          the same two with the watch polled by retry
-- v3_thermal_escalated.run1.json     (check_thermal: thermal-polled-by-retry)
-- v3_repeat_offender.run1.json       repeat offender counting only repairs that happened
+- v3_repeat_offender.run1.json       supervised repeat offender (only repairs that happened
+                                     count): approved, drained, quarantined
 - v2_external_repaired_update.json   external reboot, `repaired` update, validated
 - v2_external_repaired_signal.json   the same with a `repaired` signal
 - v2_approved_update.json            supervised: `approve` update
@@ -43,7 +50,6 @@ The current corpus, one history per workflow test scenario (every patched branch
 - v2_drain_release.json              drain deadline passes, policy release
 - v2_drain_overdue.json              drain deadline passes, policy wait (DrainOverdue), drains
 - v2_step_failure.run1.json          the reboot Job is invalid (non-retryable): quarantined
-- v2_repeat_offender.run1.json       supervised repeat offender: approved, drained, quarantined
 - v2_quarantine_hold.run1.json       `quarantine` while draining: continue-as-new into the hold
 - v2_quarantine_hold.run2.json       the hold run: `release`, drain what is left, validated
 - v2_drain_continue_as_new.run1.json  a blocked drain past history_events_per_run (200)
@@ -254,30 +260,6 @@ async def v2_reset_then_reboot(client: Client) -> None:
         await save("v2_reset_then_reboot", handle)
 
 
-async def v2_thermal_recovered(client: Client) -> None:
-    async with worker_for(client, FakeCluster()) as queue:
-        handle = await start(client, queue, "v2_thermal_recovered",
-                             verdict=thermal_verdict("v2-thermal-recovered"))
-        await handle.result()
-        await save("v2_thermal_recovered", handle)
-
-
-async def v2_thermal_escalated(client: Client) -> None:
-    hot = ThermalWatchResult(outcome="hot", message="GPU 0 at 92 C")
-    settings = FAST.model_copy(update={"thermal": ThermalSettings(
-        poll_interval=timedelta(seconds=1), hold=timedelta(0),
-        escalate_after=timedelta(seconds=2))})
-    async with worker_for(client, FakeCluster(thermal_results=[hot])) as queue:
-        handle = await start(client, queue, "v2_thermal_escalated", settings=settings,
-                             verdict=thermal_verdict("v2-thermal-escalated"))
-        run1 = await first_run(handle)
-        await continued(handle, run1)
-        await state_is(handle, NodeState.QUARANTINED)
-        await handle.execute_update(RemediationWorkflow.release, OP)
-        await handle.result()
-        await save_run(client, "v2_thermal_escalated.run1", "v2_thermal_escalated", run1)
-
-
 async def v3_thermal_recovered(client: Client) -> None:
     """The thermal watch polled by retry (check_thermal), cools down, healthy."""
     async with worker_for(client, FakeCluster()) as queue:
@@ -439,25 +421,6 @@ async def v2_step_failure(client: Client) -> None:
         await save_run(client, "v2_step_failure.run1", "v2_step_failure", run1)
 
 
-async def v2_repeat_offender(client: Client) -> None:
-    cluster = FakeCluster()
-    now = datetime.now(UTC)
-    cluster.node("v2-repeat-offender").history = [
-        HistoryEntry(started=now - timedelta(days=d), finished=now - timedelta(days=d),
-                     action="reboot", reason="XID 79", outcome="healthy: validated",
-                     workflow_id="remediation-v2-repeat-offender") for d in (1, 2, 3)]
-    async with worker_for(client, cluster) as queue:
-        handle = await start(client, queue, "v2_repeat_offender", settings=SUPERVISED)
-        run1 = await first_run(handle)
-        await state_is(handle, NodeState.AWAITING_APPROVAL)
-        await handle.execute_update(RemediationWorkflow.approve, OP)
-        await continued(handle, run1)
-        await state_is(handle, NodeState.QUARANTINED)
-        await handle.execute_update(RemediationWorkflow.release, OP)
-        await handle.result()
-        await save_run(client, "v2_repeat_offender.run1", "v2_repeat_offender", run1)
-
-
 async def v3_repeat_offender(client: Client) -> None:
     """Repeat offender counting only repairs that happened (repeat-offender-counts-repairs):
     three real repairs and a rejected remediation in the window."""
@@ -552,11 +515,11 @@ async def v2_detector_pause_signal(client: Client) -> None:
 
 PREVIOUS = (remediation_reboot, remediation_approved, remediation_quarantine_release,
             detector_ticks)
-CURRENT = (v2_reboot, v2_reset_then_reboot, v2_thermal_recovered, v2_thermal_escalated,
+CURRENT = (v2_reboot, v2_reset_then_reboot,
            v2_external_repaired_update, v2_external_repaired_signal, v2_approved_update,
            v2_approved_signal, v2_rejected, v2_approval_timeout, v2_rejected_signals,
            v2_abort_mid_drain, v2_drain_force, v2_drain_release, v2_drain_overdue,
-           v2_step_failure, v2_repeat_offender, v2_quarantine_hold, v2_drain_continue_as_new,
+           v2_step_failure, v2_quarantine_hold, v2_drain_continue_as_new,
            v2_dry_run, v2_detector_pause_signal, v3_thermal_recovered, v3_thermal_escalated,
            v3_repeat_offender)
 
