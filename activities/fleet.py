@@ -28,6 +28,7 @@ from activities import annotations as node_annotations
 from activities import metrics
 from activities.events import record_node_event
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
+from activities.neighbours import Hold, neighbour_hold
 from activities.node_keys import (
     A_ACK_XIDS,
     A_ACTION,
@@ -72,6 +73,7 @@ from workflows.models import (
     DetectorView,
     FleetObservation,
     HistoryEntry,
+    NeighbourHold,
     NodeHealth,
     NodeHealthInput,
     NodeState,
@@ -133,6 +135,9 @@ class GpuNode:
     marker_note: str = ""
     """Why our markers on the node disagree (see _state): shown with the observation's
     errors, the node is counted out of service."""
+    hold: Hold | None = None
+    """Another controller acting on the node (activities/neighbours.py)."""
+    unschedulable: bool = False
 
 
 def _state(value: str | None, tainted: bool = False) -> tuple[NodeState, str]:
@@ -156,8 +161,12 @@ def _state(value: str | None, tainted: bool = False) -> tuple[NodeState, str]:
     return state, ""
 
 
+def _taint_keys(n: client.V1Node) -> set[str]:
+    return {t.key for t in ((n.spec.taints or []) if n.spec else []) if t.key}
+
+
 def _tainted(n: client.V1Node) -> bool:
-    return any(t.key == TAINT_KEY for t in ((n.spec.taints or []) if n.spec else []))
+    return TAINT_KEY in _taint_keys(n)
 
 
 def _excluded(labels: dict[str, str]) -> tuple[bool, str]:
@@ -186,7 +195,9 @@ def _gpu_node(n: client.V1Node) -> GpuNode:
     return GpuNode(n.metadata.name, state, ann.get(A_WORKFLOW, ""),
                    acked.value, labels, A_ORPHAN in ann, excluded, tracks.value,
                    n.metadata.resource_version or "", str(problem) if problem else "",
-                   "; ".join(x for x in (note, exclude_note) if x))
+                   "; ".join(x for x in (note, exclude_note) if x),
+                   neighbour_hold(labels, ann, _taint_keys(n)),
+                   bool(n.spec and n.spec.unschedulable))
 
 
 def _learned(node: GpuNode, r: NodeReadings, inp: ObserveInput,
@@ -499,13 +510,24 @@ class FleetActivities:
         # Markers that disagree (a node writing its own state): shown, not announced as
         # telemetry trouble; the node already counts as out of service.
         notes = [f"{n.name}: {n.marker_note}" for n in listed if n.marker_note]
+        # Other controllers at work: reported when the node is flagged (it waits for them)
+        # or out of service (their disruption takes budget, like ours).
+        flagged = {v.node for v in verdicts}
+        held = [NeighbourHold(node=n.name, by=n.hold.by, detail=n.hold.detail[:200],
+                              out_of_service=n.unschedulable)
+                for n in nodes if n.hold is not None and n.state == NodeState.HEALTHY
+                and (n.name in flagged or n.unschedulable)]
+        if inp.pool_label:
+            labels_of = {n.name: n.labels for n in nodes}
+            pool_of.update({h.node: labels_of[h.node].get(inp.pool_label, "")
+                            for h in held})
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         metrics.LAST_OBSERVATION.set_to_current_time()
         return bound_observation(FleetObservation(
             managed_nodes=len(nodes), readable_nodes=len(readings),
             verdicts=sorted(verdicts, key=lambda v: v.node), remediating=remediating,
             errors=sorted([*errors.values(), *notes])[:50], orphans=orphans, pool_of=pool_of,
-            pool_sizes=pool_sizes,
+            pool_sizes=pool_sizes, held=held,
         ))
 
     async def _announce(self, inp: ObserveInput, nodes: list[GpuNode], errors: dict[str, str],

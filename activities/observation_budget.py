@@ -63,7 +63,8 @@ def bound_observation(obs: FleetObservation, *,
         room -= cost
         kept.append(v)
     left_out = len(verdicts) - len(kept)
-    names = {v.node for v in kept} | {r.node for r in obs.remediating}
+    names = {v.node for v in kept} | {r.node for r in obs.remediating} | \
+        {h.node for h in obs.held}
     return out.model_copy(update={
         "verdicts": sorted(kept, key=lambda v: v.node),
         "errors": [*errors, note.format(left_out)],

@@ -67,8 +67,11 @@ class Admission:
         holding = set(OUT_OF_SERVICE_STATES)
         if s.cordoned_counts_against_budget:
             holding.add(NodeState.CORDONED)
+        # Another controller's drain or reboot takes capacity like ours (when visible).
+        self.held = {h.node: h for h in obs.held if h.node not in labelled}
         self.in_use = sorted({n for n, ns in labelled.items() if ns.state in holding}
-                             | {p.node for p in st.pending})
+                             | {p.node for p in st.pending}
+                             | {h.node for h in self.held.values() if h.out_of_service})
         self.busy = {**{p.node: "starting" for p in st.pending},
                      **{n: ns.state.value for n, ns in labelled.items()}}
         self.quarantined = sum(1 for ns in labelled.values()
@@ -159,6 +162,9 @@ class Admission:
     def blocked(self, c: Candidate) -> str | None:
         """Why ``c`` cannot start now, or None."""
         st, s = self.state, self.settings
+        if c.node in self.held:
+            h = self.held[c.node]
+            return f"{h.by} is acting on it ({h.detail})"
         if st.paused:
             return "paused"
         if st.breaker_open:

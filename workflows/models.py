@@ -679,6 +679,14 @@ class NodeStatus(_Message):
     excluded: bool = False
 
 
+class NeighbourHold(_Message):
+    node: str
+    by: str = Field(max_length=100)
+    detail: str = Field(max_length=200)
+    out_of_service: bool = Field(
+        default=False, description="Cordoned (or tainted) while the other controller acts.")
+
+
 class FleetObservation(_Message):
     """One tick's view of the fleet, kept small: only nodes that need attention."""
 
@@ -696,6 +704,11 @@ class FleetObservation(_Message):
         default_factory=dict, description="Pool of each node named in verdicts or remediating."
     )
     pool_sizes: dict[str, int] = Field(default_factory=dict)
+    held: list[NeighbourHold] = Field(
+        default_factory=list,
+        description="Nodes another controller is acting on (activities/neighbours.py) that "
+                    "are flagged or out of service: never admitted while it acts; counted "
+                    "against the budget while out of service.")
 
 
 class OrphanRelease(_Message):
@@ -724,6 +737,7 @@ def merge_observations(parts: list[FleetObservation]) -> FleetObservation:
         orphans=sorted(o for p in parts for o in p.orphans),
         pool_of={k: v for p in parts for k, v in p.pool_of.items()},
         pool_sizes=pool_sizes,
+        held=sorted((h for p in parts for h in p.held), key=lambda h: h.node),
     )
 
 
