@@ -85,6 +85,8 @@ class DetectorWorkflow:
         # Pending starts learnt from visibility (not our children): while any is pending,
         # each tick asks again which still run, as _closed_children does for ours.
         self.seeded: set[str] = set()
+        # Nodes whose remediation-<node> was found running when this detector started it.
+        self.elsewhere: set[str] = set()
 
     pinned = False
     """True in PinnedDetectorWorkflow: what a versioned worker registers."""
@@ -374,6 +376,17 @@ class DetectorWorkflow:
                 continue
             if await self._start(c.verdict, c.who, c.why):
                 adm.admit(c)
+            else:
+                # remediation-<node> already runs, started by someone else (a CLI, an earlier
+                # detector): it holds a slot like ours, and an operator is told.
+                adm.admit(c)
+                self.elsewhere.add(c.node)
+        # Shown for as long as such a start holds its slot (until the node's label shows
+        # or the pending grace passes).
+        self.elsewhere &= {n for n, b in adm.busy.items() if b == "starting"}
+        self.last_errors = [*self.last_errors, *(
+            f"{n}: {remediation_workflow_id(n)} already runs, not started by this detector: "
+            "counted in the budget" for n in sorted(self.elsewhere))]
         self.in_flight = adm.in_use
         self.waiting = waiting
         self._show(obs, adm.in_use)
@@ -414,6 +427,9 @@ class DetectorWorkflow:
                 static_details=_evidence(verdict, who, why, s.dry_run),
             )
         except WorkflowAlreadyStartedError:
+            workflow.logger.warning("%s already runs: counted in the budget, not started again",
+                                    remediation_workflow_id(node))
+            st.pending = [*st.pending, PendingStart(node=node, at=workflow.now())]
             return False
         self.children[node] = handle
         st.pending = [*st.pending, PendingStart(node=node, at=workflow.now())]

@@ -315,6 +315,32 @@ async def test_pause_stops_admissions_and_resume_restarts_them(local_env):
             await cleanup(local_env.client, detector, cluster)
 
 
+async def test_a_remediation_started_elsewhere_holds_its_slot_and_is_shown(local_env):
+    """remediation-<node> already runs, not started by this detector (a stray client, or
+    one whose claim has not landed): the start is refused, the node counts against the
+    budget and the view says so, instead of silently freeing the slot."""
+    cluster, names = fleet(6)
+    first, second = names[:2]
+    stray = await local_env.client.start_workflow(
+        "StrayWorkflow", id=f"remediation-{first}", task_queue=f"nobody-{uuid.uuid4()}")
+    cluster.verdicts = [xid_verdict(first, 79, Action.REBOOT)]
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, settings(max_unavailable=1))
+        try:
+            view = await ticks(detector, 2)
+            assert f"{first}: remediation-{first} already runs, not started by this " \
+                   "detector: counted in the budget" in view.last_errors
+            assert view.in_flight == [first]
+            cluster.verdicts = [xid_verdict(first, 79, Action.REBOOT),
+                                xid_verdict(second, 79, Action.REBOOT)]
+            view = await ticks(detector, 2)
+            assert f"{second} (reboot: budget full (1/1))" in view.waiting
+            assert started_children(cluster) == []
+        finally:
+            await stray.terminate("test over")
+            await cleanup(local_env.client, detector, cluster)
+
+
 async def test_manual_remediation_goes_through_budget_and_validator(local_env):
     cluster, names = fleet(10)
     holder, target, quarantined = names[:3]
