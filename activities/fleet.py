@@ -162,7 +162,8 @@ def _state(value: str | None, tainted: bool = False) -> tuple[NodeState, str]:
 
 
 def _taint_keys(n: client.V1Node) -> set[str]:
-    return {t.key for t in ((n.spec.taints or []) if n.spec else []) if t.key}
+    spec = getattr(n, "spec", None)
+    return {t.key for t in ((spec.taints or []) if spec else []) if t.key}
 
 
 def _tainted(n: client.V1Node) -> bool:
@@ -197,7 +198,7 @@ def _gpu_node(n: client.V1Node) -> GpuNode:
                    n.metadata.resource_version or "", str(problem) if problem else "",
                    "; ".join(x for x in (note, exclude_note) if x),
                    neighbour_hold(labels, ann, _taint_keys(n)),
-                   bool(n.spec and n.spec.unschedulable))
+                   bool(getattr(getattr(n, "spec", None), "unschedulable", False)))
 
 
 def _learned(node: GpuNode, r: NodeReadings, inp: ObserveInput,

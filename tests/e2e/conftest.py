@@ -19,7 +19,13 @@ def make_stack(tmp: Path, scenario: str, **overrides: object) -> LocalStack:
         persistent=True, job_seconds=1.0, reboot_seconds=2.0,
         overrides={"detector.interval": "PT1S", "remediation.drain.retry_interval": "PT1S",
                    # A killed worker's activity is retried elsewhere after this long.
-                   "remediation.heartbeat_timeout": "PT5S", **overrides},
+                   "remediation.heartbeat_timeout": "PT5S",
+                   # One stack serves a module's scenarios, several of which quarantine a
+                   # node on purpose: the quarantine cap and the outcome breaker would hold
+                   # the later scenarios back (they have tests of their own, below and in
+                   # tests/workflows/test_admission_rules.py).
+                   "detector.max_quarantined": "100%", "detector.breaker_max_quarantines": 0,
+                   **overrides},
     )
 
 
