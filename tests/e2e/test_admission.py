@@ -237,3 +237,41 @@ def test_mass_fault_trips_the_breaker_until_resumed(breaker_stack: LocalStack) -
     assert not view.breaker_open, "the nodes already seen must not trip it again"
     wait_for(breaker_stack, "a mass-fault node in remediation",
              lambda: any(k8s.state(n) != "healthy" for n in mass), timeout=20)
+
+
+# ------------------------------------------------ outcome breaker and quarantine cap
+
+
+@pytest.fixture(scope="module")
+def outcome_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    stack = make_stack(tmp_path_factory.mktemp("outcomes"), str(HERE / "breaker.yaml"),
+                       **{"detector.max_unavailable": 4,
+                          "detector.breaker_max_quarantines": 2,
+                          "detector.breaker_quarantine_window": "PT1H"})
+    with stack:
+        yield stack
+
+
+def test_remediations_ending_in_quarantine_stop_admissions_until_resume(
+        outcome_stack: LocalStack) -> None:
+    """Two remediations end in quarantine within the hour (the limit here): the detector
+    stops admitting, however much budget is free, says why, and resume reopens it."""
+    k8s, gpu = Cluster(outcome_stack), GpuSimClient(outcome_stack.gpu_url)
+    for node in ("gpu-node-01", "gpu-node-02"):
+        gpu.inject_fault(node, "0", "row-remap-failure")
+    for node in ("gpu-node-01", "gpu-node-02"):
+        wait_for(outcome_stack, f"{node} quarantined",
+                 lambda n=node: k8s.state(n) == "quarantined")
+    view = wait_for(outcome_stack, "the outcome breaker open",
+                    lambda: (v := detector_view(outcome_stack)).breaker_open and v)
+    assert view.breaker_reason.startswith(
+        "2 remediations ended in quarantine within 1:00:00 (gpu-node-01, gpu-node-02")
+    gpu.inject_fault("gpu-node-03", "0", "xid", 79)
+    waiting = wait_for(outcome_stack, "gpu-node-03 waiting behind the breaker",
+                       lambda: detector_view(outcome_stack).waiting)
+    assert waiting == ["gpu-node-03 (reboot: breaker open)"]
+    assert workflow_status(outcome_stack, "gpu-node-03") is None
+    assert "gpu_remediate_breaker_open 1.0" in metrics_text(outcome_stack)
+    detector_update(outcome_stack, "resume", reason="template fixed")
+    wait_for(outcome_stack, "gpu-node-03 remediated after resume",
+             lambda: workflow_status(outcome_stack, "gpu-node-03") is not None)
