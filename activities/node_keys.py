@@ -34,9 +34,17 @@ A_ORPHAN = f"{PREFIX}/orphaned"
 # Per GPU: last XID shown, app-XID sightings in the escalation window (xid_sightings.py).
 A_XID_SIGHTINGS = f"{PREFIX}/xid-sightings"
 
+# While a node is out of service because of us, autoscalers must leave it alone: a drained
+# or quarantined node looks empty, and scaling it down would lose the evidence and recycle a
+# bad host. Added at the claim where absent, removed on release (kept while quarantined);
+# which ones we added is recorded, so an admin's own mark is never removed.
+AUTOSCALER_MARKS = {"cluster-autoscaler.kubernetes.io/scale-down-disabled": "true",
+                    "karpenter.sh/do-not-disrupt": "true"}
+A_ADDED_MARKS = f"{PREFIX}/added-marks"
+
 # Annotations that describe an in-flight remediation; removed on release.
 IN_FLIGHT_ANNOTATIONS = (A_REASON, A_ACTION, A_STEP, A_WORKFLOW, A_RUN, A_SINCE, A_ATTEMPT,
-                         A_PRECORDONED, A_ORPHAN)
+                         A_PRECORDONED, A_ORPHAN, A_ADDED_MARKS)
 
 HISTORY_LIMIT = 20
 

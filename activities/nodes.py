@@ -27,6 +27,7 @@ from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
 from activities.node_keys import (
     A_ACK_XIDS,
     A_ACTION,
+    A_ADDED_MARKS,
     A_ATTEMPT,
     A_HISTORY,
     A_PRECORDONED,
@@ -37,6 +38,7 @@ from activities.node_keys import (
     A_TRANSITION,
     A_WORKFLOW,
     A_XID_SIGHTINGS,
+    AUTOSCALER_MARKS,
     HISTORY_LIMIT,
     IN_FLIGHT_ANNOTATIONS,
     STATE_LABEL,
@@ -162,10 +164,15 @@ class NodeActivities:
             if inp.dry_run:
                 return None
             now = inp.now.isoformat()
+            # A retry of our own claim keeps the record of what the first one added.
+            marks: dict[str, str] = {} if mine else {
+                A_ADDED_MARKS: ",".join(k for k in AUTOSCALER_MARKS if k not in ann),
+                **{k: v for k, v in AUTOSCALER_MARKS.items() if k not in ann}}
             return {
                 "metadata": {
                     "labels": {STATE_LABEL: inp.state.value},
                     "annotations": {
+                        **marks,
                         A_REASON: inp.reason,
                         A_ACTION: inp.action.value,
                         A_STEP: "claim",
@@ -263,6 +270,11 @@ class NodeActivities:
                     state = NodeState.HEALTHY.value
                     for key in IN_FLIGHT_ANNOTATIONS:
                         annotations[key] = None
+                    # Only the marks the claim added, and only known ones (the record is
+                    # on the node, which could name any annotation).
+                    for key in (ann.get(A_ADDED_MARKS) or "").split(","):
+                        if key in AUTOSCALER_MARKS:
+                            annotations[key] = None
                     taints = _taints_without_ours(node)
                     if uncordon:
                         spec["unschedulable"] = None

@@ -271,3 +271,34 @@ def test_release_dry_run_writes_nothing_to_nodes(
     inp = release().model_copy(update={"dry_run": True})
     env.run(acts.release_node, inp)
     assert cluster.writes("nodes") == []
+
+
+def test_autoscalers_are_kept_off_the_node_while_it_is_ours_and_an_admins_mark_stays(
+        cluster: Cluster, acts: NodeActivities, env: ActivityEnvironment) -> None:
+    """A drained or quarantined node looks empty to cluster-autoscaler and Karpenter; the
+    claim marks it (where unmarked), quarantine keeps the marks, release removes exactly
+    the ones the claim added."""
+    from activities.node_keys import A_ADDED_MARKS, AUTOSCALER_MARKS
+
+    ca, karpenter = AUTOSCALER_MARKS
+    cluster.core.patch_node(NODE, {"metadata": {"annotations": {karpenter: "true"}}})
+    env.run(acts.claim_node, claim())
+    ann = cluster.node(NODE).metadata.annotations
+    assert ann[ca] == "true" and ann[karpenter] == "true" and ann[A_ADDED_MARKS] == ca
+    env.run(acts.release_node, release(outcome="quarantined", uncordon=False))
+    assert cluster.node(NODE).metadata.annotations[ca] == "true", "kept while quarantined"
+    env.run(acts.release_node, release(outcome="released"))
+    ann = cluster.node(NODE).metadata.annotations
+    assert ca not in ann and A_ADDED_MARKS not in ann
+    assert ann[karpenter] == "true", "the admin's own mark stays"
+
+
+def test_release_removes_only_known_marks_whatever_the_node_wrote(
+        cluster: Cluster, acts: NodeActivities, env: ActivityEnvironment) -> None:
+    from activities.node_keys import A_ADDED_MARKS
+
+    env.run(acts.claim_node, claim())
+    cluster.core.patch_node(NODE, {"metadata": {"annotations": {
+        A_ADDED_MARKS: "example.com/keep-me", "example.com/keep-me": "x"}}})
+    env.run(acts.release_node, release())
+    assert cluster.node(NODE).metadata.annotations["example.com/keep-me"] == "x"
