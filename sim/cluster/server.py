@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
-from sim.cluster import clock, discovery, errors, handlers
+from sim.cluster import clock, discovery, errors, handlers, tables
 from sim.cluster import resources as r
 from sim.cluster.faults import FaultConfig, FaultInjector
 from sim.cluster.handlers import Target
@@ -200,10 +200,13 @@ class ClusterApi:
                     body = json.loads(raw)
                 except ValueError as err:
                     raise errors.bad_request(f"error decoding request body: {err}") from err
-            if verb == "get":
-                return _json(handlers.get(self.store, t))
-            if verb == "list":
-                return _json(handlers.list_(self.store, t, query))
+            if verb in ("get", "list"):
+                out = (handlers.get(self.store, t) if verb == "get"
+                       else handlers.list_(self.store, t, query))
+                # kubectl get asks for server-side printing, as from a real API server.
+                if not t.sub and tables.wants_table(request.headers.get("Accept", "")):
+                    return _json(tables.table(t.rt.plural, out))
+                return _json(out)
             if verb == "watch":
                 return await serve_watch(request, self.store, t, query)
             if verb == "create":

@@ -22,7 +22,8 @@ from tests.controlplane.controlplane import ControlPlane
 pytestmark = pytest.mark.controlplane
 
 REPO = Path(__file__).resolve().parents[2]
-SUITE = ["tests/sim/test_cluster_api.py", "tests/sim/test_cluster_eviction.py"]
+SUITE = ["tests/sim/test_cluster_api.py", "tests/sim/test_cluster_eviction.py",
+         "tests/sim/test_cluster_tables.py"]
 
 # test id -> (simulator outcome, real outcome, why). Keep docs/controlplane.md in step.
 KNOWN_DIFFERENCES: dict[str, tuple[str, str, str]] = {
