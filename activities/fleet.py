@@ -161,6 +161,20 @@ def _state(value: str | None, tainted: bool = False) -> tuple[NodeState, str]:
     return state, ""
 
 
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+"""GPU feature discovery's count of the GPUs on the node's PCI bus."""
+
+
+def declared_gpus(labels: dict[str, str]) -> int | None:
+    """The node's declared GPU count, or None: ASCII digits only, at most 1024 (a label is
+    node-writable input, never our record)."""
+    value = labels.get(GPU_COUNT_LABEL, "")
+    if not (0 < len(value) <= 4 and value.isascii() and value.isdigit()):
+        return None
+    count = int(value)
+    return count if count <= 1024 else None
+
+
 def _taint_keys(n: client.V1Node) -> set[str]:
     spec = getattr(n, "spec", None)
     return {t.key for t in ((spec.taints or []) if spec else []) if t.key}
@@ -411,7 +425,16 @@ class FleetActivities:
 
     async def read_many(self, names: list[str], nodes: list[GpuNode]) -> tuple[
             dict[str, NodeReadings], dict[str, str]]:
-        """Readings per node from the configured source; a node without any is in errors."""
+        """Readings per node from the configured source, with the GPU count each node
+        declares; a node without any readings is in errors."""
+        readings, errors = await self._read_many(names, nodes)
+        declared = {n.name: declared_gpus(n.labels) for n in nodes}
+        return {name: (r.model_copy(update={"declared_gpus": declared[name]})
+                       if declared.get(name) is not None else r)
+                for name, r in readings.items()}, errors
+
+    async def _read_many(self, names: list[str], nodes: list[GpuNode]) -> tuple[
+            dict[str, NodeReadings], dict[str, str]]:
         prom = self.exporter.prometheus
         if self.exporter.mode == "prometheus" and prom is not None:
             acked = {k: v for n in nodes for k, v in n.acknowledged.items()}

@@ -207,6 +207,13 @@ class PolicyConfig(_Strict):
         "service) or quarantine (held for a human's review). Never a reset: nobody knows yet "
         "what the XID needs, and a drain is not free.",
     )
+    missing_gpu_action: Action = Field(
+        default=Action.REBOOT,
+        description="Action when the exporter reports fewer GPUs than the node declares "
+        "(GPU feature discovery's nvidia.com/gpu.count): a GPU that fell off the bus, often "
+        "without an XID. reboot (a reset cannot reach a GPU the driver lost), quarantine, "
+        "alert, or none to turn the rule off.",
+    )
     recovery_action_overrides: dict[int, Action] = Field(
         default_factory=dict,
         description="Per-code actions for the driver's GPU recovery action (NVML enum), "
@@ -246,6 +253,15 @@ class PolicyConfig(_Strict):
         default_factory=AppXidEscalation,
         description="Escalation of application XIDs that repeat on one GPU.",
     )
+
+    @field_validator("missing_gpu_action")
+    @classmethod
+    def _missing_gpu(cls, action: Action) -> Action:
+        allowed = (Action.NONE, Action.ALERT, Action.REBOOT, Action.QUARANTINE)
+        if action not in allowed:
+            raise ValueError(f"must be {', '.join(a.value for a in allowed)}, "
+                             f"not {action.value!r}")
+        return action
 
     @field_validator("unknown_xid_action")
     @classmethod

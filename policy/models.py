@@ -90,6 +90,10 @@ class NodeReadings(BaseModel):
 
     node: str
     gpus: list[GpuReading] = Field(default_factory=list)
+    declared_gpus: int | None = Field(
+        default=None, ge=0, le=1024,
+        description="How many GPUs the node declares (GPU feature discovery's "
+                    "nvidia.com/gpu.count label); None when unknown.")
 
 
 class Finding(BaseModel):

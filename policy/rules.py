@@ -281,6 +281,9 @@ def evaluate_node(
     findings: list[Finding] = []
     for gpu in readings.gpus:
         findings.extend(_gpu_findings(gpu, config, acked, repeats))
+    missing = _missing_gpus(readings, config)
+    if missing is not None:
+        findings.append(missing)
     # Strongest evidence first; then by GPU so output is stable between scrapes.
     findings.sort(key=lambda f: (-SEVERITY[f.action], _gpu_order(f.gpu), f.uuid, f.rule))
     return Verdict(
@@ -288,6 +291,21 @@ def evaluate_node(
         action=most_severe([f.action for f in findings]),
         findings=findings,
     )
+
+
+def _missing_gpus(readings: NodeReadings, config: PolicyConfig) -> Finding | None:
+    """Fewer GPUs reported than the node declares: one fell off the bus (the driver lost
+    it; DCGM no longer lists it), which often comes with no XID the exporter can show.
+    Unknown (no declared count) or an empty scrape says nothing."""
+    declared = readings.declared_gpus
+    if not declared or not readings.gpus or config.missing_gpu_action == Action.NONE:
+        return None
+    seen = len({g.uuid or g.gpu for g in readings.gpus})
+    if seen >= declared:
+        return None
+    return Finding(gpu="all", signal="gpu-count", value=float(seen),
+                   rule=f"gpus-missing-{declared - seen}-of-{declared}",
+                   action=config.missing_gpu_action)
 
 
 def evaluate_fleet(

@@ -478,3 +478,31 @@ async def test_a_node_naming_a_running_workflow_of_its_own_choice_is_still_an_or
     # Right ID, wrong workflow type (a stray client started something under it).
     impostor = GpuNode("gpu-node-03", NodeState.DRAINING, "remediation-gpu-node-03", {}, {})
     assert await env.run(fleet.find_orphans, [impostor]) == ["gpu-node-03"]
+
+
+# ------------------------------------------------ a GPU gone without an XID
+
+
+async def test_a_gpu_fallen_off_the_bus_is_caught_by_the_declared_count(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    """The driver lost GPU 3: DCGM no longer lists it, so its series vanish and no XID
+    shows. GPU feature discovery still declares 8 (nvidia.com/gpu.count): 7 < 8 reboots."""
+    from activities.fleet import GPU_COUNT_LABEL
+
+    assert cluster.node("gpu-node-02").metadata.labels[GPU_COUNT_LABEL] == "8"
+    gpu_sim.client.inject_fault("gpu-node-02", 3, "fallen-off-bus")
+    obs = await observe(cluster, template(gpu_sim))
+    (verdict,) = obs.verdicts
+    assert (verdict.node, verdict.action) == ("gpu-node-02", Action.REBOOT)
+    assert verdict.findings[0].rule == "gpus-missing-1-of-8"
+    assert verdict.summary == "reboot: gpus-missing-1-of-8 on GPU all"
+    off = POLICY.model_copy(update={"missing_gpu_action": Action.NONE})
+    assert (await observe(cluster, template(gpu_sim), policy=off)).verdicts == []
+
+
+@pytest.mark.parametrize("value", ["", "8x", "٨", "+8", "99999", "0"])
+def test_a_declared_count_that_is_not_a_plain_number_is_unknown(value: str) -> None:
+    from activities.fleet import GPU_COUNT_LABEL, declared_gpus
+
+    assert declared_gpus({GPU_COUNT_LABEL: value}) is None or value == "0"
+    assert declared_gpus({GPU_COUNT_LABEL: "8"}) == 8

@@ -503,3 +503,23 @@ def test_policy_imports_nothing_with_io() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_fewer_gpus_than_declared_is_a_gpu_off_the_bus() -> None:
+    config = PolicyConfig()
+    seven = [gpu(str(i)) for i in range(7)]
+    v = evaluate_node(NodeReadings(node="n", gpus=seven, declared_gpus=8), config)
+    assert v.action == Action.REBOOT and v.findings[0].rule == "gpus-missing-1-of-8"
+    # As many as declared, a count not known, or nothing read at all: no evidence.
+    for readings in (NodeReadings(node="n", gpus=seven, declared_gpus=7),
+                     NodeReadings(node="n", gpus=seven),
+                     NodeReadings(node="n", gpus=[], declared_gpus=8)):
+        assert evaluate_node(readings, config).action == Action.NONE
+    quarantine = PolicyConfig(missing_gpu_action=Action.QUARANTINE)
+    assert evaluate_node(NodeReadings(node="n", gpus=seven, declared_gpus=8),
+                         quarantine).action == Action.QUARANTINE
+
+
+def test_missing_gpu_action_cannot_be_a_reset() -> None:
+    with pytest.raises(ValidationError, match="missing_gpu_action"):
+        PolicyConfig(missing_gpu_action=Action.RESET)
