@@ -233,10 +233,11 @@ class _StubPrometheus:
         from policy.models import GpuReading, NodeReadings
 
         self.asked = nodes
-        readings = {n: NodeReadings(node=n, gpus=[GpuReading(gpu="0", uuid=f"GPU-{n}",
-                                                              xid=79 if n == "gpu-node-01"
-                                                              else None)])
-                    for n in nodes if n != "gpu-node-02"}
+        # Every GPU the nodes declare (nvidia.com/gpu.count 8): fewer would be a finding.
+        readings = {n: NodeReadings(node=n, gpus=[
+            GpuReading(gpu=str(i), uuid=f"GPU-{n}-{i}",
+                       xid=79 if n == "gpu-node-01" and i == 0 else None) for i in range(8)])
+            for n in nodes if n != "gpu-node-02"}
         return readings, {"gpu-node-02": "gpu-node-02: no DCGM series in Prometheus"}
 
 
