@@ -158,6 +158,12 @@ def _state(value: str | None, tainted: bool = False) -> tuple[NodeState, str]:
     if state == NodeState.HEALTHY and tainted:
         return NodeState.REPAIRING, (f"carries the {TAINT_KEY} taint but its state label says "
                                      "healthy: counted as out of service")
+    if state == NodeState.QUARANTINED and not tainted:
+        # Our quarantine always carries our taint. A label alone does not count toward the
+        # quarantine cap or the outcome breaker (one node could stall every admission).
+        return NodeState.REPAIRING, ("labelled quarantined without the "
+                                     f"{TAINT_KEY} taint: counted as out of service, not as "
+                                     "quarantined")
     return state, ""
 
 
@@ -538,7 +544,7 @@ class FleetActivities:
         # or out of service (their disruption takes budget, like ours).
         flagged = {v.node for v in verdicts}
         held = [NeighbourHold(node=n.name, by=n.hold.by, detail=n.hold.detail[:200],
-                              out_of_service=n.unschedulable)
+                              out_of_service=n.unschedulable and n.hold.unforgeable)
                 for n in nodes if n.hold is not None and n.state == NodeState.HEALTHY
                 and (n.name in flagged or n.unschedulable)]
         if inp.pool_label:

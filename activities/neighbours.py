@@ -4,7 +4,9 @@ A node one of them is draining, upgrading or rebooting is not admitted (two cont
 draining one node fight over its pods, and our reboot would cut theirs short); while it is
 out of service because of them, it counts against the budget like a node of ours, since
 the fleet loses its capacity all the same. The marks are read from the Node: labels,
-annotations and taints these controllers write.
+annotations and taints these controllers write. A kubelet can write the first two on its own
+Node (and cordon it), so only a taint makes the hold count against the budget: one
+compromised node must not hold a slot by claiming a driver upgrade.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ NEIGHBOURS: tuple[Neighbour, ...] = (
 class Hold:
     by: str
     detail: str
+    unforgeable: bool = False
+    """Read from a taint, which a kubelet cannot set on its own Node (NodeRestriction); a
+    label or annotation may be the node's own word."""
 
 
 def neighbour_hold(labels: dict[str, str], annotations: dict[str, str],
@@ -55,7 +60,7 @@ def neighbour_hold(labels: dict[str, str], annotations: dict[str, str],
     for n in NEIGHBOURS:
         if n.where == "taint":
             if n.key in taints:
-                return Hold(n.who, f"taint {n.key}")
+                return Hold(n.who, f"taint {n.key}", unforgeable=True)
             continue
         source = labels if n.where == "label" else annotations
         value = source.get(n.key)

@@ -401,6 +401,9 @@ async def test_a_node_cannot_opt_itself_out_with_a_label_its_kubelet_can_set(
     # cannot change) still says otherwise.
     ({STATE_LABEL: NodeState.HEALTHY.value}, True, "taint but its state label says healthy"),
     ({}, True, "taint but its state label says healthy"),
+    # Our quarantine always carries our taint: a label alone would count toward the
+    # quarantine cap and the outcome breaker, so one node could stall every admission.
+    ({STATE_LABEL: NodeState.QUARANTINED.value}, False, "labelled quarantined without the"),
 ])
 async def test_markers_that_disagree_count_the_node_out_of_service(
         cluster: Cluster, gpu_sim: ThreadedGpuSim, labels: dict[str, str], tainted: bool,
@@ -424,6 +427,7 @@ async def test_markers_that_disagree_count_the_node_out_of_service(
 
     adm = Admission(DetectorSettings(), DetectorState(), obs, datetime.now(UTC))
     assert adm.in_use == ["gpu-node-03"] and adm.queue == []
+    assert adm.quarantined == 0, "only our taint makes a quarantine count"
     assert any(e.startswith("gpu-node-03: ") and says in e for e in obs.errors), obs.errors
 
 

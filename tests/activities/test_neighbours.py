@@ -33,27 +33,32 @@ def test_each_neighbours_mark_is_read(labels: dict, annotations: dict, taints: s
     assert all(n.why for n in NEIGHBOURS)
 
 
-async def test_a_node_under_a_driver_upgrade_waits_and_its_drain_counts(
+async def test_a_node_under_a_driver_upgrade_waits_and_a_tainted_drain_counts(
         cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
     """gpu-node-02 is flagged but the GPU Operator is upgrading its driver: it waits,
-    saying who acts on it. gpu-node-03 is cordoned by the upgrade: it takes the only slot,
-    so gpu-node-01, flagged too, waits for the budget."""
+    saying who acts on it. gpu-node-04 is cordoned under a NodeMaintenance taint (which a
+    kubelet cannot set): it takes the only slot, so gpu-node-01, flagged too, waits for the
+    budget. gpu-node-03 claims a driver upgrade and cordons itself, both of which its own
+    kubelet could write: it holds no slot, or one compromised node could stall the fleet."""
     gpu_sim.client.inject_fault("gpu-node-01", 0, "xid", 79)
     gpu_sim.client.inject_fault("gpu-node-02", 0, "xid", 79)
     upgrade = "nvidia.com/gpu-driver-upgrade-state"
     cluster.core.patch_node("gpu-node-02", {"metadata": {"labels": {upgrade: "upgrade-required"}}})
     cluster.core.patch_node("gpu-node-03", {"metadata": {"labels": {upgrade: "drain-required"}},
                                             "spec": {"unschedulable": True}})
+    cluster.core.patch_node("gpu-node-04", {"spec": {"unschedulable": True, "taints": [
+        {"key": "medik8s.io/drain", "effect": "NoSchedule"}]}})
     fleet = FleetActivities(cluster.api, ExporterSettings(
         mode="template", url_template=f"{gpu_sim.url}/nodes/{{node}}/metrics"))
     obs = await ActivityEnvironment().run(fleet.observe_fleet,
                                           ObserveInput(policy=PolicyConfig()))
     assert [(h.node, h.by, h.out_of_service) for h in obs.held] == [
         ("gpu-node-02", "GPU Operator driver upgrade", False),
-        ("gpu-node-03", "GPU Operator driver upgrade", True)]
+        ("gpu-node-03", "GPU Operator driver upgrade", False),
+        ("gpu-node-04", "Node Maintenance Operator", True)]
     adm = Admission(DetectorSettings(max_unavailable=1, breaker_max_flagged_percent=100),
                     DetectorState(), obs, datetime.now(UTC))
-    assert adm.in_use == ["gpu-node-03"]
+    assert adm.in_use == ["gpu-node-04"]
     why = {c.node: adm.blocked(c) for c in adm.queue}
     assert why == {
         "gpu-node-01": "budget full (1/1)",
