@@ -505,9 +505,16 @@ async def test_a_gpu_fallen_off_the_bus_is_caught_by_the_declared_count(
     assert (await observe(cluster, template(gpu_sim), policy=off)).verdicts == []
 
 
-@pytest.mark.parametrize("value", ["", "8x", "٨", "+8", "99999", "0"])
-def test_a_declared_count_that_is_not_a_plain_number_is_unknown(value: str) -> None:
+@pytest.mark.parametrize(("value", "expected"), [
+    ("8", 8), ("1024", 1024),
+    # Not a plain ASCII number, or absurd: unknown (a label is the node's own word).
+    ("", None), ("8x", None), ("٨", None), ("+8", None), (" 8", None), ("1025", None),
+    ("99999", None),
+    # Zero declares nothing: the rule needs a positive count (rules._missing_gpus).
+    ("0", 0),
+])
+def test_a_declared_count_is_read_as_a_plain_number_only(value: str,
+                                                          expected: int | None) -> None:
     from activities.fleet import GPU_COUNT_LABEL, declared_gpus
 
-    assert declared_gpus({GPU_COUNT_LABEL: value}) is None or value == "0"
-    assert declared_gpus({GPU_COUNT_LABEL: "8"}) == 8
+    assert declared_gpus({GPU_COUNT_LABEL: value}) == expected
