@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -595,9 +597,28 @@ def version(
             print(f"  {name:<12} {value}")
 
 
-def main() -> Any:
-    return app(prog_name="gpu-remediate")
+def main() -> NoReturn:
+    """The console entry point. It ends the process without interpreter finalization: the
+    Temporal client's runtime threads can outlive the event loop, and tearing the
+    interpreter down under them sometimes aborts a command that had already succeeded
+    (temporalio/sdk-python#300), turning its exit status into a lie for scripts."""
+    code: int = 0
+    try:
+        app(prog_name="gpu-remediate")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    except BaseException as e:  # what the interpreter would have printed, then its status
+        sys.excepthook(type(e), e, e.__traceback__)
+        code = 130 if isinstance(e, KeyboardInterrupt) else 1
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -210,7 +210,8 @@ class LocalStack:
         result = subprocess.run(self._cli("detector", "start", "--config", str(self.worker_config)),
                                 capture_output=True, text=True, timeout=60)
         if result.returncode != 0:
-            raise StackError(f"detector start failed: {result.stderr or result.stdout}")
+            raise StackError(f"detector start failed (exit {result.returncode}): "
+                             f"{result.stderr or result.stdout}")
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
