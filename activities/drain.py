@@ -1,7 +1,10 @@
 """Drain: evict a node's pods through the Eviction API, honouring PodDisruptionBudgets.
 
-The activity works in rounds and returns ``blocked`` after ``report_after`` so the
-workflow, which owns the deadline and its policy, can show progress in the UI.
+The activity works in rounds and returns ``blocked`` after ``report_after`` whenever pods
+are left, whatever holds them (a PDB, a stopped kubelet, a long grace period), so the
+workflow, which owns the deadline and its policy, shows progress and every drain ends.
+On a node that is not Ready, a pod stuck Terminating past ``not_ready_terminating_timeout``
+counts as gone.
 """
 
 from __future__ import annotations
@@ -9,14 +12,17 @@ from __future__ import annotations
 import logging
 import re
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities import metrics
 from activities.events import record_node_event
+from activities.gpus import pod_gpu_request
 from activities.kube import REQUEST_TIMEOUT, raise_typed, status_message
 from workflows.models import DrainInput, DrainResult
 
@@ -46,12 +52,7 @@ def skip_reason(pod: Any, *, gpu_pods_only: bool) -> str | None:
 
 
 def requests_gpu(pod: Any) -> bool:
-    for c in pod.spec.containers or []:
-        res = c.resources
-        for table in (getattr(res, "limits", None), getattr(res, "requests", None)):
-            if table and str(table.get("nvidia.com/gpu", "0")) not in ("0", ""):
-                return True
-    return False
+    return pod_gpu_request(pod) > 0
 
 
 def blocking_pdb(err: ApiException, namespace: str) -> str:
@@ -126,32 +127,67 @@ class DrainActivities:
             if err.status != 404:
                 raise_typed(err, f"delete {pod_key(pod)}")
 
+    def _node_ready(self, node: str) -> bool:
+        """Whether the node's kubelet reports Ready (a stopped kubelet never confirms a
+        deletion: its pods stay Terminating)."""
+        try:
+            obj = self.core.read_node(node, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status == 404:
+                raise ApplicationError(f"node {node} is gone (deleted while it was drained)",
+                                       type="NodeGone", non_retryable=True) from err
+            raise_typed(err, f"read node {node}")
+        for cond in (obj.status.conditions or []) if obj.status else []:
+            if cond.type == "Ready":
+                return bool(cond.status == "True")
+        return False
+
     @activity.defn
     def drain_node(self, inp: DrainInput) -> DrainResult:
+        """Evict until the node is empty, reporting back after ``report_after`` whatever
+        holds the drain up: a PDB that refuses, pods stuck Terminating (a stopped kubelet,
+        a finalizer, a long grace period), pods landing again. The workflow owns the
+        deadline and its policy, so every drain ends."""
         started = time.monotonic()
         evicted: set[str] = set()
         forced: set[str] = set()
-        pdb = ""
+        counted_gone: set[str] = set()
+        gone_after = inp.settings.not_ready_terminating_timeout
         while True:
+            node_ready = True if inp.dry_run else self._node_ready(inp.node)
             pods = self._pods(inp.node)
-            targets, skipped = [], []
+            now = datetime.now(UTC)
+            targets, skipped, terminating = [], [], []
             for pod in pods:
                 why = skip_reason(pod, gpu_pods_only=inp.settings.gpu_pods_only)
-                (skipped.append(f"{pod_key(pod)} ({why})") if why else targets.append(pod))
+                if why:
+                    skipped.append(f"{pod_key(pod)} ({why})")
+                    continue
+                overdue = _past_grace(pod, now)
+                if overdue is not None and not node_ready and overdue >= gone_after:
+                    # Its kubelet is not there to confirm the deletion: count it as gone.
+                    counted_gone.add(pod_key(pod))
+                    continue
+                if overdue is not None and overdue > timedelta(0):
+                    terminating.append(f"{pod_key(pod)} (for {_short(overdue)} past its grace)")
+                targets.append(pod)
             if inp.dry_run:
                 return DrainResult(outcome="planned", remaining=[pod_key(p) for p in targets],
                                    skipped=skipped, message=f"would evict {len(targets)} pods")
             if not targets:
                 clear_blocked(inp.node)
                 message = f"evicted {len(evicted)} pods" + (
-                    f", deleted {len(forced)} past the drain deadline" if forced else "")
+                    f", deleted {len(forced)} past the drain deadline" if forced else "") + (
+                    f", counted {len(counted_gone)} stuck Terminating on the NotReady node as "
+                    "gone" if counted_gone else "")
                 # The original tool's GPUDrained: the moment the node holds no workload.
                 record_node_event(self.core, inp.node, reason="DrainCompleted",
                                   message=f"drained: {message}; {len(skipped)} pods left in "
                                           "place (DaemonSet, mirror, finished or not ours)")
                 return DrainResult(outcome="drained", evicted=sorted(evicted),
                                    forced=sorted(forced), skipped=skipped,
-                                   message=f"evicted {len(evicted)} pods")
+                                   counted_gone=sorted(counted_gone), node_ready=node_ready,
+                                   message=message)
             pdb_now = ""
             for pod in targets:
                 if pod.metadata.deletion_timestamp is not None:
@@ -171,11 +207,35 @@ class DrainActivities:
                 record_node_event(self.core, inp.node, reason="DrainBlocked",
                                   message=f"eviction refused by PodDisruptionBudget {pdb_now}; "
                                           "retrying", event_type="Warning")
-            pdb = pdb_now or pdb
+            elif not pdb_now:
+                clear_blocked(inp.node)
             remaining = [pod_key(p) for p in targets]
-            activity.heartbeat({"evicted": len(evicted), "remaining": len(remaining), "pdb": pdb})
-            if pdb_now and time.monotonic() - started >= inp.report_after.total_seconds():
-                return DrainResult(outcome="blocked", evicted=sorted(evicted), remaining=remaining,
-                                   skipped=skipped, blocking_pdb=pdb,
-                                   message=f"{len(remaining)} pods left; blocked by {pdb}")
+            activity.heartbeat({"evicted": len(evicted), "remaining": len(remaining),
+                                "pdb": pdb_now, "terminating": len(terminating)})
+            if time.monotonic() - started >= inp.report_after.total_seconds():
+                # Whatever holds the drain up, the workflow hears of it on a timer: its
+                # deadline and policy apply to any pod left, not only to a PDB's.
+                result_now = DrainResult(
+                    outcome="blocked", evicted=sorted(evicted), remaining=remaining,
+                    skipped=skipped, blocking_pdb=pdb_now, terminating=terminating,
+                    counted_gone=sorted(counted_gone), node_ready=node_ready)
+                return result_now.model_copy(update={
+                    "message": f"{len(remaining)} pods left; {result_now.left_summary()}"})
             time.sleep(POLL_SECONDS if not pdb_now else inp.settings.retry_interval.total_seconds())
+
+
+def _past_grace(pod: Any, now: datetime) -> timedelta | None:
+    """How long past the end of its grace period a deleted pod is still there (negative:
+    still within it); None for a pod nobody deleted. ``deletionTimestamp`` is the moment
+    the grace period ends."""
+    ts = pod.metadata.deletion_timestamp
+    if ts is None:
+        return None
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    return now - ts
+
+
+def _short(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"

@@ -27,6 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities import annotations as node_annotations
 from activities import metrics
 from activities.events import record_node_event
+from activities.gpus import GPU_RESOURCE, declared_gpus
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
 from activities.neighbours import Hold, neighbour_hold
 from activities.node_keys import (
@@ -91,7 +92,6 @@ from workflows.models import (
 
 log = logging.getLogger(__name__)
 
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
@@ -165,20 +165,6 @@ def _state(value: str | None, tainted: bool = False) -> tuple[NodeState, str]:
                                      f"{TAINT_KEY} taint: counted as out of service, not as "
                                      "quarantined")
     return state, ""
-
-
-GPU_COUNT_LABEL = "nvidia.com/gpu.count"
-"""GPU feature discovery's count of the GPUs on the node's PCI bus."""
-
-
-def declared_gpus(labels: dict[str, str]) -> int | None:
-    """The node's declared GPU count, or None: ASCII digits only, at most 1024 (a label is
-    node-writable input, never our record)."""
-    value = labels.get(GPU_COUNT_LABEL, "")
-    if not (0 < len(value) <= 4 and value.isascii() and value.isdigit()):
-        return None
-    count = int(value)
-    return count if count <= 1024 else None
 
 
 def _taint_keys(n: client.V1Node) -> set[str]:
@@ -665,7 +651,8 @@ class FleetActivities:
     @activity.defn
     async def read_node_health(self, inp: NodeHealthInput) -> NodeHealth:
         """One node's verdict now, for the thermal watch and post-repair checks."""
-        acked = await asyncio.to_thread(self.acknowledged_xids, inp.node)
+        acked = {**await asyncio.to_thread(self.acknowledged_xids, inp.node),
+                 **inp.acknowledged}
         readings, errors = await self.read_many(
             [inp.node], [GpuNode(inp.node, NodeState.HEALTHY, "", acked, {})])
         r = readings.get(inp.node)

@@ -55,6 +55,28 @@ class JobTemplate(BaseModel):
     service_account: str | None = Field(
         default=None, max_length=253,
         description="ServiceAccount of the pod (no API token is mounted).")
+    env: dict[str, str] = Field(
+        default_factory=dict, max_length=32,
+        description="Extra environment of the container (NODE_NAME and GPU_INDEX are set by "
+                    "the worker and cannot be overridden).")
+    output: Literal["exit-code", "dcgmi-json"] = Field(
+        default="exit-code",
+        description="How the result is read: the exit code alone, or (validation) the exit "
+                    "code and the `dcgmi diag -j` JSON in the pod's log, parsed into which "
+                    "test passed or failed on which GPU; output that cannot be read fails "
+                    "the validation.")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name):
+                raise ValueError(f"{name[:40]!r} is not an environment variable name")
+            if name in ("NODE_NAME", "GPU_INDEX"):
+                raise ValueError(f"{name} is set by the worker")
+            if len(text) > 4096:
+                raise ValueError(f"{name}: a value must be at most 4096 characters")
+        return value
 
     @field_validator("image")
     @classmethod
@@ -81,22 +103,43 @@ class JobTemplate(BaseModel):
         return bool(_DIGEST.search(self.image))
 
 
+VALIDATION_COMMAND = (
+    # dcgmi is a client of nv-hostengine: a pod with its own network namespace has none
+    # unless it starts one (embedded), so the Job starts its own, then runs the medium
+    # diagnostic (memory, PCIe; about 2 minutes) with JSON output for the evidence.
+    "nv-hostengine --pid /tmp/nv-hostengine.pid --log-filename /tmp/nv-hostengine.log "
+    "&& exec dcgmi diag -r 2 -j")
+
+REBOOT_COMMAND = (
+    "nsenter -t 1 -m -u -i -n -p -- systemctl reboot "
+    "|| { sync; echo b > /proc/sysrq-trigger; }")
+
+RESET_COMMAND = (
+    # The flagged GPU where the remediation names one (GPU_INDEX), else every GPU of the
+    # node (remediation.reset_scope "node", as NVSwitch baseboards require).
+    'exec nvidia-smi --gpu-reset ${GPU_INDEX:+-i "$GPU_INDEX"}')
+
+
 def _defaults() -> dict[str, JobTemplate]:
     return {
-        # dcgmi diag with the embedded host engine needs the GPUs the Job requests, not root.
+        # dcgmi diag with its own host engine needs the GPUs the Job requests, not root.
         "validation": JobTemplate(
             purpose="validate", image="nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
-            command=["dcgmi", "diag", "-r", "2"], deadline=timedelta(minutes=20),
-            run_as_user=1000),
-        # nvidia-smi --gpu-reset needs the device nodes of GPUs no pod holds: privileged.
+            command=["/bin/sh", "-c", VALIDATION_COMMAND], deadline=timedelta(minutes=20),
+            run_as_user=1000, output="dcgmi-json"),
+        # nvidia-smi --gpu-reset needs the device nodes of GPUs nothing holds: privileged,
+        # the NVIDIA runtime to bring the driver's tools and devices in (the GPU Operator
+        # installs RuntimeClass nvidia), and the operands turned off first (the workflow).
         "gpu-reset": JobTemplate(
             purpose="gpu-reset", image="nvcr.io/nvidia/cuda:12.8.0-base-ubuntu22.04",
-            command=["nvidia-smi", "--gpu-reset"], deadline=timedelta(minutes=10),
-            privileged=True),
-        # systemctl reboot in the host's root: privileged, hostPID, / at /host.
+            command=["/bin/sh", "-c", RESET_COMMAND], deadline=timedelta(minutes=10),
+            privileged=True, runtime_class_name="nvidia",
+            env={"NVIDIA_VISIBLE_DEVICES": "all"}),
+        # Reboot through the host's PID 1: nsenter into its namespaces and ask systemd;
+        # where the host has no systemctl (Bottlerocket, Talos), the kernel's sysrq.
         "reboot": JobTemplate(
             purpose="reboot", image="busybox:1.37",
-            command=["chroot", "/host", "systemctl", "reboot"],
+            command=["/bin/sh", "-c", REBOOT_COMMAND],
             deadline=timedelta(minutes=30), privileged=True),
     }
 

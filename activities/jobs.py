@@ -17,13 +17,17 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, Ca
 
 from activities import metrics
 from activities.job_templates import JobsConfig, JobTemplate, TemplateRefused
-from activities.kube import REQUEST_TIMEOUT, raise_typed
+from activities.kube import REQUEST_TIMEOUT, raise_typed, status_message
 from activities.node_keys import A_RUN, JOB_LABEL, NODE_LABEL, label_value
+from policy.diag import DiagReport, DiagUnparseable, parse_dcgmi_json
 from workflows.models import NodeJobInput, NodeJobResult
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
+LOG_LIMIT_BYTES = 4_000_000
+"""The most of a validation pod's log read for its evidence (dcgmi diag -r 4 on 8 GPUs
+writes tens of kilobytes)."""
 
 
 def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
@@ -41,7 +45,8 @@ def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
         "name": inp.kind,
         "image": template.image,
         "command": list(template.command),
-        "env": [{"name": "NODE_NAME", "value": inp.node}],
+        "env": [*({"name": k, "value": v} for k, v in sorted(template.env.items())),
+                {"name": "NODE_NAME", "value": inp.node}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if inp.gpu_index is not None:
@@ -219,15 +224,57 @@ class JobActivities:
             self._delete(inp)
 
     def _result(self, inp: NodeJobInput, job: Any) -> NodeJobResult | None:
-        if _condition(job, "Complete"):
+        complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
+        if not complete and not failed:
+            return None
+        reads_output = self._template(inp).output == "dcgmi-json"
+        report, unreadable = self._diag_report(inp) if reads_output else (None, "")
+        if complete and not reads_output:
             metrics.JOBS.labels(inp.kind, "succeeded").inc()
             return NodeJobResult(succeeded=True, job_name=inp.name,
                                  message=f"{inp.kind} job {inp.name} succeeded")
-        if _condition(job, "Failed"):
-            metrics.JOBS.labels(inp.kind, "failed").inc()
+        if complete and report is not None and report.passed:
+            metrics.JOBS.labels(inp.kind, "succeeded").inc()
+            summary = report.summary()
+            return NodeJobResult(succeeded=True, job_name=inp.name, evidence=summary,
+                                 message=f"{inp.kind} job {inp.name} succeeded: {summary}")
+        metrics.JOBS.labels(inp.kind, "failed").inc()
+        if complete:
+            # Exit 0 is not enough: the evidence must say every test passed.
+            why = (f"dcgmi diag reports a failure: {report.summary()}" if report is not None
+                   else f"its output is no evidence: {unreadable}")
             return NodeJobResult(succeeded=False, job_name=inp.name,
-                                 message=self._failure_message(inp, job))
-        return None
+                                 evidence=report.summary() if report is not None else "",
+                                 message=f"{inp.kind} job {inp.name} exited 0 but {why}")
+        message = self._failure_message(inp, job)
+        if report is not None:
+            message = f"{report.summary()}; {message}"
+        return NodeJobResult(succeeded=False, job_name=inp.name, message=message[:2000],
+                             evidence=report.summary() if report is not None else "")
+
+    def _diag_report(self, inp: NodeJobInput) -> tuple[DiagReport | None, str]:
+        """The dcgmi diag report in the Job pod's log, or why there is none."""
+        try:
+            pods: list[Any] = self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"job-name={inp.name}",
+                _request_timeout=REQUEST_TIMEOUT).items
+        except ApiException as err:
+            return None, f"could not list the Job's pods: {err.status} {err.reason}"
+        if not pods:
+            return None, "the Job has no pod left to read"
+        pod = max(pods, key=lambda p: (p.metadata.creation_timestamp is not None,
+                                       p.metadata.creation_timestamp))
+        try:
+            log_text = self.core.read_namespaced_pod_log(
+                pod.metadata.name, self.namespace, container=inp.kind,
+                limit_bytes=LOG_LIMIT_BYTES, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            return None, (f"could not read the log of pod {pod.metadata.name}: {err.status} "
+                          f"{status_message(err) or err.reason}")
+        try:
+            return parse_dcgmi_json(str(log_text or ""), max_bytes=LOG_LIMIT_BYTES), ""
+        except DiagUnparseable as err:
+            return None, f"pod {pod.metadata.name}'s log: {err}"
 
     def _delete(self, inp: NodeJobInput) -> None:
         """Stop the Job and its pod (background deletion: the pod gets its grace period),

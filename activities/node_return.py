@@ -24,12 +24,15 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from activities.fleet import GPU_RESOURCE, FleetActivities, GpuNode
+from activities.fleet import FleetActivities, GpuNode
+from activities.gpus import GPU_RESOURCE, pod_gpu_request, quantity
 from activities.kube import REQUEST_TIMEOUT, raise_typed
-from workflows.models import NodeState, ReturnInput, ReturnResult
+from activities.node_keys import JOB_LABEL
+from workflows.models import GpusFree, GpusFreeInput, NodeState, ReturnInput, ReturnResult
 
 NODE_GONE = "NodeGone"
 NODE_NOT_BACK = "NodeNotBack"
+GPUS_NOT_FREE = "GpusNotFree"
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -50,10 +53,7 @@ def _ready(node: dict[str, Any]) -> dict[str, Any]:
 
 def _quantity(value: Any) -> int:
     """An extended resource's count ('8'); anything else reads as 0, never as back."""
-    try:
-        return int(str(value))
-    except (TypeError, ValueError):
-        return 0
+    return quantity(value)
 
 
 def missing_for_return(node: dict[str, Any], inp: ReturnInput) -> tuple[list[str], ReturnResult]:
@@ -121,6 +121,59 @@ class NodeReturnActivities:
             raise_typed(err, f"read node {name}")
         data: dict[str, Any] = json.loads(resp.data)  # type: ignore[attr-defined]
         return data
+
+    def _gpu_holders(self, node: str) -> list[str]:
+        """Pods on the node that hold GPUs through the device plugin (not our own node
+        Jobs, not finished pods), named with their owner."""
+        try:
+            pods: list[Any] = self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _request_timeout=REQUEST_TIMEOUT).items
+        except ApiException as err:
+            raise_typed(err, f"list pods on {node}")
+        holders = []
+        for pod in pods:
+            labels = (pod.metadata.labels or {}) if pod.metadata else {}
+            if JOB_LABEL in labels or (pod.status and pod.status.phase in ("Succeeded",
+                                                                            "Failed")):
+                continue
+            want = pod_gpu_request(pod)
+            if not want:
+                continue
+            owner = next((f"{r.kind} {pod.metadata.namespace}/{r.name}"
+                          for r in pod.metadata.owner_references or [] if r.controller), "")
+            holders.append(f"{pod.metadata.namespace}/{pod.metadata.name} ({want} GPU(s)"
+                           + (f", {owner}" if owner else "") + ")")
+        return holders
+
+    @activity.defn
+    async def check_gpus_free(self, inp: GpusFreeInput) -> GpusFree:
+        """One look before validation: every expected GPU allocatable (the device plugin
+        registered, no GPU marked unhealthy) and none held by another pod (a GPU-requesting
+        DaemonSet is named, since it would make every validation fail). GpusNotFree says
+        what is missing; the workflow polls by retry."""
+        node = await asyncio.to_thread(self._read, inp.node)
+        uid = str((node.get("metadata") or {}).get("uid") or "")
+        if inp.uid and uid != inp.uid:
+            raise ApplicationError(
+                f"node {inp.node} was replaced: uid {inp.uid} at claim, now {uid}",
+                type=NODE_GONE, non_retryable=True)
+        gpus = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE))
+        missing = []
+        if gpus < inp.expected_gpus:
+            missing.append(f"allocatable {GPU_RESOURCE} {gpus} of {inp.expected_gpus} "
+                           "expected (device plugin not registered, or a GPU it holds "
+                           "unhealthy or gone)")
+        holders = await asyncio.to_thread(self._gpu_holders, inp.node)
+        if holders:
+            missing.append("GPUs held by " + ", ".join(holders[:5])
+                           + (f" and {len(holders) - 5} more" if len(holders) > 5 else "")
+                           + ": validation needs every GPU of the node")
+        if missing:
+            raise ApplicationError(f"{inp.node}: not every GPU is free for validation: "
+                                   + "; ".join(missing), *missing, type=GPUS_NOT_FREE,
+                                   category=ApplicationErrorCategory.BENIGN)
+        return GpusFree(allocatable_gpus=gpus,
+                        message=f"{gpus} of {inp.expected_gpus} GPU(s) allocatable and free")
 
     @activity.defn
     async def check_node_returned(self, inp: ReturnInput) -> ReturnResult:

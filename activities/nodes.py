@@ -23,6 +23,7 @@ from activities import annotations as node_annotations
 from activities import metrics
 from activities.drain import clear_blocked
 from activities.events import record_node_event
+from activities.gpus import GPU_RESOURCE, declared_gpus, quantity
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
 from activities.node_keys import (
     A_ACK_XIDS,
@@ -154,8 +155,11 @@ class NodeActivities:
             pre = ann.get(A_PRECORDONED) == "true" if mine else bool(node.spec.unschedulable)
             seen["pre"] = pre
             seen["history"] = parse_history(ann.get(A_HISTORY))
+            # The GPUs to expect back: the node's declared count (GPU feature discovery),
+            # or its capacity if larger. Capacity alone misses a GPU already gone at claim.
             capacity = (node.status.capacity or {}) if node.status else {}
-            seen["gpus"] = int(str(capacity.get("nvidia.com/gpu", "0")) or 0)
+            seen["gpus"] = max(quantity(capacity.get(GPU_RESOURCE)),
+                               declared_gpus(meta_dict(node, "labels")) or 0)
             # Identity and boot at claim: a reboot is confirmed by a new boot ID, and a
             # node that comes back under the same name with another UID is a new machine.
             info = node.status.node_info if node.status else None
@@ -266,6 +270,10 @@ class NodeActivities:
                 if inp.outcome == "quarantined":
                     state = NodeState.QUARANTINED.value
                     annotations[A_STEP] = "quarantined"
+                    # Every quarantine write re-applies the hold: a node that uncordoned
+                    # itself (a kubelet may) or lost our taint is held again.
+                    spec["unschedulable"] = True
+                    spec["taints"] = [*_taints_without_ours(node), our_taint()]
                 else:
                     state = NodeState.HEALTHY.value
                     for key in IN_FLIGHT_ANNOTATIONS:

@@ -24,6 +24,7 @@ from activities.jobs import JobActivities
 from activities.kube import KubeSettings, make_api_client
 from activities.node_return import NodeReturnActivities
 from activities.nodes import NodeActivities
+from activities.operands import OperandActivities
 from activities.prometheus_source import PrometheusSource
 from activities.visibility import VisibilityActivities
 from worker.config import Settings, WorkerConfig
@@ -72,12 +73,16 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     jobs = JobActivities(api, settings.jobs)
     events = EventActivities(api)
     fleet = build_fleet(settings, api)
+    back = NodeReturnActivities(api, fleet)
+    operands = OperandActivities(api)
     return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,
             jobs.run_node_job, jobs.poll_node_job, jobs.delete_node_job,
             fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
             fleet.check_thermal,
             fleet.release_orphan, events.record_event,
-            NodeReturnActivities(api, fleet).check_node_returned,
+            back.check_node_returned, back.check_gpus_free,
+            operands.pause_gpu_operands, operands.check_operands_gone,
+            operands.restore_gpu_operands, operands.check_operands_back,
             fleet.report_admission]
 
 

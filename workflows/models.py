@@ -7,6 +7,7 @@ in-flight workflows keep decoding their history after an upgrade.
 
 from __future__ import annotations
 
+import re
 import zlib
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -113,13 +114,21 @@ class DrainSettings(_Model):
     )
     report_after: timedelta = Field(
         default=timedelta(seconds=15), gt=timedelta(0), le=timedelta(days=1),
-        description="While a PDB blocks the drain, report progress (blocking PDB, pods left) "
-                    "to the workflow after this long at first; the interval doubles each "
-                    "blocked round up to report_max, so a drain blocked for days stays cheap.",
+        description="While pods are left (refused by a PDB, Terminating, landing again), "
+                    "report progress to the workflow after this long at first; the interval "
+                    "doubles each round up to report_max, so a drain stuck for days stays "
+                    "cheap.",
     )
     report_max: timedelta = Field(
         default=timedelta(minutes=10), gt=timedelta(0), le=timedelta(days=1),
         description="The longest interval between progress reports of a blocked drain.",
+    )
+    not_ready_terminating_timeout: timedelta = Field(
+        default=timedelta(minutes=5), gt=timedelta(0), le=timedelta(days=1),
+        description="On a node that is not Ready (its kubelet stopped, often the fault being "
+                    "repaired), a pod still Terminating this long past the end of its grace "
+                    "period counts as gone: that kubelet will never confirm the deletion "
+                    "(kubectl drain's --skip-wait-for-delete-timeout).",
     )
 
 
@@ -159,6 +168,37 @@ class ThermalSettings(_Model):
     )
 
 
+class GpuOperatorSettings(_Model):
+    """The GPU Operator's operands around a GPU reset (they hold the GPUs)."""
+
+    operands: list[str] = Field(
+        default_factory=lambda: ["device-plugin", "dcgm", "dcgm-exporter",
+                                 "gpu-feature-discovery"],
+        max_length=16,
+        description="Operands turned off (node label nvidia.com/gpu.deploy.<operand>=false) "
+                    "before a GPU reset and restored after; only labels found \"true\" are "
+                    "touched. Empty: the node's GPU software is not managed by the GPU "
+                    "Operator (stop its GPU clients another way, e.g. in the reset template).")
+    namespace: str = Field(default="gpu-operator", min_length=1, max_length=63,
+                           description="Where the operand DaemonSets run.")
+    stop_timeout: timedelta = Field(
+        default=timedelta(minutes=10), gt=timedelta(0), le=timedelta(hours=2),
+        description="How long the operand pods may take to leave the node; past it the reset "
+                    "counts as failed (and escalates to a reboot).")
+    start_timeout: timedelta = Field(
+        default=timedelta(minutes=10), gt=timedelta(0), le=timedelta(hours=2),
+        description="How long the operands may take to be Ready again, with every GPU "
+                    "allocatable, after the reset; past it the reset counts as failed.")
+
+    @field_validator("operands")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,40}[a-z0-9])?", name):
+                raise ValueError(f"{name[:60]!r} is not an operand name (e.g. device-plugin)")
+        return value
+
+
 class RemediationSettings(_Model):
     heartbeat_timeout: timedelta = Field(
         default=timedelta(seconds=30), gt=timedelta(0), le=timedelta(hours=1),
@@ -189,6 +229,17 @@ class RemediationSettings(_Model):
         description="After a reboot, how long the node has to come back (new boot ID, Ready, "
                     "GPUs allocatable, exporter answering) before it is quarantined.",
     )
+    gpus_free_timeout: timedelta = Field(
+        default=timedelta(minutes=10), gt=timedelta(0), le=timedelta(hours=2),
+        description="Before validation, how long to wait for every expected GPU to be "
+                    "allocatable and free (device plugin registered, nothing else holding "
+                    "one); past it the validation fails with the reason.")
+    reset_scope: Literal["gpu", "node"] = Field(
+        default="gpu",
+        description="gpu: reset the flagged GPU (GPU_INDEX) when the finding names one; "
+                    "node: every GPU of the node at once (NVSwitch/HGX baseboards reset "
+                    "together).")
+    gpu_operator: GpuOperatorSettings = Field(default_factory=GpuOperatorSettings)
     max_repair_attempts: int = Field(
         default=2, ge=1, description="Repair + validation rounds before quarantine."
     )
@@ -424,7 +475,29 @@ class DrainResult(_Message):
     skipped: list[str] = Field(default_factory=list)
     forced: list[str] = Field(default_factory=list)
     blocking_pdb: str = ""
+    terminating: list[str] = Field(
+        default_factory=list,
+        description="Pods left that are Terminating past their grace period (a stopped "
+                    "kubelet, a finalizer): eviction cannot move them again.")
+    counted_gone: list[str] = Field(
+        default_factory=list,
+        description="Pods stuck Terminating on a node that is not Ready, counted as gone "
+                    "after drain.not_ready_terminating_timeout.")
+    node_ready: bool = True
     message: str = ""
+
+    def left_summary(self) -> str:
+        """Why pods are left, for the UI and the Events: the PDB, the stuck ones, or both."""
+        parts = []
+        if self.blocking_pdb:
+            parts.append(f"blocked by PDB {self.blocking_pdb}")
+        if self.terminating:
+            parts.append(f"{len(self.terminating)} Terminating past their grace period "
+                         f"({', '.join(self.terminating[:3])}"
+                         + (", ..." if len(self.terminating) > 3 else "") + ")")
+        if not self.node_ready:
+            parts.append("node not Ready")
+        return "; ".join(parts) or "pods still leaving"
 
 
 class NodeJobInput(_Message):
@@ -443,11 +516,32 @@ class NodeJobResult(_Message):
     succeeded: bool
     message: str
     job_name: str
+    evidence: str = Field(
+        default="", max_length=2000,
+        description="What the Job proved, read from its output (validation: the dcgmi diag "
+                    "summary, which tests passed or failed on which GPU).")
 
 
 class NodeHealthInput(_Message):
     node: str
     policy: PolicyConfig
+    acknowledged: dict[str, int] = Field(
+        default_factory=dict,
+        description="XIDs to read as acknowledged besides the node's own record: those the "
+                    "remediation in progress handles and has not written yet.")
+
+
+class GpusFreeInput(_Message):
+    """One look before validation: may a pod have every GPU of the node now?"""
+
+    node: str
+    uid: str = Field(default="", description="metadata.uid at claim; '' skips the check.")
+    expected_gpus: int = Field(ge=0)
+
+
+class GpusFree(_Message):
+    allocatable_gpus: int
+    message: str
 
 
 class NodeHealth(_Message):

@@ -22,7 +22,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
-    from policy.models import Action, Verdict
+    from policy.models import SEVERITY, Action, Verdict
     from policy.rules import SIG_XID, gpu_key
     from workflows.commands import abort_requester, checked_command
     from workflows.models import (
@@ -30,8 +30,12 @@ with workflow.unsafe.imports_passed_through():
         ClaimResult,
         DrainInput,
         DrainResult,
+        GpusFree,
+        GpusFreeInput,
         HistoryEntry,
         NodeEventInput,
+        NodeHealth,
+        NodeHealthInput,
         NodeJobInput,
         NodeJobResult,
         NodeState,
@@ -52,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
         ThermalWatchResult,
         Transition,
     )
+    from workflows.operands import OperandsInput, OperandsPaused, OperandsState, OperandsWaitInput
     from workflows.search_attributes import REMEDIATION_ACTION, REMEDIATION_STATE
 
 NODE_RETRY = RetryPolicy(
@@ -60,11 +65,25 @@ NODE_RETRY = RetryPolicy(
     non_retryable_error_types=["NotFound", "Invalid"],
 )
 NODE_CALL = timedelta(minutes=2)
+# A drain round that keeps failing (not "blocked": failing) ends after this many tries,
+# in quarantine with the cause, instead of retrying for ever.
+DRAIN_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=40,
+    non_retryable_error_types=["NotFound", "Invalid", "NodeGone"],
+)
 # Polling by retry: an activity that raises "not yet" every few seconds until the node
 # shows what we wait for (or the schedule-to-close timeout ends the wait).
 POLL_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=5), backoff_coefficient=1.0,
     maximum_interval=timedelta(seconds=5), non_retryable_error_types=["NodeGone", "Invalid"],
+)
+# Waits for the node (operands gone or back, GPUs free) polled the same way.
+WAIT_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=5), backoff_coefficient=1.0,
+    maximum_interval=timedelta(seconds=5),
+    non_retryable_error_types=["NodeGone", "Invalid", "NotFound"],
 )
 TRANSITIONS_KEPT = 50
 PLAN_KEPT = 100
@@ -130,6 +149,9 @@ class RemediationWorkflow:
         # the same node (same UID), never by the reboot Job's exit code.
         self.boot_id = r.boot_id if r else ""
         self.job_in_progress: NodeJobInput | None = None
+        # GPU Operator operands this remediation turned off for a GPU reset: restored after
+        # the reset, and by an abort or a failed step, so the node is left as found.
+        self.operands_paused: OperandsPaused | None = None
         self.signal_events = 0  # Events recorded for rejected signals in this run
         self.uid = r.uid if r else ""
 
@@ -322,16 +344,15 @@ class RemediationWorkflow:
                 result = await (self._resume(inp.resume) if inp.resume else self._remediate())
             except _GiveUp as give_up:
                 result = await self._finish("released", str(give_up))
-            except NodeGone:
-                result = RemediationResult(node=inp.node, outcome="released",
-                                           attempts=self.view.attempt,
-                                           message="node deleted during remediation")
+            except NodeGone as gone:
+                result = await self._node_gone(gone)
             except ActivityError as err:
                 if not self.claimed:
                     raise
                 # A step failed in a way retries cannot fix (bad config, missing namespace,
                 # invalid object): hold the node for a human rather than fail the workflow,
                 # which would leave it cordoned with nobody watching.
+                await self._restore_operands(best_effort=True)
                 result = await self._quarantine(
                     f"step {self.view.step} failed: {_cause(err)}", self._acknowledged_xids())
         except asyncio.CancelledError:
@@ -597,7 +618,7 @@ class RemediationWorkflow:
                            report_after=report_after, dry_run=self.inp.dry_run),
                 DrainResult,
                 timeout=max(timedelta(minutes=10), report_after + timedelta(minutes=5)),
-                heartbeat=True,
+                heartbeat=True, retry=DRAIN_RETRY,
                 summary=("force-delete" if self.drain_force else "evict")
                 + f" pods on {self.inp.node}",
             )
@@ -615,9 +636,9 @@ class RemediationWorkflow:
             if result.blocking_pdb != self.view.blocking_pdb:
                 self.view.blocking_pdb = result.blocking_pdb
                 self.view.blocked_since = workflow.now()
-            blocked_for = workflow.now() - (self.view.blocked_since or started)
-            self._details(f"evicting {len(result.remaining)} pods; blocked by PDB "
-                          f"{result.blocking_pdb} for {_minutes(blocked_for)}")
+            held = result.left_summary()
+            self._details(f"evicting {len(result.remaining)} pods; {held}; draining for "
+                          f"{_minutes(workflow.now() - started)}")
             if self._quarantine_due() and self.action != Action.QUARANTINE:
                 # An order to quarantine does not need an empty node: stop fighting the PDB.
                 return
@@ -629,12 +650,14 @@ class RemediationWorkflow:
                                       event_type="Warning")
                     self.drain_force = True
                 elif d.deadline_policy == "release":
-                    raise _GiveUp(f"drain deadline {d.deadline} passed, blocked by "
-                                  f"{result.blocking_pdb}; released the node")
+                    raise _GiveUp(f"drain deadline {d.deadline} passed with "
+                                  f"{len(result.remaining)} pods left ({held}); released "
+                                  "the node")
                 elif d.deadline_policy == "wait" and self.view.step != "drain-overdue":
                     await self._enter(NodeState.DRAINING, "drain-overdue", "DrainOverdue",
-                                      f"drain deadline {d.deadline} passed; still blocked by "
-                                      f"{result.blocking_pdb}; waiting", event_type="Warning")
+                                      f"drain deadline {d.deadline} passed with "
+                                      f"{len(result.remaining)} pods left ({held}); waiting",
+                                      event_type="Warning")
             # Reports back off (report_after doubling up to report_max): the activity keeps
             # evicting every retry_interval in between, so a drain blocked for a week costs
             # a few thousand history events, not a hundred thousand.
@@ -668,7 +691,7 @@ class RemediationWorkflow:
                 return await self._quarantine(self._quarantine_reason(), acked)
             await self._enter(NodeState.VALIDATING, "validate", "ValidationStarted",
                               f"attempt {attempt}: validation Job on all {self.gpus} GPUs")
-            check = await self._job("validate", attempt)
+            check = await self._validate(attempt)
             if self._quarantine_due():
                 # An operator's order outranks a passing validation.
                 return await self._quarantine(self._quarantine_reason(), acked)
@@ -690,6 +713,8 @@ class RemediationWorkflow:
                               f"attempt {attempt}/{s.max_repair_attempts}: {kind}")
             if kind == "reboot" and workflow.patched("reboot-confirmed-by-the-node"):
                 return await self._reboot(attempt)
+            if kind == "gpu-reset" and workflow.patched("reset-beside-gpu-operator"):
+                return await self._reset(attempt)
             return await self._job(kind, attempt)
         await self._enter(NodeState.REPAIRING, "external", "ExternalRepairRequested",
                           f"attempt {attempt}: {kind} handed off; waiting for `gpu-remediate "
@@ -736,17 +761,161 @@ class RemediationWorkflow:
                 summary=f"wait for {self.inp.node} to come back from its reboot")
         except ActivityError as err:
             why = f"did not return within {timeout} of its reboot: {_cause(err)}"
-            await self._note_event("NodeDidNotReturn", f"{self.inp.node} {why}")
+            await self._note_event("NodeDidNotReturn", f"{self.inp.node} {why}", "Warning")
             return NodeJobResult(succeeded=False, job_name=job.job_name, message=why)
         self._set(NodeState.REPAIRING, "rebooted")
         self._details(back.message)
         await self._note_event("NodeRebooted", back.message)
         return NodeJobResult(succeeded=True, job_name=job.job_name, message=back.message)
 
-    async def _note_event(self, reason: str, message: str) -> None:
+    async def _reset(self, attempt: int) -> NodeJobResult:
+        """GPU reset beside the GPU Operator: its operands hold the GPUs, so they are turned
+        off (only labels found "true"), the reset runs once they are gone, they are turned
+        back on exactly as found, and the reset counts only once they are Ready again with
+        every GPU allocatable (a device plugin restart also clears a GPU it held unhealthy
+        after the XID)."""
+        op = self.inp.settings.gpu_operator
+        if not op.operands:
+            return await self._job("gpu-reset", attempt)
+        paused: OperandsPaused = await self._node_call(
+            "pause_gpu_operands",
+            OperandsInput(node=self.inp.node, operands=op.operands, namespace=op.namespace,
+                          dry_run=self.inp.dry_run),
+            OperandsPaused, summary=f"turn GPU Operator operands off on {self.inp.node}")
+        labels = sorted(paused.changed)
+        self._plan(f"turn off GPU Operator operands ({', '.join(labels) or 'none on'}); "
+                   "reset; restore them as found; wait until Ready with every GPU")
+        if self.inp.dry_run:
+            return await self._job("gpu-reset", attempt)
+        self.operands_paused = paused
+        if labels:
+            self._details(f"waiting up to {op.stop_timeout} for the operands to leave "
+                          f"({', '.join(labels)})")
+            gone = await self._wait_for(
+                "check_operands_gone",
+                OperandsWaitInput(node=self.inp.node, labels=labels, namespace=op.namespace),
+                OperandsState, op.stop_timeout, f"wait for operands to leave {self.inp.node}")
+            if isinstance(gone, str):
+                await self._restore_operands()
+                return NodeJobResult(succeeded=False, job_name="",
+                                     message=f"GPU Operator operands did not stop within "
+                                             f"{op.stop_timeout}: {gone}")
+        result = await self._job("gpu-reset", attempt)
+        await self._restore_operands()
+        if labels:
+            self._details(f"reset {'done' if result.succeeded else 'failed'}; waiting up to "
+                          f"{op.start_timeout} for the operands and {self.gpus} GPUs")
+            back = await self._wait_for(
+                "check_operands_back",
+                OperandsWaitInput(node=self.inp.node, labels=labels, namespace=op.namespace,
+                                  expected_gpus=self.gpus),
+                OperandsState, op.start_timeout, f"wait for operands on {self.inp.node}")
+            if isinstance(back, str) and result.succeeded:
+                return NodeJobResult(succeeded=False, job_name=result.job_name,
+                                     message=f"reset done, but the GPU Operator operands were "
+                                             f"not back within {op.start_timeout}: {back}")
+        return result
+
+    async def _restore_operands(self, *, best_effort: bool = False) -> None:
+        """Turn back on what the reset turned off (idempotent; nothing when nothing is
+        paused). ``best_effort``: on the way to quarantine or out of an abort, a failure is
+        logged, not raised: the node is held anyway and the Event says what to restore."""
+        paused = self.operands_paused
+        if paused is None:
+            return
+        try:
+            await self._node_call("restore_gpu_operands", paused, type(None),
+                                  summary=f"turn GPU Operator operands back on on "
+                                          f"{self.inp.node}", check_cancel=not best_effort)
+        except (ActivityError, NodeGone) as err:
+            if not best_effort:
+                raise
+            workflow.logger.warning("could not restore the GPU Operator operands on %s: %s",
+                                    self.inp.node, err)
+            return
+        self.operands_paused = None
+
+    async def _wait_for(self, activity_name: str, arg: Any, result_type: Any,
+                        timeout: timedelta, summary: str) -> Any:
+        """Poll a one-look activity by retry until it answers or ``timeout`` passes; on
+        timeout, the last "not yet" as a string (the reason for the Event and history)."""
+        try:
+            return await self._call(activity_name, arg, result_type,
+                                    timeout=timedelta(minutes=1), heartbeat=False,
+                                    retry=WAIT_RETRY, schedule_to_close=timeout,
+                                    summary=summary)
+        except ActivityError as err:
+            if not _timed_out(err):
+                raise
+            return _cause(err)
+
+    async def _validate(self, attempt: int) -> NodeJobResult:
+        """Validation that proves something: every expected GPU free first (a GPU the
+        device plugin still holds unhealthy, or a GPU-requesting DaemonSet, is named as
+        the reason instead of a Job that cannot start), the Job's dcgmi evidence, then
+        the exporter read again: the node is not returned while a fault still shows."""
+        if not workflow.patched("validation-proves-the-node"):
+            return await self._job("validate", attempt)
+        s = self.inp.settings
+        if not self.inp.dry_run and self.gpus > 0:
+            free = await self._wait_for(
+                "check_gpus_free",
+                GpusFreeInput(node=self.inp.node, uid=self.uid, expected_gpus=self.gpus),
+                GpusFree, s.gpus_free_timeout, f"wait for {self.gpus} free GPUs on "
+                                               f"{self.inp.node}")
+            if isinstance(free, str):
+                return NodeJobResult(succeeded=False, job_name="",
+                                     message=f"not every GPU free for validation within "
+                                             f"{s.gpus_free_timeout}: {free}")
+        check = await self._job("validate", attempt)
+        if not check.succeeded or self.inp.dry_run:
+            return check
+        self._plan("read the node's DCGM health again; return it only if no fault shows")
+        health: NodeHealth = await self._node_call(
+            "read_node_health",
+            NodeHealthInput(node=self.inp.node, policy=self.inp.policy,
+                            acknowledged=self._acknowledged_xids()),
+            NodeHealth, summary=f"read {self.inp.node}'s DCGM health after validation")
+        if not health.readable:
+            return check.model_copy(update={
+                "succeeded": False,
+                "message": f"validation passed, but the exporter does not answer: "
+                           f"{health.message}"})
+        faults = [f for f in (health.verdict.findings if health.verdict else [])
+                  if SEVERITY[f.action] >= SEVERITY[Action.RESET]]
+        if faults:
+            shown = "; ".join(f"{f.rule} on GPU {f.gpu}" for f in faults[:3])
+            return check.model_copy(update={
+                "succeeded": False,
+                "message": f"validation passed, but DCGM still reports: {shown}"})
+        return check
+
+    async def _node_gone(self, gone: NodeGone) -> RemediationResult:
+        """The node was deleted, or replaced by another machine under its name (another
+        UID). Nothing of ours is on a new machine, and it is not ours to touch: the
+        remediation ends; its record is this workflow's result and history (they outlive
+        the Node object), and an Event on the name tells whoever looks at the new node."""
+        cause = _cause(gone.__cause__) if gone.__cause__ else "node deleted"
+        why = (f"node gone during remediation ({cause}); remediation {self.view.step} "
+               f"attempt {self.view.attempt} ended, the new node is left untouched")
+        self._set(self.view.state, "node-gone")
+        self._details(why)
+        if workflow.patched("node-gone-event"):
+            try:
+                await self._note_event("NodeGone", f"{why}; record: workflow "
+                                                   f"{workflow.info().workflow_id}", "Warning")
+            except (ActivityError, NodeGone) as err:
+                workflow.logger.warning("NodeGone Event for %s not recorded: %s",
+                                        self.inp.node, err)
+        return RemediationResult(node=self.inp.node, outcome="released",
+                                 attempts=self.view.attempt, message=why)
+
+    async def _note_event(self, reason: str, message: str,
+                          event_type: Literal["Normal", "Warning"] = "Normal") -> None:
         """An Event on the node that goes with no state change."""
         await self._node_call("record_event",
-                              NodeEventInput(node=self.inp.node, reason=reason, message=message),
+                              NodeEventInput(node=self.inp.node, reason=reason, message=message,
+                                             event_type=event_type),
                               type(None), summary=f"event {reason}")
 
     async def _quarantine(self, why: str, acked: dict[str, int] | None = None, *,
@@ -787,7 +956,7 @@ class RemediationWorkflow:
             if left:
                 check = NodeJobResult(succeeded=False, job_name="", message=left)
             else:
-                check = await self._job("validate", self.view.attempt)
+                check = await self._validate(self.view.attempt)
             self.release_order = None
             if check.succeeded:
                 self.quarantine_order = None
@@ -809,14 +978,14 @@ class RemediationWorkflow:
                 "drain_node",
                 DrainInput(node=self.inp.node, settings=d, report_after=d.report_after,
                            dry_run=self.inp.dry_run),
-                DrainResult, timeout=timedelta(minutes=10), heartbeat=True,
+                DrainResult, timeout=timedelta(minutes=10), heartbeat=True, retry=DRAIN_RETRY,
                 summary=f"evict what is left on {self.inp.node} before validation")
             self.view.pods_left = len(result.remaining)
             if result.outcome in ("drained", "planned"):
                 return ""
             if workflow.now() - started >= d.deadline:
-                return (f"{len(result.remaining)} pods still on the node, eviction blocked by "
-                        f"{result.blocking_pdb} for {d.deadline}")
+                return (f"{len(result.remaining)} pods still on the node after {d.deadline} "
+                        f"({result.left_summary()})")
             await workflow.sleep(d.retry_interval, summary="before the next eviction round")
 
     def _acknowledged_xids(self) -> dict[str, int]:
@@ -830,7 +999,7 @@ class RemediationWorkflow:
         s = self.inp.settings
         name = node_job_name(kind, self.inp.node, workflow.info().run_id, attempt)
         gpu_index = None
-        if kind == "gpu-reset":
+        if kind == "gpu-reset" and s.reset_scope == "gpu":
             gpus = sorted({f.gpu for f in self.inp.verdict.findings if f.gpu.isdecimal()})
             gpu_index = gpus[0] if len(gpus) == 1 else None
         self._plan(f"run {kind} Job {name} on {self.inp.node}"
@@ -929,6 +1098,7 @@ class RemediationWorkflow:
             except ActivityError as err:
                 workflow.logger.warning("could not delete %s: %s", self.job_in_progress.name,
                                         _cause(err))
+        await self._restore_operands(best_effort=True)
         try:
             await self._release_call("aborted", why, {}, claim_unconfirmed=not self.claimed)
         except NodeGone:

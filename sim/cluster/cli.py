@@ -87,6 +87,14 @@ def serve(
     reregister_seconds: Annotated[
         float, typer.Option(help="A replaced node is absent this long before it registers.")
     ] = 1.0,
+    operand_seconds: Annotated[
+        float, typer.Option(help="A GPU Operator operand pod's start to Ready (device plugin, "
+                                 "DCGM, dcgm-exporter, GPU feature discovery).")
+    ] = 1.0,
+    plugin_health_seconds: Annotated[
+        float, typer.Option(help="How often the device plugins' health check learns XIDs "
+                                 "from the GPU simulator.")
+    ] = 1.0,
     reboot_seed: Annotated[
         int, typer.Option(help="Seed of the draw: reboot command returns first or is killed.")
     ] = 0,
@@ -100,6 +108,7 @@ def serve(
             reboot_seconds=reboot_seconds, shutdown_seconds=shutdown_seconds,
             device_plugin_seconds=device_plugin_seconds,
             status_grace_seconds=status_grace_seconds, reregister_seconds=reregister_seconds,
+            operand_seconds=operand_seconds, plugin_health_seconds=plugin_health_seconds,
             seed=reboot_seed,
         )
     except ValueError as err:

@@ -76,6 +76,7 @@ class ControllerManager:
             DisruptionController(store),
         ]
         self._task: asyncio.Task[None] | None = None
+        self._health_task: asyncio.Task[None] | None = None
 
     def tick(self) -> None:
         now = clock.now()
@@ -91,12 +92,26 @@ class ControllerManager:
             self.tick()
             await asyncio.sleep(TICK_SECONDS)
 
+    async def _plugin_health(self) -> None:
+        """The device plugins' health checks: one request to the GPU simulator per round
+        for the whole fleet, and only while some device plugin runs."""
+        while True:
+            await asyncio.sleep(self.kubelet.timing.plugin_health_seconds)
+            if self.gpu.base_url is None or not self.kubelet.plugin_running():
+                continue
+            xids = await self.gpu.fleet_xids()
+            if xids is not None:
+                self.kubelet.plugin_health(xids)
+
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run())
+        self._health_task = loop.create_task(self._plugin_health())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._health_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.gpu.aclose()

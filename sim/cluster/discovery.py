@@ -78,17 +78,14 @@ def resource_list(group_version: str) -> dict[str, Any] | None:
                 }
             )
         for sub in r.EXTRA_SUBRESOURCES.get(rt.key, ()):
-            out.append(
-                {
-                    "name": f"{rt.plural}/{sub}",
-                    "singularName": "",
-                    "namespaced": rt.namespaced,
-                    "group": "policy",
-                    "version": "v1",
-                    "kind": "Eviction",
-                    "verbs": ["create"],
-                }
-            )
+            entry: dict[str, Any] = {"name": f"{rt.plural}/{sub}", "singularName": "",
+                                     "namespaced": rt.namespaced}
+            if sub == "eviction":
+                entry.update({"group": "policy", "version": "v1", "kind": "Eviction",
+                              "verbs": ["create"]})
+            else:  # pods/log: plain text, read only
+                entry.update({"kind": rt.kind, "verbs": ["get"]})
+            out.append(entry)
     return {
         "kind": "APIResourceList",
         "apiVersion": "v1",

@@ -7,6 +7,7 @@ through the API behave the same way.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sim.cluster import clock, defaults, objects
@@ -16,8 +17,36 @@ from sim.scenario import Pool, Scenario, Workload
 
 POOL_LABEL = "sim.gpu-remediate.io/pool"
 DCGM_NAMESPACE = "gpu-operator"
+OPERATOR_NAMESPACE = DCGM_NAMESPACE
 DCGM_PORT = 9400
-BASE_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease", DCGM_NAMESPACE)
+# The GPU Operator runs one DaemonSet per operand and turns each on or off per node with
+# the node label `nvidia.com/gpu.deploy.<operand>` ("true"/"false"); it labels every GPU
+# node "true" when the node joins.
+DEPLOY_LABEL = "nvidia.com/gpu.deploy.{}"
+DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
+
+
+@dataclass(frozen=True)
+class Operand:
+    name: str  # the DaemonSet's name, also its pods' `app` label
+    deploy: str  # the operand's part of `nvidia.com/gpu.deploy.<operand>`
+    image: str
+    holds_gpus: bool  # keeps /dev/nvidia* open while it runs
+
+
+OPERANDS = (
+    Operand(DEVICE_PLUGIN, "device-plugin",
+            "nvcr.io/nvidia/k8s-device-plugin:v0.17.1", True),
+    Operand("nvidia-dcgm", "dcgm", "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04", True),
+    Operand("nvidia-dcgm-exporter", "dcgm-exporter",
+            "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04", True),
+    Operand("gpu-feature-discovery", "gpu-feature-discovery",
+            "nvcr.io/nvidia/k8s-device-plugin:v0.17.1", False),
+)
+DEPLOY_LABELS = {DEPLOY_LABEL.format(o.deploy): "true" for o in OPERANDS}
+BASE_NAMESPACES = (
+    "default", "kube-system", "kube-public", "kube-node-lease", DCGM_NAMESPACE,
+)
 _INSTANCE_TYPES = {"H100": "p5.48xlarge", "A100": "p4d.24xlarge", "L40S": "g6e.48xlarge"}
 
 
@@ -42,6 +71,7 @@ def node_object(name: str, pool: Pool, index: int) -> Obj:
         "node.kubernetes.io/instance-type": _instance_type(pool),
         "nvidia.com/gpu.count": gpus,
         POOL_LABEL: pool.name,
+        **DEPLOY_LABELS,
         **pool.labels,
     }
     capacity = {
@@ -153,33 +183,39 @@ def _pdb(w: Workload, labels: dict[str, str]) -> Obj:
     return {"metadata": {"name": w.name, "namespace": w.namespace}, "spec": spec}
 
 
-def _dcgm_daemonset() -> Obj:
-    labels = {"app": "nvidia-dcgm-exporter"}
+def _operand_daemonset(op: Operand, operand_seconds: float) -> Obj:
+    labels = {"app": op.name}
+    annotations = {objects.READINESS_DELAY: str(operand_seconds)}
+    if op.holds_gpus:
+        annotations[objects.HOLDS_GPUS] = "true"
+    container: dict[str, Any] = {"name": op.name, "image": op.image}
+    if op.name == "nvidia-dcgm-exporter":
+        # Scraped on the node's loopback by the product's tests and demos.
+        annotations[objects.POD_IP] = "127.0.0.1"
+        container["ports"] = [{"name": "metrics", "containerPort": DCGM_PORT, "protocol": "TCP"}]
+    if op.name == "nvidia-dcgm":
+        container["ports"] = [{"name": "dcgm", "containerPort": 5555, "protocol": "TCP"}]
     return {
-        "metadata": {"name": "nvidia-dcgm-exporter", "namespace": DCGM_NAMESPACE, "labels": labels},
+        "metadata": {"name": op.name, "namespace": OPERATOR_NAMESPACE, "labels": labels},
         "spec": {
             "selector": {"matchLabels": labels},
             "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {objects.POD_IP: "127.0.0.1", objects.READINESS_DELAY: "0"},
-                },
+                "metadata": {"labels": labels, "annotations": annotations},
                 "spec": {
-                    "containers": [
-                        {
-                            "name": "nvidia-dcgm-exporter",
-                            "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04",
-                            "ports": [
-                                {"name": "metrics", "containerPort": DCGM_PORT, "protocol": "TCP"}
-                            ],
-                        }
-                    ],
+                    "containers": [container],
+                    "nodeSelector": {DEPLOY_LABEL.format(op.deploy): "true"},
+                    "priorityClassName": "system-node-critical",
                     "tolerations": [{"operator": "Exists"}],
                     "terminationGracePeriodSeconds": 1,
                 },
             },
         },
     }
+
+
+def _dcgm_daemonset() -> Obj:
+    """The dcgm-exporter DaemonSet alone (kept for callers that seed only the exporter)."""
+    return _operand_daemonset(next(o for o in OPERANDS if o.name == "nvidia-dcgm-exporter"), 0)
 
 
 def _create(store: Store, rt: r.ResourceType, obj: Obj) -> Obj:
@@ -190,8 +226,11 @@ def _create(store: Store, rt: r.ResourceType, obj: Obj) -> Obj:
     return created
 
 
-def seed(store: Store, scenario: Scenario) -> list[str]:
-    """Create the scenario's objects; returns the names of nodes the kubelet runs."""
+def seed(store: Store, scenario: Scenario, operand_seconds: float = 1.0) -> list[str]:
+    """Create the scenario's objects; returns the names of nodes the kubelet runs.
+
+    ``operand_seconds``: how long the GPU Operator's operand pods take to become Ready.
+    """
     namespaces = list(BASE_NAMESPACES) + [w.namespace for w in scenario.workloads]
     for ns in dict.fromkeys(namespaces):
         _create(store, r.NAMESPACES, {"metadata": {"name": ns}})
@@ -259,5 +298,6 @@ def seed(store: Store, scenario: Scenario) -> list[str]:
                 store.create(r.PODS, pod)
         if w.pdb is not None:
             _create(store, r.PDBS, _pdb(w, template["metadata"]["labels"]))
-    _create(store, r.DAEMONSETS, _dcgm_daemonset())
+    for op in OPERANDS:
+        _create(store, r.DAEMONSETS, _operand_daemonset(op, operand_seconds))
     return names

@@ -17,6 +17,9 @@ import httpx
 class Outcome:
     ok: bool
     problems: list[str] = field(default_factory=list)
+    # What a repair cleared, as the GPU simulator reports it: [{"gpu": 3, "kind": "xid",
+    # "value": 48, ...}]; empty without a GPU simulator.
+    cleared: list[dict[str, object]] = field(default_factory=list)
 
 
 class GpuLink:
@@ -87,12 +90,39 @@ class GpuLink:
         except httpx.HTTPError as err:
             return Outcome(False, [f"GPU simulator unreachable: {err}"])
         if resp.status_code < 300:
-            return Outcome(True)
+            try:
+                cleared = resp.json().get("cleared") or []
+            except (ValueError, AttributeError):
+                cleared = []
+            return Outcome(True, cleared=[c for c in cleared if isinstance(c, dict)])
         try:
             message = str(resp.json().get("error") or resp.text)
         except ValueError:
             message = resp.text
         return Outcome(False, [f"HTTP {resp.status_code}: {message}"])
+
+    async def fleet_xids(self) -> dict[str, dict[int, list[int]]] | None:
+        """The XIDs active on every GPU of the fleet: {node: {gpu index: [xid, ...]}}.
+
+        One request, never retried: the device plugin's health check asks again on its
+        next round. None without a GPU simulator or when it does not answer."""
+        if self._client is None:
+            return None
+        try:
+            resp = await self._client.get(f"{self.base_url}/api/v1/nodes")
+            if resp.status_code != 200:
+                return None
+            data = resp.json()
+            out: dict[str, dict[int, list[int]]] = {}
+            for node in data.get("nodes") or []:
+                out[str(node["name"])] = {
+                    int(g["index"]): [int(f["value"]) for f in g.get("faults") or []
+                                      if f.get("kind") == "xid" and f.get("value") is not None]
+                    for g in node.get("gpus") or []
+                }
+            return out
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            return None
 
     async def reset(self, node: str, gpu: str | None) -> Outcome:
         body = {"gpu": gpu} if gpu is not None else {}

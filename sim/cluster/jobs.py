@@ -1,10 +1,12 @@
 """The Job controller, the TTL-after-finished controller, and what Job pods run.
 
 Job pods' behaviour is chosen by the pod label `gpu-remediate.io/job`:
-`validate` asks the GPU simulator for node health, `gpu-reset` resets a GPU,
-`reboot` reboots the node's GPUs in the GPU simulator and the machine
-(sim/cluster/machines.py: the command returns before the shutdown or is
-killed by it), anything else succeeds after `job_seconds`.
+`validate` asks the GPU simulator for node health (a container running `dcgmi` acts
+out dcgmi: it needs a host engine, and prints `dcgmi diag -j` JSON; sim/cluster/dcgmi.py),
+`gpu-reset` resets a GPU unless another pod on the node holds the GPUs (as
+`nvidia-smi -r` refuses), `reboot` reboots the node's GPUs in the GPU simulator and the
+machine (sim/cluster/machines.py: the command returns before the shutdown or is killed
+by it), anything else succeeds after `job_seconds`.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.cluster import clock, deletion, objects
+from sim.cluster import clock, dcgmi, deletion, objects
 from sim.cluster import resources as r
+from sim.cluster.defaults import GPU
 from sim.cluster.gpulink import GpuLink
 from sim.cluster.podutil import condition, is_ready, is_terminal, is_terminating, owned_by, phase
 from sim.cluster.store import Obj, Store
@@ -40,11 +43,13 @@ class JobPrograms:
         kind = labels.get(objects.JOB_LABEL, "")
         await asyncio.sleep(self.timing.job_seconds)
         if kind == "validate":
+            command = dcgmi.command_line(pod)
+            if dcgmi.runs_dcgmi(command):
+                return await self._dcgmi(pod, node, command)
             health = await self.gpu.health(node)
             return (0, "") if health.ok else (1, "; ".join(health.problems) or "GPU unhealthy")
         if kind == "gpu-reset":
-            outcome = await self.gpu.reset(node, _gpu_index(pod))
-            return (0, "") if outcome.ok else (1, "; ".join(outcome.problems))
+            return await self._reset(pod, node)
         if kind == "reboot":
             outcome = await self.gpu.reboot(node)
             if not outcome.ok:
@@ -56,6 +61,66 @@ class JobPrograms:
             await asyncio.sleep(self.kubelet.timing.shutdown_seconds + 30.0)
             return 137, "killed by the node shutdown"
         return 0, ""
+
+
+    async def _reset(self, pod: Obj, node: str) -> tuple[int, str]:
+        """`nvidia-smi -r`: refused while another process holds the GPUs."""
+        index = _gpu_index(pod)
+        holders = self.kubelet.gpu_holders(node, pod["metadata"]["uid"]) if self.kubelet else []
+        if holders:
+            message = dcgmi.reset_in_use(index, self._gpu_count(node), holders)
+            self.kubelet.write_log(pod, message + "\n")
+            return dcgmi.SMI_IN_USE_EXIT, message
+        outcome = await self.gpu.reset(node, index)
+        if not outcome.ok:
+            return 1, "; ".join(outcome.problems)
+        # The device plugin on the node (if one runs) saw the XIDs this reset cleared.
+        xids: dict[int, list[int]] = {}
+        for c in outcome.cleared:
+            if c.get("kind") == "xid" and isinstance(c.get("gpu"), int) and c.get("value"):
+                xids.setdefault(int(c["gpu"]), []).append(int(c["value"]))  # type: ignore[call-overload]
+        if xids and self.kubelet is not None:
+            self.kubelet.plugin_health({node: xids})
+        done = "all GPUs" if index is None else f"GPU {index}"
+        self.kubelet.write_log(pod, f"{done} on {node} reset.\nAll done.\n")
+        return 0, ""
+
+    def _gpu_count(self, node: str) -> int:
+        obj = self.kubelet.store.find(r.NODES, "", node) if self.kubelet else None
+        if obj is None:
+            return 0
+        labels = obj["metadata"].get("labels") or {}
+        declared = labels.get("nvidia.com/gpu.count")
+        if declared and str(declared).isdigit():
+            return int(declared)
+        return int(((obj.get("status") or {}).get("capacity") or {}).get(GPU) or 0)
+
+    async def _dcgmi(self, pod: Obj, node: str, command: str) -> tuple[int, str]:
+        """A validation container running dcgmi: a client of nv-hostengine."""
+        obj = self.kubelet.store.find(r.NODES, "", node) if self.kubelet else None
+        driver = ((obj or {}).get("metadata", {}).get("annotations") or {}).get(
+            "nvidia.com/gpu.driver", dcgmi.DEFAULT_DRIVER)
+        engine = dcgmi.host_engine(command)
+        if (not engine.embedded and engine.host is not None and self.kubelet is not None
+                and not self._node_host_engine(node)):
+            # --host reaches the node's standalone nv-hostengine: the nvidia-dcgm operand.
+            code, out = dcgmi.unreachable_host(engine.host)
+        else:
+            health = None
+            if (engine.embedded or engine.host is not None) and dcgmi.runs_diag(command):
+                health = await self.gpu.health(node)
+            code, out = dcgmi.run(command, engine, self._gpu_count(node), driver, health)
+        self.kubelet.write_log(pod, out)
+        return code, dcgmi.termination_message(pod, code, out)
+
+    def _node_host_engine(self, node: str) -> bool:
+        """The GPU Operator's nvidia-dcgm pod (the standalone nv-hostengine) runs on the node."""
+        for p in self.kubelet.store.list(r.PODS, "gpu-operator"):
+            if ((p.get("spec") or {}).get("nodeName") == node
+                    and (p["metadata"].get("labels") or {}).get("app") == "nvidia-dcgm"
+                    and is_ready(p) and not is_terminating(p)):
+                return True
+        return False
 
 
 def _gpu_index(pod: Obj) -> str | None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from sim.cluster import clock, objects
 from sim.cluster import resources as r
 from sim.cluster.defaults import GPU
+from sim.cluster.fleet import DEVICE_PLUGIN, OPERATOR_NAMESPACE
 from sim.cluster.machines import Machine, Machines, NodeCommand, NodeTiming
 from sim.cluster.podutil import (
     allocatable_gpus,
@@ -45,6 +46,9 @@ HEALTHY_CONDITIONS = {
     "DiskPressure": ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
     "PIDPressure": ("KubeletHasSufficientPID", "kubelet has sufficient PID available"),
 }
+# The NVIDIA device plugin's default DP_DISABLE_HEALTHCHECKS skip list: XIDs that are the
+# application's fault; any other XID marks the GPU unhealthy until the plugin restarts.
+PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 Program = Callable[[Obj], Awaitable[tuple[int, str]]]
 
@@ -73,6 +77,8 @@ class Kubelet:
         self._heartbeat: dict[str, float] = {}
         self._deleting: dict[str, float] = {}
         self._ip_seq = 10
+        # What each container wrote to stdout, by pod uid and container name (pods/log).
+        self.logs: dict[str, dict[str, str]] = {}
 
     # -- node state -------------------------------------------------------------
 
@@ -131,6 +137,7 @@ class Kubelet:
         m.shutdown_at = None
         m.powered = False
         m.plugin_at = None
+        m.plugin_registered = False
         m.reboots += 1
         m.silent_since = now
         m.marked_unknown = False
@@ -158,7 +165,9 @@ class Kubelet:
         status.setdefault("nodeInfo", {})["bootID"] = str(uuid.uuid4())
         if GPU in (status.get("capacity") or {}):
             status.setdefault("allocatable", {})[GPU] = "0"
-            m.plugin_at = now + self.timing.device_plugin_seconds
+            if not m.plugin_managed:
+                # No device-plugin DaemonSet: the plugin registers on its own after boot.
+                m.plugin_at = now + self.timing.device_plugin_seconds
         self.store.put_internal(r.NODES, obj)
         self._kubelet_back(node, now)
 
@@ -348,15 +357,117 @@ class Kubelet:
     # -- reconcile ----------------------------------------------------------------
 
     def reconcile(self, now: float) -> None:
+        managed = self.store.find(r.DAEMONSETS, OPERATOR_NAMESPACE, DEVICE_PLUGIN) is not None
         for name in sorted(self.nodes):
+            self.machines.get(name).plugin_managed = managed
             self._machine_events(name, now)
             if self.is_running(name):
                 self._heartbeat_node(name, now)
                 self._ensure_mirror_pod(name)
+        plugins: dict[str, Obj] = {}
+        starting: set[str] = set()
         for pod in self.store.list(r.PODS):
             node = (pod.get("spec") or {}).get("nodeName")
             if node in self.nodes and self.is_running(node):
                 self._sync_pod(pod, node, now)
+                if managed and _is_plugin(pod, starting=True):
+                    starting.add(node)
+                    if _is_plugin(pod):
+                        plugins[node] = pod
+        if managed:
+            for name in sorted(self.nodes):
+                m = self.machines.get(name)
+                if m.steady and name not in starting:
+                    m.steady = False  # the seeded plugin pod went before it ever ran
+                if self.is_running(name):
+                    self._device_plugin(name, m, plugins.get(name), now)
+        if len(self.logs) > 500:
+            live = {p["metadata"]["uid"] for p in self.store.list(r.PODS)}
+            self.logs = {uid: v for uid, v in self.logs.items() if uid in live}
+
+    # -- the device plugin ----------------------------------------------------------
+
+    def _device_plugin(self, node: str, m: Machine, pod: Obj | None, now: float) -> None:
+        """`nvidia.com/gpu` allocatable as the kubelet's device manager reports it: 0 while
+        no device-plugin pod runs Ready on the node (a terminating one has been told to
+        stop), `device_plugin_seconds` after one starts its GPUs register, less those
+        this plugin instance holds unhealthy. A new instance (a new pod, or a container
+        restart) starts with every GPU healthy."""
+        instance = None
+        if pod is not None:
+            restarts = sum(cs.get("restartCount", 0)
+                           for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+            instance = (str(pod["metadata"]["uid"]), int(restarts))
+        if instance != m.plugin_instance and not (m.steady and instance is None):
+            if m.plugin_instance is not None:
+                m.events.append("device plugin stopped")
+            m.plugin_unhealthy.clear()
+            m.plugin_instance = instance
+            m.plugin_registered = False
+            m.plugin_at = None
+            if instance is not None and m.steady:
+                m.plugin_registered = True  # the node as the simulator started: registered
+            elif instance is not None:
+                m.plugin_at = now + self.timing.device_plugin_seconds
+                m.events.append("device plugin started")
+            m.steady = False
+        if m.plugin_at is not None and now >= m.plugin_at:
+            m.plugin_at = None
+            m.plugin_registered = True
+            m.events.append("device plugin registered")
+        if m.steady:
+            return  # as seeded, until the first plugin pod runs
+        obj = self.store.find(r.NODES, "", node)
+        if obj is None:
+            return
+        status = obj.setdefault("status", {})
+        capacity = (status.get("capacity") or {}).get(GPU)
+        if capacity is None:
+            return
+        healthy = int(capacity) - len({i for i in m.plugin_unhealthy if 0 <= i < int(capacity)})
+        want = str(max(0, healthy)) if m.plugin_registered else "0"
+        if (status.get("allocatable") or {}).get(GPU) != want:
+            status.setdefault("allocatable", {})[GPU] = want
+            self.store.put_internal(r.NODES, obj)
+
+    def plugin_health(self, xids: dict[str, dict[int, list[int]]]) -> None:
+        """The device plugins' health checks see the XIDs active on their GPUs: a GPU with
+        any XID outside the skip list becomes unhealthy until its plugin restarts."""
+        for node in sorted(self.nodes):
+            m = self.machines.get(node)
+            if m.plugin_instance is None or node not in xids:
+                continue
+            for index, values in xids[node].items():
+                critical = [x for x in values if x not in PLUGIN_SKIPPED_XIDS]
+                if critical and index not in m.plugin_unhealthy:
+                    m.plugin_unhealthy.add(index)
+                    m.events.append(f"device plugin: GPU {index} unhealthy (XID {critical[0]})")
+
+    def plugin_running(self) -> bool:
+        return any(self.machines.get(n).plugin_instance is not None for n in self.nodes)
+
+    # -- what Job programs see of the node ----------------------------------------------
+
+    def gpu_holders(self, node: str, exclude_uid: str = "") -> list[Obj]:
+        """Pods running on the node that keep its GPUs open: they request nvidia.com/gpu or
+        carry the holds-gpus annotation (terminating pods run until they are killed)."""
+        return [
+            p for p in self.store.list(r.PODS)
+            if (p.get("spec") or {}).get("nodeName") == node
+            and phase(p) == "Running"
+            and p["metadata"]["uid"] != exclude_uid
+            and (gpu_request(p) > 0
+                 or (p["metadata"].get("annotations") or {}).get(objects.HOLDS_GPUS) == "true")
+        ]
+
+    def write_log(self, pod: Obj, text: str) -> None:
+        """Append to the stdout of the pod's first container."""
+        containers = (pod.get("spec") or {}).get("containers") or []
+        if not containers or not text:
+            return
+        logs = self.logs.setdefault(pod["metadata"]["uid"], {})
+        name = containers[0]["name"]
+        logs[name] = logs.get(name, "") + text
 
     def _machine_events(self, name: str, now: float) -> None:
         m = self.machines.get(name)
@@ -366,7 +477,8 @@ class Kubelet:
             self._shutdown(name, m, now)
         if not m.powered and m.boot_at is not None and now >= m.boot_at:
             self._boot(name, m, now)
-        if m.plugin_at is not None and now >= m.plugin_at and m.kubelet_running:
+        if (m.plugin_at is not None and now >= m.plugin_at and m.kubelet_running
+                and not m.plugin_managed):
             self._plugin_registered(name, m)
         if (m.silent_since is not None and not m.marked_unknown and m.registered
                 and now - m.silent_since >= self.timing.status_grace_seconds):
@@ -563,3 +675,15 @@ class Kubelet:
                 c.pop("message", None)
         self._running.pop(m["uid"], None)
         self.store.put_internal(r.PODS, current)
+
+
+def _is_plugin(pod: Obj, starting: bool = False) -> bool:
+    """A device-plugin pod that runs Ready (or, `starting`, may yet) and has not been told
+    to stop."""
+    m = pod["metadata"]
+    if (m.get("namespace") != OPERATOR_NAMESPACE or m.get("deletionTimestamp")
+            or (m.get("labels") or {}).get("app") != DEVICE_PLUGIN):
+        return False
+    if starting:
+        return not is_terminal(pod)
+    return phase(pod) == "Running" and is_ready(pod)

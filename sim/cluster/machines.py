@@ -35,14 +35,21 @@ class NodeTiming:
     """A kubelet silent this long is marked Unknown (node-monitor-grace-period, 40 s real)."""
     reregister_seconds: float = 1.0
     """A replaced node's Node object is absent this long before the new machine registers."""
+    operand_seconds: float = 1.0
+    """A GPU Operator operand pod (device plugin, DCGM, dcgm-exporter, GFD): start to Ready."""
+    plugin_health_seconds: float = 1.0
+    """How often the device plugin's health check learns XIDs from the GPU simulator."""
     seed: int = 0
     """Seed of the draw between "reboot command returns first" and "pod killed"."""
 
     def __post_init__(self) -> None:
         for name in ("reboot_seconds", "shutdown_seconds", "device_plugin_seconds",
-                     "status_grace_seconds", "reregister_seconds"):
+                     "status_grace_seconds", "reregister_seconds", "operand_seconds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.plugin_health_seconds <= 0:
+            raise ValueError(
+                f"plugin_health_seconds must be positive, got {self.plugin_health_seconds}")
 
 
 @dataclass
@@ -60,6 +67,15 @@ class Machine:
     register_at: float | None = None
     reboots: int = 0
     events: list[str] = field(default_factory=list)
+    # The device plugin (when the cluster runs the GPU Operator's device-plugin DaemonSet):
+    # the running instance as (pod uid, restart count), None while none runs; `steady`
+    # only for machines present when the simulator starts, whose plugin is already
+    # registered; the GPUs this instance holds unhealthy (critical XIDs seen).
+    plugin_instance: tuple[str, int] | None = None
+    plugin_registered: bool = False
+    steady: bool = False
+    plugin_unhealthy: set[int] = field(default_factory=set)
+    plugin_managed: bool = False
 
     @property
     def registered(self) -> bool:
@@ -81,17 +97,20 @@ class Machine:
             state = "shutting down"
         elif self.plugin_at is not None:
             state = "up (device plugin registering)"
+        elif self.plugin_managed and self.plugin_instance is None:
+            state = "up (no device plugin)"
         else:
             state = "up"
         return {"state": state, "reboots": self.reboots,
-                "hang_next_reboot": self.hang_next_reboot, "events": self.events[-10:]}
+                "hang_next_reboot": self.hang_next_reboot, "events": self.events[-10:],
+                "device_plugin_unhealthy_gpus": sorted(self.plugin_unhealthy)}
 
 
 class Machines:
     def __init__(self, nodes: list[str], timing: NodeTiming) -> None:
         self.timing = timing
         self.rng = random.Random(timing.seed)
-        self.by_node = {n: Machine() for n in nodes}
+        self.by_node = {n: Machine(steady=True) for n in nodes}
 
     def get(self, node: str) -> Machine:
         try:

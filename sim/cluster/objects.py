@@ -14,6 +14,9 @@ from sim.cluster.store import Obj
 READINESS_DELAY = "sim.gpu-remediate.io/readiness-delay-seconds"
 RUN_FOREVER = "sim.gpu-remediate.io/run-forever"
 POD_IP = "sim.gpu-remediate.io/pod-ip"
+# The pod keeps the node's GPUs open while it runs (as the device plugin and DCGM do),
+# whether or not it requests nvidia.com/gpu: `nvidia-smi -r` refuses while it runs.
+HOLDS_GPUS = "sim.gpu-remediate.io/holds-gpus"
 MIRROR = "kubernetes.io/config.mirror"
 JOB_LABEL = "gpu-remediate.io/job"
 GPU_LABEL = "gpu-remediate.io/gpu"

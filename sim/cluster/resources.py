@@ -133,7 +133,7 @@ ALL: tuple[ResourceType, ...] = (
 )
 
 # Subresources served besides `status` (which every has_status resource gets).
-EXTRA_SUBRESOURCES: dict[str, tuple[str, ...]] = {PODS.key: ("eviction",)}
+EXTRA_SUBRESOURCES: dict[str, tuple[str, ...]] = {PODS.key: ("eviction", "log")}
 
 
 def find(group: str, version: str, plural: str) -> ResourceType | None:

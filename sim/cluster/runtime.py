@@ -54,10 +54,10 @@ async def start_cluster_simulator(
     """
     loaded = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     store, writes, faults = Store(), WriteLog(), FaultInjector()
-    nodes = fleet.seed(store, loaded)
+    timing = node_timing or NodeTiming(reboot_seconds=reboot_seconds)
+    nodes = fleet.seed(store, loaded, operand_seconds=timing.operand_seconds)
     controllers = ControllerManager(
-        store, nodes, GpuLink(gpu_sim_url), JobTiming(job_seconds),
-        node_timing or NodeTiming(reboot_seconds=reboot_seconds),
+        store, nodes, GpuLink(gpu_sim_url), JobTiming(job_seconds), timing,
     )
     # Converge once before serving so the first client sees running workloads' pods.
     controllers.tick()

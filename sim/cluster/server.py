@@ -200,6 +200,8 @@ class ClusterApi:
                     body = json.loads(raw)
                 except ValueError as err:
                     raise errors.bad_request(f"error decoding request body: {err}") from err
+            if verb == "get" and t.sub == "log":
+                return self._pod_log(t, query)
             if verb in ("get", "list"):
                 out = (handlers.get(self.store, t) if verb == "get"
                        else handlers.list_(self.store, t, query))
@@ -232,6 +234,55 @@ class ClusterApi:
             raise errors.method_not_allowed(t.rt)
         except errors.ApiError as err:
             return _error(err)
+
+    def _pod_log(self, t: Target, query: dict[str, str]) -> web.Response:
+        """GET pods/{name}/log: the container's stdout as the kubelet kept it."""
+        pod = self.store.get(r.PODS, t.namespace, t.name)
+        containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
+        name = query.get("container") or ""
+        if not name:
+            if len(containers) != 1:
+                raise errors.bad_request(
+                    f"a container name must be specified for pod {t.name}, choose one of: "
+                    f"[{' '.join(containers)}]")
+            name = containers[0]
+        elif name not in containers:
+            raise errors.bad_request(f"container {name} is not valid for pod {t.name}")
+        if not (pod.get("spec") or {}).get("nodeName"):
+            raise errors.bad_request(f"pod {t.name} does not have a host assigned")
+        statuses = {cs.get("name"): cs for cs in
+                    (pod.get("status") or {}).get("containerStatuses") or []}
+        state = (statuses.get(name) or {}).get("state") or {}
+        if not state or "waiting" in state:
+            reason = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
+            raise errors.bad_request(
+                f'container "{name}" in pod "{t.name}" is waiting to start: {reason}')
+        if query.get("previous") in ("true", "1"):
+            raise errors.bad_request(
+                f'previous terminated container "{name}" in pod "{t.name}" not found')
+        text = ""
+        if self.kubelet is not None:
+            text = self.kubelet.logs.get(pod["metadata"]["uid"], {}).get(name, "")
+        tail = query.get("tailLines")
+        if tail is not None:
+            try:
+                n = int(tail)
+            except ValueError as err:
+                raise errors.bad_request(f"invalid tailLines: {tail}") from err
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-n:]) if n > 0 else ""
+        limit = query.get("limitBytes")
+        if limit is not None:
+            try:
+                cap = int(limit)
+            except ValueError as err:
+                raise errors.bad_request(f"invalid limitBytes: {limit}") from err
+            if cap < 1:
+                raise errors.bad_request("limitBytes: Invalid value: must be greater than 0")
+            text = text.encode()[:cap].decode(errors="ignore")
+        return web.Response(text=text, content_type="text/plain",
+                            headers={"Audit-Id": str(uuid.uuid4()),
+                                     "Cache-Control": "no-cache, private"})
 
     def _log(
         self,

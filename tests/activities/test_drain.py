@@ -207,7 +207,10 @@ def test_drain_dry_run_plans_and_writes_nothing(
     cluster.clear_writes()
     result = env.run(acts.drain_node, drain(dry_run=True))
     assert result.outcome == "planned" and result.remaining == [trainer]
-    assert len(result.skipped) == 3  # two DaemonSet pods and the mirror pod
+    # DaemonSet pods (the GPU Operator's operands among them) and the mirror pod stay.
+    assert sum("(mirror pod)" in p for p in result.skipped) == 1
+    assert all(p.endswith(("(DaemonSet pod)", "(mirror pod)")) for p in result.skipped)
+    assert any(p.startswith("gpu-operator/") for p in result.skipped)
     assert cluster.writes() == []
 
 
@@ -250,9 +253,30 @@ def test_drain_pod_list_survives_a_503_burst(
     assert cluster.injected()["injected"] == 1
 
 
-def test_drain_of_a_missing_node_has_nothing_to_do(
+def test_drain_of_a_missing_node_says_the_node_is_gone(
         cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
-    assert env.run(acts.drain_node, drain("no-such-node")).outcome == "drained"
+    with pytest.raises(ApplicationError) as err:
+        env.run(acts.drain_node, drain("no-such-node"))
+    assert err.value.type == "NodeGone" and err.value.non_retryable
+    assert "no-such-node" in str(err.value)
+
+
+def test_drain_reports_on_a_timer_without_any_pdb(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
+    """A pod with a long grace period holds the drain up with no PDB involved: the
+    workflow still hears of it after report_after, so its deadline can apply."""
+    assert env.run(acts.drain_node, drain()).outcome == "drained"  # the PDB's pods go first
+    ns = namespace(cluster, "team-slow")
+    cluster.core.create_namespaced_pod(ns, {
+        "metadata": {"name": "slow"},
+        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 3600,
+                 "containers": [{"name": "main", "image": "registry.sim.local/x"}]}})
+    wait_for(lambda: cluster.core.read_namespaced_pod("slow", ns).status.phase == "Running")
+    result = env.run(acts.drain_node, drain(report_after=1))
+    assert result.outcome == "blocked" and result.blocking_pdb == ""
+    assert f"{ns}/slow" in result.remaining
+    assert result.node_ready and result.terminating == []  # within its grace: not stuck
+    assert "pods left" in result.message
 
 
 def test_release_clears_the_blocked_gauge_of_a_drain_given_up(
@@ -287,3 +311,48 @@ def test_drain_stops_promptly_when_cancelled(
     worker.join(10)
     assert not worker.is_alive() and time.monotonic() - cancelled_at < 3
     assert isinstance(outcome[0], CancelledError)
+
+
+@pytest.fixture
+def wedgeable(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    from sim.cluster.machines import NodeTiming
+    from tests.activities.conftest import _cluster
+    monkeypatch.setattr(drain_module, "POLL_SECONDS", 0.1)
+    yield from _cluster(tmp_path, node_timing=NodeTiming(status_grace_seconds=0.5))
+    clear_blocked(NODE)
+
+
+def test_drain_of_a_wedged_node_reports_pods_stuck_terminating_then_counts_them_gone(
+        wedgeable: Cluster, env: ActivityEnvironment) -> None:
+    """A stopped kubelet never confirms a deletion: the evicted pods stay Terminating.
+    The drain says so on its timer; past not_ready_terminating_timeout on the NotReady
+    node they count as gone and the drain ends."""
+    import httpx
+    k = wedgeable
+    k.cordon(NODE)
+    acts = DrainActivities(k.api)
+    ns = namespace(k, "team-w")
+    k.core.create_namespaced_pod(ns, {
+        "metadata": {"name": "stuck"},
+        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "main", "image": "registry.sim.local/x"}]}})
+    wait_for(lambda: k.core.read_namespaced_pod("stuck", ns).status.phase == "Running")
+    assert httpx.post(f"{k.url}/sim/v1/nodes/{NODE}/wedge").status_code == 200
+    wait_for(lambda: not DrainActivities(k.api)._node_ready(NODE), timeout=10)
+    slow = DrainInput(node=NODE, settings=FAST.model_copy(
+        update={"not_ready_terminating_timeout": timedelta(hours=1)}),
+        report_after=timedelta(seconds=2))
+    first = env.run(acts.drain_node, slow)
+    assert first.outcome == "blocked" and not first.node_ready
+    assert f"{ns}/stuck" in first.remaining
+    assert any(t.startswith(f"{ns}/stuck ") for t in first.terminating), first.terminating
+    assert "node not Ready" in first.message and "Terminating" in first.message
+    assert k.core.read_namespaced_pod("stuck", ns).metadata.deletion_timestamp is not None
+    quick = slow.model_copy(update={"settings": FAST.model_copy(
+        update={"not_ready_terminating_timeout": timedelta(seconds=1)})})
+    done = env.run(acts.drain_node, quick)
+    assert done.outcome == "drained", done
+    assert f"{ns}/stuck" in done.counted_gone and "counted" in done.message
+    # Only the drain's view: the pod object is still there, Terminating, as on a real
+    # cluster until the kubelet returns or the node is deleted.
+    assert k.core.read_namespaced_pod("stuck", ns).metadata.deletion_timestamp is not None

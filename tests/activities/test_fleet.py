@@ -492,7 +492,7 @@ async def test_a_gpu_fallen_off_the_bus_is_caught_by_the_declared_count(
         cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
     """The driver lost GPU 3: DCGM no longer lists it, so its series vanish and no XID
     shows. GPU feature discovery still declares 8 (nvidia.com/gpu.count): 7 < 8 reboots."""
-    from activities.fleet import GPU_COUNT_LABEL
+    from activities.gpus import GPU_COUNT_LABEL
 
     assert cluster.node("gpu-node-02").metadata.labels[GPU_COUNT_LABEL] == "8"
     gpu_sim.client.inject_fault("gpu-node-02", 3, "fallen-off-bus")
@@ -515,6 +515,6 @@ async def test_a_gpu_fallen_off_the_bus_is_caught_by_the_declared_count(
 ])
 def test_a_declared_count_is_read_as_a_plain_number_only(value: str,
                                                           expected: int | None) -> None:
-    from activities.fleet import GPU_COUNT_LABEL, declared_gpus
+    from activities.gpus import GPU_COUNT_LABEL, declared_gpus
 
     assert declared_gpus({GPU_COUNT_LABEL: value}) == expected

@@ -35,7 +35,25 @@ def test_validation_job_requests_every_gpu_and_runs_as_non_root() -> None:
     assert m["metadata"]["namespace"] == "gpu-remediate-jobs"
     assert m["spec"]["backoffLimit"] == 0
     assert m["spec"]["activeDeadlineSeconds"] == 20 * 60
-    assert container["command"] == ["dcgmi", "diag", "-r", "2"]
+    # dcgmi needs a host engine: the pod starts its own before the diagnostic.
+    shell, flag, script = container["command"]
+    assert (shell, flag) == ("/bin/sh", "-c")
+    assert script.index("nv-hostengine") < script.index("dcgmi diag -r 2 -j")
+    assert TEMPLATES["validation"].output == "dcgmi-json"
+
+
+def test_default_reset_uses_the_nvidia_runtime_and_resets_only_the_named_gpu() -> None:
+    t = TEMPLATES["gpu-reset"]
+    assert t.runtime_class_name == "nvidia" and t.env == {"NVIDIA_VISIBLE_DEVICES": "all"}
+    assert '${GPU_INDEX:+-i "$GPU_INDEX"}' in t.command[-1]
+    env = manifest("gpu-reset", t)["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in env
+
+
+def test_template_env_cannot_override_what_the_worker_sets() -> None:
+    with pytest.raises(ValueError, match="set by the worker"):
+        JobTemplate(purpose="reboot", image="x", command=["true"],
+                    deadline=timedelta(minutes=3), env={"NODE_NAME": "other"})
 
 
 def test_reset_job_is_privileged_targets_one_gpu_and_requests_none() -> None:

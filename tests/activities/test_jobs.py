@@ -107,9 +107,31 @@ def test_validation_that_cannot_get_the_gpus_says_why(
     assert "OutOfnvidia.com/gpu" in result.message
 
 
+def operands_off(k: Cluster, node: str = NODE) -> None:
+    """What the workflow does before a reset (activities/operands.py): the GPU Operator's
+    operands hold the GPUs until their deploy labels turn them off."""
+    k.core.patch_node(node, {"metadata": {"labels": {
+        f"nvidia.com/gpu.deploy.{o}": "false"
+        for o in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery")}}})
+    wait_for(lambda: not [p for p in k.pods_on(node)
+                          if p.metadata.namespace == "gpu-operator"], timeout=15)
+
+
+def test_gpu_reset_fails_while_the_operands_hold_the_gpus(
+        cluster_with_gpus: Cluster, gpu_sim: ThreadedGpuSim, acts: JobActivities,
+        env: ActivityEnvironment) -> None:
+    gpu_sim.client.inject_fault(NODE, 2, "ecc-dbe", 1)
+    result = env.run(acts.run_node_job, job("gpu-reset", gpu_index="2"))
+    assert not result.succeeded
+    assert "being used by some other process" in result.message
+    assert "nvidia-device-plugin-daemonset" in result.message
+    assert not gpu_sim.client.health(NODE)["healthy"]
+
+
 def test_gpu_reset_job_clears_reset_class_faults_in_the_gpu_simulator(
         cluster_with_gpus: Cluster, gpu_sim: ThreadedGpuSim, acts: JobActivities,
         env: ActivityEnvironment) -> None:
+    operands_off(cluster_with_gpus)
     gpu_sim.client.inject_fault(NODE, 2, "ecc-dbe", 1)
     assert not gpu_sim.client.health(NODE)["healthy"]
     result = env.run(acts.run_node_job, job("gpu-reset", gpu_index="2"))
@@ -124,6 +146,7 @@ def test_gpu_reset_job_clears_reset_class_faults_in_the_gpu_simulator(
 def test_gpu_reset_refused_by_the_gpu_reports_failure(
         cluster_with_gpus: Cluster, gpu_sim: ThreadedGpuSim, acts: JobActivities,
         env: ActivityEnvironment) -> None:
+    operands_off(cluster_with_gpus)
     gpu_sim.client.inject_fault(NODE, 1, "xid", 79)  # XID 79: the GPU fell off the bus
     result = env.run(acts.run_node_job, job("gpu-reset", gpu_index="1"))
     assert not result.succeeded and "409" in result.message
@@ -366,3 +389,46 @@ def test_a_job_of_another_run_with_the_same_name_is_never_adopted(
     assert err.value.type == "JobConflict" and err.value.non_retryable
     assert "belongs to run run-a" in str(err.value)
     assert len(cluster_with_gpus.batch.list_namespaced_job(NS).items) == 1
+
+
+@pytest.fixture
+def shipped(cluster_with_gpus: Cluster, monkeypatch: pytest.MonkeyPatch) -> JobActivities:
+    """The worker with the shipped templates: the validation runs dcgmi with its own host
+    engine and its JSON is the evidence."""
+    monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
+    cluster_with_gpus.core.create_namespace({"metadata": {"name": NS}})
+    return JobActivities(cluster_with_gpus.api, JobsConfig(namespace=NS))
+
+
+def test_shipped_validation_keeps_dcgmi_evidence_of_every_gpu(
+        shipped: JobActivities, env: ActivityEnvironment) -> None:
+    result = env.run(shipped.run_node_job, job())
+    assert result.succeeded, result.message
+    assert result.evidence.startswith("dcgmi diag: all ") and "GPUs 0-7" in result.evidence
+    assert result.evidence in result.message
+
+
+def test_shipped_validation_names_the_failing_test_and_gpu(
+        gpu_sim: ThreadedGpuSim, shipped: JobActivities, env: ActivityEnvironment) -> None:
+    gpu_sim.client.inject_fault(NODE, 3, "ecc-dbe", 1)
+    result = env.run(shipped.run_node_job, job())
+    assert not result.succeeded
+    assert "on GPU 3" in result.evidence and "1 failed" in result.evidence
+    assert result.evidence in result.message
+
+
+def test_validation_without_a_host_engine_fails_like_real_dcgmi(
+        cluster_with_gpus: Cluster, env: ActivityEnvironment,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old default (dcgmi with the image's entrypoint overridden) has no nv-hostengine
+    to talk to: it fails, and its output is no evidence."""
+    monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
+    cluster_with_gpus.core.create_namespace({"metadata": {"name": NS}})
+    bare = JobTemplate(purpose="validate", image="registry.sim.local/dcgm",
+                       command=["dcgmi", "diag", "-r", "2", "-j"],
+                       deadline=timedelta(minutes=5), run_as_user=1000, output="dcgmi-json")
+    acts = JobActivities(cluster_with_gpus.api, JobsConfig(
+        namespace=NS, templates={"validation": bare}))
+    result = env.run(acts.run_node_job, job())
+    assert not result.succeeded and result.evidence == ""
+    assert "Unable to connect to host engine" in result.message

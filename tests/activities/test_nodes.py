@@ -248,6 +248,37 @@ def test_release_quarantined_keeps_cordon_taint_and_labels_quarantined(
     assert cluster.events(NODE, "RemediationFinished")[0].type == "Warning"
 
 
+def test_every_quarantine_write_re_applies_cordon_and_taint(
+        cluster: Cluster, acts: NodeActivities, env: ActivityEnvironment) -> None:
+    """A kubelet may uncordon its own node and an admin may remove our taint by mistake:
+    the next quarantine write (a failed release validation, a continue-as-new) holds the
+    node again."""
+    env.run(acts.claim_node, claim())
+    env.run(acts.release_node, release(outcome="quarantined", uncordon=False))
+    others = [t for t in cluster.node(NODE).spec.taints or [] if t.key != TAINT_KEY]
+    cluster.core.patch_node(NODE, {"spec": {"unschedulable": False, "taints": [
+        {"key": t.key, "value": t.value, "effect": t.effect} for t in others] or None}})
+    assert TAINT_KEY not in taint_keys(cluster.node(NODE))
+    env.run(acts.release_node, release(outcome="quarantined", uncordon=False))
+    node = cluster.node(NODE)
+    assert node.spec.unschedulable is True and TAINT_KEY in taint_keys(node)
+    assert taint_keys(node).count(TAINT_KEY) == 1
+
+
+@pytest.mark.parametrize(("label", "expected"), [
+    ("8", 8),     # declared and capacity agree
+    ("9", 9),     # a GPU already gone at claim: expect the declared count back
+    ("4", 8),     # a lower label never lowers what the node's capacity shows
+    ("08x", 8),   # not plain digits: ignored
+    ("99999", 8),  # absurd: ignored
+])
+def test_claim_expects_the_declared_gpu_count_or_capacity_if_larger(
+        cluster: Cluster, acts: NodeActivities, env: ActivityEnvironment,
+        label: str, expected: int) -> None:
+    cluster.core.patch_node(NODE, {"metadata": {"labels": {"nvidia.com/gpu.count": label}}})
+    assert env.run(acts.claim_node, claim()).gpus == expected
+
+
 def test_release_survives_a_damaged_history_annotation(
         cluster: Cluster, acts: NodeActivities, env: ActivityEnvironment) -> None:
     cluster.core.patch_node(NODE, {"metadata": {"annotations": {

@@ -41,7 +41,10 @@ def given_back(k8s: Cluster, node: str) -> bool:
 
 def assert_aborted(stack: LocalStack, k8s: Cluster, node: str) -> None:
     wait_for(stack, f"{node} given back", lambda: given_back(k8s, node), timeout=30)
-    assert workflow_status(stack, node) == WorkflowExecutionStatus.CANCELED
+    # The give-back is the workflow's last activity; its end follows a workflow task later.
+    wait_for(stack, f"{node}'s remediation cancelled",
+             lambda: workflow_status(stack, node) == WorkflowExecutionStatus.CANCELED,
+             timeout=15)
     history = k8s.history(node)
     assert history[-1]["outcome"] == "aborted: aborted by e2e: wrong node", history
     assert "RemediationAborted" in k8s.event_reasons(node)

@@ -215,8 +215,21 @@ def test_validation_job_fails_when_gpu_unhealthy(k: Contract, gpu: GpuStub) -> N
     assert term.exit_code == 1 and "XID 79" in term.message
 
 
+def _clear_gpus(k: Contract, node: str) -> None:
+    """What a reset needs first: no operand and no GPU pod left holding the node's GPUs."""
+    k.core.patch_node(node, {"metadata": {"labels": {
+        f"nvidia.com/gpu.deploy.{o}": "false"
+        for o in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery")}}})
+    k.apps.patch_namespaced_replica_set("trainer", "team-a", {"spec": {"replicas": 0}})
+    wait_for(lambda: not [
+        p for p in k.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+        if p.status.phase == "Running" and (
+            p.metadata.namespace == "gpu-operator" or p.metadata.namespace == "team-a")])
+
+
 def test_gpu_reset_job_fails_when_gpu_sim_refuses(k: Contract, gpu: GpuStub) -> None:
     gpu.reset_error = "GPU 3 is in use by a process"
+    _clear_gpus(k, "gpu-01")
     _job(k, "reset", "gpu-01", "gpu-reset")
     assert "Failed" in _finished(k, "reset")
     assert ("reset", "gpu-01", {"gpu": "3"}) in gpu.calls

@@ -36,6 +36,8 @@ from workflows.models import (
     DrainInput,
     DrainResult,
     FleetObservation,
+    GpusFree,
+    GpusFreeInput,
     HistoryEntry,
     NodeEventInput,
     NodeHealth,
@@ -56,6 +58,14 @@ from workflows.models import (
     remediation_workflow_id,
     shard_of,
 )
+from workflows.operands import (
+    DEFAULT_OPERANDS,
+    OperandsInput,
+    OperandsPaused,
+    OperandsState,
+    OperandsWaitInput,
+    deploy_label,
+)
 
 
 @dataclass
@@ -71,6 +81,15 @@ class FakeNode:
     states_seen: list[str] = field(default_factory=list)
     # check_node_returned answers "not back" this many times (a very long number: never).
     returns_after: int = 0
+    # The GPU Operator's deploy labels, as the node carries them ({} : no operator). A GPU
+    # reset fails while any is "true" (the operands hold the GPUs), like on a real node.
+    operand_labels: dict[str, str] = field(default_factory=lambda: {
+        deploy_label(o): "true" for o in DEFAULT_OPERANDS})
+    # Looks that answer "not yet": operands still leaving / coming back, GPUs not free
+    # (each look is a retry 5 s later: tests that wait on wall-clock time keep these 0).
+    operands_leave_after: int = 0
+    operands_return_after: int = 0
+    gpus_free_after: int = 0
 
 
 @dataclass
@@ -98,6 +117,8 @@ class FakeCluster:
     oos_samples: list[tuple[int, int]] = field(default_factory=list)
     claimed: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)
+    # What read_node_health reports after validation, consumed in order (last repeats).
+    health: list[NodeHealth] = field(default_factory=list)
     # Labelled nodes whose workflow is gone, as the observation reports them.
     orphans: list[str] = field(default_factory=list)
     # What Temporal visibility lists as running remediations (by node), or its error.
@@ -214,6 +235,12 @@ class FakeCluster:
                 if inp.dry_run:
                     return NodeJobResult(succeeded=True, message="planned", job_name=inp.name)
                 cluster.mutations.append(f"job {inp.kind} {inp.node}")
+                held = [k for k, v in cluster.node(inp.node).operand_labels.items()
+                        if v == "true"]
+                if inp.kind == "gpu-reset" and held:
+                    return NodeJobResult(succeeded=False, job_name=inp.name,
+                                         message="Unable to reset GPU: in use by "
+                                                 f"{', '.join(held)}")
                 ok = cluster._next(cluster.job_results.get(inp.kind, []), True)
                 return NodeJobResult(succeeded=ok, message="ok" if ok else "diag failed",
                                      job_name=inp.name)
@@ -256,7 +283,62 @@ class FakeCluster:
 
         @activity.defn(name="read_node_health")
         def read_node_health(inp: NodeHealthInput) -> NodeHealth:
-            return NodeHealth(readable=True, thermal_recovered=True)
+            with cluster.lock:
+                cluster.calls.append(("read_node_health", inp))
+                return cluster._next(cluster.health,
+                                     NodeHealth(readable=True, thermal_recovered=True))
+
+        @activity.defn(name="pause_gpu_operands")
+        def pause_gpu_operands(inp: OperandsInput) -> OperandsPaused:
+            with cluster.lock:
+                cluster.calls.append(("pause_gpu_operands", inp))
+                labels = cluster.node(inp.node).operand_labels
+                wanted = [deploy_label(o) for o in inp.operands]
+                changed = {k: "true" for k in wanted if labels.get(k) == "true"}
+                left = {k: labels.get(k) for k in wanted if k not in changed}
+                if not inp.dry_run:
+                    cluster.mutations.append(f"operands off {inp.node}")
+                    labels.update({k: "false" for k in changed})
+                return OperandsPaused(node=inp.node, changed=changed, left=left,
+                                      message="paused", dry_run=inp.dry_run)
+
+        @activity.defn(name="restore_gpu_operands")
+        def restore_gpu_operands(inp: OperandsPaused) -> None:
+            with cluster.lock:
+                cluster.calls.append(("restore_gpu_operands", inp))
+                if not inp.dry_run:
+                    cluster.mutations.append(f"operands on {inp.node}")
+                    cluster.node(inp.node).operand_labels.update(inp.changed)
+
+        def _not_yet(node: FakeNode, counter: str, kind: str) -> None:
+            left = getattr(node, counter)
+            if left > 0:
+                setattr(node, counter, left - 1)
+                raise ApplicationError(f"{node.name}: not yet", type=kind)
+
+        @activity.defn(name="check_operands_gone")
+        def check_operands_gone(inp: OperandsWaitInput) -> OperandsState:
+            with cluster.lock:
+                cluster.calls.append(("check_operands_gone", inp))
+                _not_yet(cluster.node(inp.node), "operands_leave_after", "OperandsRunning")
+                return OperandsState(pods=[], allocatable_gpus=0, message="gone")
+
+        @activity.defn(name="check_operands_back")
+        def check_operands_back(inp: OperandsWaitInput) -> OperandsState:
+            with cluster.lock:
+                cluster.calls.append(("check_operands_back", inp))
+                n = cluster.node(inp.node)
+                _not_yet(n, "operands_return_after", "OperandsNotReady")
+                return OperandsState(pods=["gpu-operator/x"], allocatable_gpus=n.gpus,
+                                     message="back")
+
+        @activity.defn(name="check_gpus_free")
+        def check_gpus_free(inp: GpusFreeInput) -> GpusFree:
+            with cluster.lock:
+                cluster.calls.append(("check_gpus_free", inp))
+                n = cluster.node(inp.node)
+                _not_yet(n, "gpus_free_after", "GpusNotFree")
+                return GpusFree(allocatable_gpus=n.gpus, message="free")
 
         @activity.defn(name="observe_fleet")
         def observe_fleet(inp: ObserveInput) -> FleetObservation:
@@ -316,7 +398,8 @@ class FakeCluster:
         return [claim_node, set_node_state, release_node, drain_node, run_node_job,
                 watch_thermal, read_node_health, observe_fleet, report_admission, record_event,
                 check_node_returned, poll_node_job, delete_node_job, list_running_remediations,
-                check_thermal]
+                check_thermal, pause_gpu_operands, restore_gpu_operands, check_operands_gone,
+                check_operands_back, check_gpus_free]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

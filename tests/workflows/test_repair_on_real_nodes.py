@@ -1,0 +1,202 @@
+"""The repair steps as real GPU nodes need them, on the time-skipping server: a GPU reset
+beside the GPU Operator's operands, validation that proves something, a node that is gone.
+
+The fakes are unkind where the nodes are: a GPU reset fails while any operand's deploy
+label is still "true" (the operands hold the GPUs), and the waits answer "not yet" first.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+
+from policy.models import Action, Finding, Verdict
+from tests.workflows.fakes import FakeCluster, xid_verdict
+from tests.workflows.test_remediation import _until, end_in_hold, remediate, running
+from workflows.models import (
+    GpuOperatorSettings,
+    NodeHealth,
+    NodeState,
+    RemediationInput,
+    RemediationSettings,
+)
+from workflows.operands import deploy_label
+from workflows.remediation import RemediationWorkflow
+
+RESET = Action.RESET
+
+
+def reset_input(node: str, **settings: object) -> RemediationInput:
+    return RemediationInput(node=node, verdict=xid_verdict(node, 48, RESET),
+                            settings=RemediationSettings(**settings))  # type: ignore[arg-type]
+
+
+async def skip_until(env, check, limit: timedelta = timedelta(hours=2)) -> None:
+    """Move the test server's clock on until ``check()`` holds (polling by retry waits
+    on server timers, which only skip while the test waits through the environment)."""
+    import asyncio
+    skipped = timedelta(0)
+    while not check():
+        assert skipped < limit, "condition not reached"
+        await env.sleep(timedelta(seconds=20))
+        await asyncio.sleep(0.05)
+        skipped += timedelta(seconds=20)
+
+
+def order(cluster: FakeCluster, *names: str) -> list[str]:
+    keep = set(names) or {"pause_gpu_operands", "check_operands_gone", "run_node_job",
+                          "restore_gpu_operands", "check_operands_back", "check_gpus_free",
+                          "read_node_health"}
+    return [c[0] if c[0] != "run_node_job" else f"job:{c[1].kind}"
+            for c in cluster.calls if c[0] in keep]
+
+
+async def test_reset_turns_the_operands_off_resets_and_restores_them_as_found(
+        time_skipping_env):
+    cluster = FakeCluster()
+    node = cluster.node("r1")
+    # One operand an admin turned off before us: left as found, never turned on.
+    node.operand_labels[deploy_label("dcgm")] = "false"
+    node.operands_leave_after = node.operands_return_after = node.gpus_free_after = 2
+    result = await remediate(time_skipping_env, cluster, reset_input("r1"))
+    assert result.outcome == NodeState.HEALTHY, result
+    assert cluster.jobs_run() == ["gpu-reset", "validate"]  # no escalation to a reboot
+    calls = order(cluster)
+    assert calls == ["pause_gpu_operands", *["check_operands_gone"] * 3, "job:gpu-reset",
+                     "restore_gpu_operands", *["check_operands_back"] * 3,
+                     *["check_gpus_free"] * 3, "job:validate", "read_node_health"], calls
+    assert node.operand_labels == {deploy_label("device-plugin"): "true",
+                                   deploy_label("dcgm"): "false",
+                                   deploy_label("dcgm-exporter"): "true",
+                                   deploy_label("gpu-feature-discovery"): "true"}
+    wait = next(c[1] for c in cluster.calls if c[0] == "check_operands_back")
+    assert wait.expected_gpus == 8 and deploy_label("dcgm") not in wait.labels
+
+
+async def test_without_the_operator_step_the_reset_fails_and_escalates(time_skipping_env):
+    """The unkind fake proves the pause matters: with operands configured away (a node
+    managed otherwise) the held GPUs make the reset fail, and it escalates to a reboot."""
+    cluster = FakeCluster()
+    result = await remediate(time_skipping_env, cluster, reset_input(
+        "r2", gpu_operator=GpuOperatorSettings(operands=[])))
+    assert result.outcome == NodeState.HEALTHY
+    assert cluster.jobs_run() == ["gpu-reset", "reboot", "validate"]
+    assert "pause_gpu_operands" not in order(cluster)
+
+
+async def test_operands_that_never_leave_fail_the_reset_and_are_restored(time_skipping_env):
+    cluster = FakeCluster()
+    node = cluster.node("r3")
+    node.operands_leave_after = 10**6  # a wedged operand pod
+    result = await remediate(time_skipping_env, cluster, reset_input(
+        "r3", gpu_operator=GpuOperatorSettings(stop_timeout=timedelta(minutes=2))))
+    assert result.outcome == NodeState.HEALTHY
+    assert cluster.jobs_run() == ["reboot", "validate"]  # no reset Job ran at all
+    assert all(v == "true" for v in node.operand_labels.values())
+    assert [c[0] for c in cluster.calls].count("restore_gpu_operands") == 1
+
+
+async def test_operands_not_back_fail_the_reset(time_skipping_env):
+    cluster = FakeCluster()
+    cluster.node("r4").operands_return_after = 10**6
+    result = await remediate(time_skipping_env, cluster, reset_input(
+        "r4", gpu_operator=GpuOperatorSettings(start_timeout=timedelta(minutes=3))))
+    assert result.outcome == NodeState.HEALTHY
+    assert cluster.jobs_run() == ["gpu-reset", "reboot", "validate"]
+
+
+async def test_gpus_never_free_fail_the_validation_with_the_reason(time_skipping_env):
+    cluster = FakeCluster()
+    cluster.node("r5").gpus_free_after = 10**6
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, reset_input("r5", gpus_free_timeout=timedelta(minutes=4)),
+            id=f"remediation-r5-{uuid.uuid4()}", task_queue=queue)
+        await skip_until(time_skipping_env,
+                         lambda: cluster.node("r5").state == NodeState.QUARANTINED)
+        # No validation Job was ever created: it could not have had every GPU.
+        assert cluster.jobs_run() == ["gpu-reset", "reboot"]
+        assert "validation failed 2 times" in cluster.node("r5").history[-1].outcome
+        view = await handle.query(RemediationWorkflow.view_state)
+        assert any("not every GPU free for validation within 0:04:00" in p
+                   for p in view.plan), view.plan
+        await end_in_hold(handle)
+
+
+async def test_a_fault_still_reported_after_validation_keeps_the_node_out(time_skipping_env):
+    still = Verdict(node="r6", action=Action.REBOOT, findings=[Finding(
+        gpu="2", signal="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", value=1, rule="ecc-dbe",
+        action=Action.REBOOT)])
+    cluster = FakeCluster(health=[NodeHealth(readable=True, thermal_recovered=True,
+                                             verdict=still),
+                                  NodeHealth(readable=True, thermal_recovered=True)])
+    result = await remediate(time_skipping_env, cluster, reset_input("r6"))
+    assert result.outcome == NodeState.HEALTHY
+    # The first validation passed but DCGM still showed the fault: another round.
+    assert cluster.jobs_run() == ["gpu-reset", "validate", "reboot", "validate"]
+    health = [c[1] for c in cluster.calls if c[0] == "read_node_health"]
+    assert len(health) == 2 and health[0].acknowledged == {"GPU-r6-0": 48}
+
+
+async def test_an_exporter_that_does_not_answer_after_validation_is_no_pass(
+        time_skipping_env):
+    cluster = FakeCluster(health=[NodeHealth(readable=False, thermal_recovered=False,
+                                             message="connection refused")])
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, reset_input("r7"),
+            id=f"remediation-r7-{uuid.uuid4()}", task_queue=queue)
+        await skip_until(time_skipping_env,
+                         lambda: cluster.node("r7").state == NodeState.QUARANTINED)
+        view = await handle.query(RemediationWorkflow.view_state)
+        assert any("exporter does not answer: connection refused" in p for p in view.plan)
+        await end_in_hold(handle)
+
+
+async def test_abort_during_the_reset_restores_the_operands(time_skipping_env):
+    import threading
+    gate = threading.Event()
+    cluster = FakeCluster(job_gates={"gpu-reset": gate})
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, reset_input("r8"),
+            id=f"remediation-r8-{uuid.uuid4()}", task_queue=queue)
+        await _until(lambda: all(v == "false"
+                                 for v in cluster.node("r8").operand_labels.values()))
+        await handle.cancel()
+        gate.set()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+    node = cluster.node("r8")
+    assert all(v == "true" for v in node.operand_labels.values()), node.operand_labels
+    assert node.state == NodeState.HEALTHY and not node.tainted
+    assert node.history[-1].outcome.startswith("aborted")
+
+
+async def test_a_node_replaced_mid_remediation_ends_it_with_an_event(time_skipping_env):
+    cluster = FakeCluster()
+    real = cluster.activities
+
+    def replaced() -> list:
+        acts = real()
+        from temporalio import activity
+
+        @activity.defn(name="check_gpus_free")
+        def check_gpus_free(inp):  # type: ignore[no-untyped-def]
+            raise ApplicationError("node r9 was replaced: uid a at claim, now b",
+                                   type="NodeGone", non_retryable=True)
+        return [a for a in acts if getattr(a, "__temporal_activity_definition").name
+                != "check_gpus_free"] + [check_gpus_free]
+
+    cluster.activities = replaced  # type: ignore[method-assign]
+    result = await remediate(time_skipping_env, cluster, reset_input("r9"))
+    assert result.outcome == "released" and "node gone" in result.message
+    assert "replaced" in result.message
+    gone = [e for e in cluster.events if e[1] == "NodeGone"]
+    assert len(gone) == 1 and gone[0][0] == "r9" and "left untouched" in gone[0][2]
+    # Nothing was written after the node went: no release of the new machine.
+    assert not any(m.startswith("release r9") for m in cluster.mutations)

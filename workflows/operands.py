@@ -1,0 +1,90 @@
+"""GPU Operator operands off and on around a GPU reset: messages and the pure plan.
+
+A GPU reset needs the GPU idle, but on a GPU Operator node the device plugin, DCGM,
+dcgm-exporter and GPU feature discovery run as DaemonSets and hold ``/dev/nvidia*``. The
+operator turns each operand off and on per node through the node label
+``nvidia.com/gpu.deploy.<operand>`` ("true" / "false"): every operand DaemonSet's pod
+template selects ``nvidia.com/gpu.deploy.<operand>: "true"``.
+
+No I/O imports: workflow code imports this module through the sandbox.
+"""
+
+from __future__ import annotations
+
+from workflows.models import _Message
+
+DEFAULT_OPERANDS = ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery")
+DEPLOY_LABEL_PREFIX = "nvidia.com/gpu.deploy."
+ON = "true"
+OFF = "false"
+
+
+def deploy_label(operand: str) -> str:
+    """The node label that turns ``operand`` on or off."""
+    return DEPLOY_LABEL_PREFIX + operand
+
+
+class OperandsInput(_Message):
+    """Pause these operands on the node (``operands``: names such as "device-plugin")."""
+
+    node: str
+    operands: list[str]
+    namespace: str = "gpu-operator"
+    dry_run: bool = False
+
+
+class OperandsPaused(_Message):
+    """What a pause did, and the input of the restore.
+
+    ``changed``: full label → its value before we changed it (only labels we set "false").
+    ``left``: labels we left as found, with the value found (None: absent).
+    ``dry_run``: a plan, nothing was written (the restore then writes nothing either).
+    """
+
+    node: str
+    changed: dict[str, str]
+    left: dict[str, str | None]
+    message: str
+    dry_run: bool = False
+
+
+class OperandsWaitInput(_Message):
+    """One look at the operands selected by ``labels`` (full labels) on the node."""
+
+    node: str
+    labels: list[str]
+    namespace: str = "gpu-operator"
+    expected_gpus: int = 0
+
+
+class OperandsState(_Message):
+    """What a successful look saw: the operand pods (``ns/name``) and allocatable GPUs."""
+
+    pods: list[str]
+    allocatable_gpus: int
+    message: str
+
+
+def plan_pause(
+    labels_now: dict[str, str], operands: list[str]
+) -> tuple[dict[str, str], dict[str, str | None]]:
+    """Which deploy labels to set "false" and which to leave as found.
+
+    The labels are node-writable (a kubelet may change its own), so their values are
+    untrusted text: only the exact value "true" is ours to turn off; "false", an absent
+    label, "True", "yes" or anything else is left as found (and so never restored by us).
+    Returns (label → value before, label → value found or None); an operand named twice
+    counts once.
+    """
+    to_change: dict[str, str] = {}
+    left: dict[str, str | None] = {}
+    for operand in operands:
+        label = deploy_label(operand)
+        if label in to_change or label in left:
+            continue
+        value = labels_now.get(label)
+        if value == ON:
+            to_change[label] = value
+        else:
+            left[label] = value
+    return to_change, left
