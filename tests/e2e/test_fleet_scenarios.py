@@ -229,10 +229,23 @@ def test_xid48_gpu_reset_job_then_validation_returns_node(
              lambda: A_ACK_XIDS not in k8s.annotations(node), timeout=10)
     assert k8s.state(node) == "healthy" and len(k8s.history(node)) == 1
     reasons = k8s.event_reasons(node)
-    for expected in ("RemediationStarted", "RepairStarted", "ValidationStarted",
-                     "RemediationSucceeded"):
+    for expected in ("RemediationStarted", "RepairStarted", "GpuOperandsPaused",
+                     "GpuOperandsRestored", "ValidationStarted", "RemediationSucceeded"):
         assert expected in reasons, reasons
     assert gpu.health(node)["healthy"]
+    # The operands held the GPUs (the reset could not have run beside them): they were
+    # turned off and are back as found, running on the node again.
+    labels = k8s.node(node).metadata.labels
+    assert all(labels[f"nvidia.com/gpu.deploy.{o}"] == "true" for o in (
+        "device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery"))
+    assert "gpu-remediate.io/operands-paused" not in k8s.annotations(node)
+    wait_for(fleet, f"{node}'s operands running again", lambda: {
+        p.metadata.name.rsplit("-", 1)[0] for p in k8s.pods_on(node)
+        if p.metadata.namespace == "gpu-operator" and p.status.phase == "Running"} >= {
+        "nvidia-device-plugin-daemonset", "nvidia-dcgm", "nvidia-dcgm-exporter",
+        "gpu-feature-discovery"}, timeout=20)
+    # The validation's dcgmi JSON is the evidence, kept in the node's history.
+    assert "dcgmi diag: all" in history[0]["outcome"], history[0]
     # The replacement pod lands back on the node once it is schedulable again.
     wait_for(fleet, "the workload back on reset-01", lambda: k8s.pods_on(node), timeout=20)
 
