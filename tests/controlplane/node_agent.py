@@ -134,6 +134,15 @@ def seed(api: client.ApiClient, scenario: Scenario) -> None:
     namespaces = list(fleet.BASE_NAMESPACES) + [w.namespace for w in scenario.workloads]
     for ns in dict.fromkeys(namespaces):
         _create(core.create_namespace, {"metadata": {"name": ns}})
+    # The GPU Operator installs RuntimeClass nvidia; without it the API server's RuntimeClass
+    # admission refuses every pod that names it (the default GPU reset template does).
+    try:
+        _create(client.NodeV1Api(api).create_runtime_class,
+                {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                 "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+    except client.ApiException as err:
+        if err.status != 404:  # an API server without node.k8s.io (the cluster simulator)
+            raise
     pools = {p.name: p for p in scenario.pools}
     for w in scenario.workloads:
         template = fleet._template(w, pools, job=w.kind == "Job")

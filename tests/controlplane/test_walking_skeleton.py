@@ -128,6 +128,10 @@ def test_granted_permissions_used_or_accounted_for(pdb_stack: ControlPlaneStack)
         ("", "pods", "delete"),
         # Only an abort deletes a node Job (tests/activities/test_jobs.py); none here.
         ("batch", "jobs", "delete"),
+        # No kubelet serves pod logs in this tier (stack.NO_KUBELET_LOGS), and no GPU
+        # reset runs in this scenario: both covered against the cluster simulator.
+        ("", "pods/log", "get"),
+        ("apps", "daemonsets", "list"),
     }
     unused = granted - used - not_exercised_here
     report = {"used": sorted(map(list, used)), "granted_unused": sorted(map(list, unused))}
