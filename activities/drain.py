@@ -127,7 +127,7 @@ class DrainActivities:
             if err.status != 404:
                 raise_typed(err, f"delete {pod_key(pod)}")
 
-    def _node_ready(self, node: str) -> bool:
+    def _node_ready(self, node: str, uid: str = "") -> bool:
         """Whether the node's kubelet reports Ready (a stopped kubelet never confirms a
         deletion: its pods stay Terminating)."""
         try:
@@ -137,6 +137,10 @@ class DrainActivities:
                 raise ApplicationError(f"node {node} is gone (deleted while it was drained)",
                                        type="NodeGone", non_retryable=True) from err
             raise_typed(err, f"read node {node}")
+        if uid and obj.metadata and obj.metadata.uid != uid:
+            raise ApplicationError(f"node {node} was replaced: uid {uid} at claim, now "
+                                   f"{obj.metadata.uid}; its pods are not ours to evict",
+                                   type="NodeGone", non_retryable=True)
         for cond in (obj.status.conditions or []) if obj.status else []:
             if cond.type == "Ready":
                 return bool(cond.status == "True")
@@ -154,7 +158,7 @@ class DrainActivities:
         counted_gone: set[str] = set()
         gone_after = inp.settings.not_ready_terminating_timeout
         while True:
-            node_ready = True if inp.dry_run else self._node_ready(inp.node)
+            node_ready = True if inp.dry_run else self._node_ready(inp.node, inp.uid)
             pods = self._pods(inp.node)
             now = datetime.now(UTC)
             targets, skipped, terminating = [], [], []

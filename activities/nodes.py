@@ -121,12 +121,19 @@ class NodeActivities:
 
     # A JSON merge patch replaces the taint list whole, so it is always sent with the
     # resourceVersion it was computed from: someone else's concurrent taint makes it 409.
-    def _patch_guarded(self, name: str, build: Callable[[Any], dict[str, Any] | None]) -> Any:
+    def _patch_guarded(self, name: str, build: Callable[[Any], dict[str, Any] | None],
+                       uid: str = "") -> Any:
         for _ in range(CONFLICT_RETRIES):
             try:
                 node = self.core.read_node(name, _request_timeout=REQUEST_TIMEOUT)
             except ApiException as err:
                 raise_typed(err, f"read node {name}")
+            if uid and node.metadata and node.metadata.uid != uid:
+                # The same name, another machine (re-provisioned, an autoscaler reusing the
+                # name): nothing of ours is on it and nothing of ours is written to it.
+                raise ApplicationError(
+                    f"node {name} was replaced: uid {uid} at claim, now {node.metadata.uid}",
+                    type="NodeGone", non_retryable=True)
             body = build(node)
             if body is None:
                 return node
@@ -215,14 +222,21 @@ class NodeActivities:
         if not inp.dry_run:
             def build(node: Any) -> dict[str, Any]:
                 _observe_state_time(node, inp.now)
-                return {"metadata": {
+                body: dict[str, Any] = {"metadata": {
                     "labels": {STATE_LABEL: inp.state.value},
                     "annotations": {A_STEP: inp.step, A_REASON: inp.reason,
                                     A_ATTEMPT: str(inp.attempt),
                                     A_TRANSITION: inp.now.isoformat()},
                 }}
+                # Every state write holds the node again: cordoned and tainted (a kubelet
+                # may uncordon its own node; the operand restore lifts our taint for a while).
+                if TAINT_KEY not in {t.key for t in node.spec.taints or []} or \
+                        not node.spec.unschedulable:
+                    body["spec"] = {"unschedulable": True,
+                                    "taints": [*_taints_without_ours(node), our_taint()]}
+                return body
 
-            self._patch_guarded(inp.node, build)
+            self._patch_guarded(inp.node, build, inp.uid)
         metrics.REMEDIATION_TRANSITIONS.labels(inp.state.value, str(inp.dry_run).lower()).inc()
         record_node_event(
             self.core, inp.node, reason=inp.event_reason,
@@ -296,7 +310,7 @@ class NodeActivities:
                     body["spec"] = spec
                 return body
 
-            self._patch_guarded(inp.node, build)
+            self._patch_guarded(inp.node, build, inp.uid)
         if untouched:
             record_node_event(self.core, inp.node, reason=inp.event_reason,
                               message=f"{inp.event_message} (before the node was claimed: "

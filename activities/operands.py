@@ -33,9 +33,9 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.events import record_node_event
-from activities.fleet import GPU_RESOURCE
+from activities.gpus import GPU_RESOURCE
 from activities.kube import REQUEST_TIMEOUT, raise_typed
-from activities.node_keys import PREFIX
+from activities.node_keys import PREFIX, TAINT_KEY
 from workflows.operands import (
     DEPLOY_LABEL_PREFIX,
     OFF,
@@ -342,21 +342,32 @@ class OperandActivities:
                     # Someone else's value now (the operator's, an admin's): never ours
                     # to overwrite.
                     others[label] = now
-            seen.update(restore=restore, already=already, others=others)
+            seen.update(restore=restore, already=already, others=others, lifted=False)
             body: dict[str, Any] = {"metadata": {}}
             if restore:
                 body["metadata"]["labels"] = restore
+            # The operand DaemonSets tolerate the GPU taint, not ours: while our NoSchedule
+            # taint is on, a restored operand could not start again. It is lifted (the node
+            # stays cordoned, so no workload lands) and the next state write puts it back.
+            taints = (node.get("spec") or {}).get("taints") or []
+            if any(t.get("key") == TAINT_KEY for t in taints):
+                body["spec"] = {"taints": [t for t in taints if t.get("key") != TAINT_KEY]
+                                or None}
+                seen["lifted"] = True
             if A_OPERANDS_PAUSED in annotations:
                 rest = {k: v for k, v in parse_record(annotations[A_OPERANDS_PAUSED]).items()
                         if k not in inp.changed}
                 text = dump_record(rest) if rest else None
                 if text != annotations[A_OPERANDS_PAUSED]:
                     body["metadata"]["annotations"] = {A_OPERANDS_PAUSED: text}
-            return body if body["metadata"] else None
+            return body if body["metadata"] or "spec" in body else None
 
         self._patch_guarded(inp.node, build)
         restore, already, others = seen["restore"], seen["already"], seen["others"]
         parts = []
+        if seen.get("lifted"):
+            parts.append(f"{TAINT_KEY} taint lifted until the next state write (still "
+                         "cordoned) so the operands can start")
         if restore:
             parts.append("restored " + ", ".join(f"{k}={v}" for k, v in restore.items()))
         if already:

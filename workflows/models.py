@@ -431,6 +431,8 @@ class StateInput(_Message):
     event_message: str
     event_type: Literal["Normal", "Warning"] = "Normal"
     dry_run: bool = False
+    uid: str = Field(default="", description="metadata.uid at claim: a node with another "
+                                             "UID is another machine, never written to.")
 
 
 class ReleaseInput(_Message):
@@ -448,6 +450,8 @@ class ReleaseInput(_Message):
                     "the node carries this workflow's claim, and uncordon only if that claim "
                     "found the node schedulable.",
     )
+    uid: str = Field(default="", description="metadata.uid at claim: a node with another "
+                                             "UID is another machine, never written to.")
 
 
 class NodeEventInput(_Message):
@@ -466,6 +470,8 @@ class DrainInput(_Message):
         description="Return 'blocked' after this long so the workflow can show progress.",
     )
     dry_run: bool = False
+    uid: str = Field(default="", description="metadata.uid at claim: a node with another "
+                                             "UID is another machine, never written to.")
 
 
 class DrainResult(_Message):

@@ -615,7 +615,7 @@ class RemediationWorkflow:
             result = await self._call(
                 "drain_node",
                 DrainInput(node=self.inp.node, settings=d, force=self.drain_force,
-                           report_after=report_after, dry_run=self.inp.dry_run),
+                           report_after=report_after, dry_run=self.inp.dry_run, uid=self.uid),
                 DrainResult,
                 timeout=max(timedelta(minutes=10), report_after + timedelta(minutes=5)),
                 heartbeat=True, retry=DRAIN_RETRY,
@@ -977,7 +977,7 @@ class RemediationWorkflow:
             result = await self._call(
                 "drain_node",
                 DrainInput(node=self.inp.node, settings=d, report_after=d.report_after,
-                           dry_run=self.inp.dry_run),
+                           dry_run=self.inp.dry_run, uid=self.uid),
                 DrainResult, timeout=timedelta(minutes=10), heartbeat=True, retry=DRAIN_RETRY,
                 summary=f"evict what is left on {self.inp.node} before validation")
             self.view.pods_left = len(result.remaining)
@@ -1070,7 +1070,7 @@ class RemediationWorkflow:
                                      by=self.inp.requested_by),
                 acknowledged_xids=acked, event_reason=reasons[outcome],
                 event_message=f"{outcome}: {why}", dry_run=self.inp.dry_run,
-                claim_unconfirmed=claim_unconfirmed,
+                claim_unconfirmed=claim_unconfirmed, uid=self.uid,
             ),
             type(None), summary=f"{outcome}: release {self.inp.node}", check_cancel=False,
         )
@@ -1125,7 +1125,8 @@ class RemediationWorkflow:
             "set_node_state",
             StateInput(node=self.inp.node, state=state, reason=self.view.reason, step=step,
                        now=workflow.now(), attempt=self.view.attempt, event_reason=event_reason,
-                       event_message=message, event_type=event_type, dry_run=self.inp.dry_run),
+                       event_message=message, event_type=event_type, dry_run=self.inp.dry_run,
+                       uid=self.uid),
             type(None), summary=f"{state.value}: {step}",
         )
 

@@ -205,7 +205,10 @@ def _operand_daemonset(op: Operand, operand_seconds: float) -> Obj:
                     "containers": [container],
                     "nodeSelector": {DEPLOY_LABEL.format(op.deploy): "true"},
                     "priorityClassName": "system-node-critical",
-                    "tolerations": [{"operator": "Exists"}],
+                    # The GPU Operator's default (daemonsets.tolerations): the GPU taint
+                    # only, so a NoSchedule taint of someone else's keeps a new pod off.
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                     "effect": "NoSchedule"}],
                     "terminationGracePeriodSeconds": 1,
                 },
             },

@@ -145,7 +145,8 @@ class DaemonSets:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def _should_run(self, ds: Obj, node: Obj) -> bool:
+    def _should_run(self, ds: Obj, node: Obj,
+                    effects: tuple[str, ...] = ("NoSchedule", "NoExecute")) -> bool:
         tspec = ds["spec"]["template"].get("spec") or {}
         tols = (tspec.get("tolerations") or []) + DS_TOLERATIONS
         fake = {
@@ -156,8 +157,14 @@ class DaemonSets:
         return all(
             tolerates(tols, t)
             for t in (node.get("spec") or {}).get("taints") or []
-            if t.get("effect") in ("NoSchedule", "NoExecute")
+            if t.get("effect") in effects
         )
+
+    def _should_continue_running(self, ds: Obj, node: Obj) -> bool:
+        """As the DaemonSet controller's NodeShouldRunDaemonPod: a NoSchedule taint the
+        pod does not tolerate stops new pods, but a running one stays; only a node that no
+        longer matches, or an untolerated NoExecute taint, removes it."""
+        return self._should_run(ds, node, effects=("NoExecute",))
 
     def reconcile(self, now: float) -> None:
         nodes = self.store.list(r.NODES)
@@ -175,8 +182,9 @@ class DaemonSets:
                 name = node["metadata"]["name"]
                 mine = by_node.get(name, [])
                 if not self._should_run(ds, node):
+                    keep = self._should_continue_running(ds, node)
                     for p in mine:
-                        if not is_terminating(p):
+                        if not is_terminating(p) and not (keep and not is_terminal(p)):
                             deletion.delete_pod(self.store, p, None)
                     continue
                 desired += 1

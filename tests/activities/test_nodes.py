@@ -333,3 +333,25 @@ def test_release_removes_only_known_marks_whatever_the_node_wrote(
         A_ADDED_MARKS: "example.com/keep-me", "example.com/keep-me": "x"}}})
     env.run(acts.release_node, release())
     assert cluster.node(NODE).metadata.annotations["example.com/keep-me"] == "x"
+
+
+def test_state_and_release_writes_refuse_another_machine_under_the_same_name(
+        cluster: Cluster, acts: NodeActivities, env: ActivityEnvironment) -> None:
+    """A node deleted and registered again (another UID) carries none of our marks: a
+    state write or a release of the old remediation must not put them on the new one."""
+    env.run(acts.claim_node, claim())
+    before = cluster.node(NODE)
+    for call, inp in (
+            (acts.set_node_state, StateInput(
+                node=NODE, state=NodeState.REPAIRING, reason="x", step="reboot", now=T0,
+                event_reason="RepairStarted", event_message="m", uid="uid-of-the-old-one")),
+            (acts.release_node, release(outcome="quarantined", uncordon=False).model_copy(
+                update={"uid": "uid-of-the-old-one"}))):
+        with pytest.raises(ApplicationError) as err:
+            env.run(call, inp)
+        assert err.value.type == "NodeGone" and err.value.non_retryable
+        assert "was replaced" in str(err.value)
+    after = cluster.node(NODE)
+    assert after.metadata.labels == before.metadata.labels
+    assert after.metadata.annotations == before.metadata.annotations
+    assert [t.key for t in after.spec.taints or []] == [t.key for t in before.spec.taints or []]

@@ -17,6 +17,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -496,3 +497,49 @@ async def test_a_round_trip_with_the_simulated_gpu_operator(
                and "operands not Ready" not in s for s in seen), seen
     assert back.allocatable_gpus == 8
     assert {f"{NS}/{p.metadata.name}" for p in sim_pods().values()} == set(back.pods)
+
+
+async def test_under_our_claim_the_restore_lifts_our_taint_so_the_operands_can_start(
+        k_operator: Cluster, acts_operator: OperandActivities) -> None:
+    """The GPU Operator's DaemonSets tolerate the GPU taint, not ours: restored under our
+    NoSchedule taint, no operand could start again. The restore lifts our taint (the node
+    stays cordoned) and the next state write (activities/nodes.py) puts it back."""
+    from activities.node_keys import TAINT_KEY
+    from activities.nodes import NodeActivities
+    from policy.models import Action
+    from workflows.models import ClaimInput, NodeState, StateInput
+    k, acts = k_operator, acts_operator
+    if not set(SIM_OPERATOR) <= set(daemonsets(k)):
+        pytest.skip("the simulator does not ship the GPU Operator DaemonSets yet")
+    nodes = NodeActivities(k.api)
+    t0 = datetime.now(UTC)
+    env = ActivityEnvironment()
+    env.run(nodes.claim_node, ClaimInput(node=NODE, state=NodeState.DRAINING, reason="xid 48",
+                                         action=Action.RESET, workflow_id="remediation-x",
+                                         run_id="r", now=t0))
+    # Running operand pods stay under a NoSchedule taint they do not tolerate.
+    time.sleep(0.5)
+    assert all(n in our_pods(k, prefix="") for n in SIM_OPERATOR)
+    paused = await run(acts.pause_gpu_operands, pause_in())
+    await gone_within(acts, 15)
+    await run(acts.restore_gpu_operands, paused)
+    node = k.node(NODE)
+    assert node.spec.unschedulable is True, "still cordoned"
+    assert TAINT_KEY not in {t.key for t in node.spec.taints or []}
+    restored = [e for e in k.events(NODE, "GpuOperandsRestored")]
+    assert restored and "taint lifted" in restored[-1].message
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            back = await run(acts.check_operands_back, wait_in(expected_gpus=8))
+            break
+        except ApplicationError as err:
+            assert time.monotonic() < deadline, str(err)
+            await asyncio.sleep(0.1)
+    assert back.allocatable_gpus == 8
+    env.run(nodes.set_node_state, StateInput(
+        node=NODE, state=NodeState.VALIDATING, reason="xid 48", step="validate",
+        now=datetime.now(UTC), attempt=1, event_reason="ValidationStarted",
+        event_message="validating"))
+    node = k.node(NODE)
+    assert TAINT_KEY in {t.key for t in node.spec.taints or []} and node.spec.unschedulable

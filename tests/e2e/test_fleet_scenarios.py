@@ -239,11 +239,17 @@ def test_xid48_gpu_reset_job_then_validation_returns_node(
     assert all(labels[f"nvidia.com/gpu.deploy.{o}"] == "true" for o in (
         "device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery"))
     assert "gpu-remediate.io/operands-paused" not in k8s.annotations(node)
-    wait_for(fleet, f"{node}'s operands running again", lambda: {
-        p.metadata.name.rsplit("-", 1)[0] for p in k8s.pods_on(node)
-        if p.metadata.namespace == "gpu-operator" and p.status.phase == "Running"} >= {
-        "nvidia-device-plugin-daemonset", "nvidia-dcgm", "nvidia-dcgm-exporter",
-        "gpu-feature-discovery"}, timeout=20)
+    def operands() -> dict[str, str]:
+        return {(p.metadata.labels or {}).get("app", "?"): p.status.phase
+                for p in k8s.pods_on(node, include_system=True)
+                if p.metadata.namespace == "gpu-operator"}
+    try:
+        wait_for(fleet, f"{node}'s operands running again", lambda: {
+            a for a, phase in operands().items() if phase == "Running"} >= {
+            "nvidia-device-plugin-daemonset", "nvidia-dcgm", "nvidia-dcgm-exporter",
+            "gpu-feature-discovery"}, timeout=20)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\noperand pods now: {operands()}") from None
     # The validation's dcgmi JSON is the evidence, kept in the node's history.
     assert "dcgmi diag: all" in history[0]["outcome"], history[0]
     # The replacement pod lands back on the node once it is schedulable again.

@@ -39,6 +39,10 @@ The current corpus, one history per workflow test scenario (every patched branch
                                      quarantined by policy (the run before its hold run)
 - v3_repeat_offender.run1.json       supervised repeat offender (only repairs that happened
                                      count): approved, drained, quarantined
+- v4_reset_beside_operands.json      GPU reset beside the GPU Operator (operands off, reset,
+                                     restored, back), every GPU free before validation, DCGM
+                                     read again; the first validation fails, then a reboot
+- v4_node_gone.json                  the node replaced before validation: NodeGone, released
 - v2_external_repaired_update.json   external reboot, `repaired` update, validated
 - v2_external_repaired_signal.json   the same with a `repaired` signal
 - v2_approved_update.json            supervised: `approve` update
@@ -258,6 +262,34 @@ async def v2_reset_then_reboot(client: Client) -> None:
         assert cluster.jobs_run() == ["gpu-reset", "validate", "reboot", "validate"], \
             cluster.jobs_run()
         await save("v2_reset_then_reboot", handle)
+
+
+async def v4_reset_beside_operands(client: Client) -> None:
+    """A GPU reset beside the GPU Operator (operands off, reset, restored, back), validation
+    with every GPU free first and DCGM read again; the first validation fails, the next
+    round reboots."""
+    cluster = FakeCluster(job_results={"validate": [False, True]})
+    node = cluster.node("v4-reset-beside-operands")
+    node.operands_leave_after = node.operands_return_after = node.gpus_free_after = 1
+    async with worker_for(client, cluster) as queue:
+        handle = await start(client, queue, "v4_reset_beside_operands",
+                             verdict=xid_verdict(node.name, 48, Action.RESET))
+        await handle.result()
+        assert cluster.jobs_run() == ["gpu-reset", "validate", "reboot", "validate"], \
+            cluster.jobs_run()
+        assert all(v == "true" for v in node.operand_labels.values())
+        await save("v4_reset_beside_operands", handle)
+
+
+async def v4_node_gone(client: Client) -> None:
+    """The node is replaced (another UID) before validation: NodeGone Event, released."""
+    cluster = FakeCluster()
+    cluster.node("v4-node-gone").replaced_at = "check_gpus_free"
+    async with worker_for(client, cluster) as queue:
+        handle = await start(client, queue, "v4_node_gone")
+        result = await handle.result()
+        assert result.outcome == "released" and "node gone" in result.message, result
+        await save("v4_node_gone", handle)
 
 
 async def v3_thermal_recovered(client: Client) -> None:
@@ -521,7 +553,7 @@ CURRENT = (v2_reboot, v2_reset_then_reboot,
            v2_abort_mid_drain, v2_drain_force, v2_drain_release, v2_drain_overdue,
            v2_step_failure, v2_quarantine_hold, v2_drain_continue_as_new,
            v2_dry_run, v2_detector_pause_signal, v3_thermal_recovered, v3_thermal_escalated,
-           v3_repeat_offender)
+           v3_repeat_offender, v4_reset_beside_operands, v4_node_gone)
 
 
 async def main() -> None:

@@ -461,3 +461,24 @@ def test_pod_logs_through_the_kubernetes_client(k: Contract) -> None:
 def test_serve_offers_the_operand_timings() -> None:
     result = CliRunner().invoke(cluster_app, ["serve", "--help"])
     assert "--operand-seconds" in result.output and "--plugin-health-seconds" in result.output
+
+
+def test_operands_tolerate_the_gpu_taint_only_and_a_no_schedule_taint_stops_only_new_pods(
+        k: Contract) -> None:
+    """As the GPU Operator ships them (daemonsets.tolerations: nvidia.com/gpu) and as the
+    DaemonSet controller treats taints: running operand pods stay under a NoSchedule taint
+    they do not tolerate, but one turned off and on cannot start again until it goes."""
+    before = four_operands(k)
+    k.core.patch_node(NODE, {"spec": {"taints": [
+        {"key": "example.com/maintenance", "value": "x", "effect": "NoSchedule"}]}})
+    time.sleep(0.5)
+    assert {a: p.metadata.uid for a, p in operand_pods(k).items()} == {
+        a: p.metadata.uid for a, p in before.items()}, "running pods stay"
+    set_operands(k, "false", only=["nvidia-device-plugin-daemonset"])
+    wait_for(lambda: "nvidia-device-plugin-daemonset" not in operand_pods(k, running=False))
+    set_operands(k, "true", only=["nvidia-device-plugin-daemonset"])
+    time.sleep(1.0)
+    assert "nvidia-device-plugin-daemonset" not in operand_pods(k, running=False), \
+        "a new pod does not start under a taint it does not tolerate"
+    k.core.patch_node(NODE, {"spec": {"taints": None}})
+    wait_for(lambda: "nvidia-device-plugin-daemonset" in operand_pods(k))

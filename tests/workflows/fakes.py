@@ -88,6 +88,8 @@ class FakeNode:
     # Looks that answer "not yet": operands still leaving / coming back, GPUs not free
     # (each look is a retry 5 s later: tests that wait on wall-clock time keep these 0).
     operands_leave_after: int = 0
+    # The node is replaced (another UID) when this activity looks at it: it says NodeGone.
+    replaced_at: str = ""
     operands_return_after: int = 0
     gpus_free_after: int = 0
 
@@ -310,6 +312,11 @@ class FakeCluster:
                     cluster.mutations.append(f"operands on {inp.node}")
                     cluster.node(inp.node).operand_labels.update(inp.changed)
 
+        def _replaced(node: FakeNode, where: str) -> None:
+            if node.replaced_at == where:
+                raise ApplicationError(f"node {node.name} was replaced: uid a at claim, now b",
+                                       type="NodeGone", non_retryable=True)
+
         def _not_yet(node: FakeNode, counter: str, kind: str) -> None:
             left = getattr(node, counter)
             if left > 0:
@@ -337,6 +344,7 @@ class FakeCluster:
             with cluster.lock:
                 cluster.calls.append(("check_gpus_free", inp))
                 n = cluster.node(inp.node)
+                _replaced(n, "check_gpus_free")
                 _not_yet(n, "gpus_free_after", "GpusNotFree")
                 return GpusFree(allocatable_gpus=n.gpus, message="free")
 

@@ -7,8 +7,9 @@ intended (nothing old is running), rerun ``python -m tests.histories.record``.
 
 Two corpora: the previous release's four histories (written before abort by
 cancellation, signals, continue-as-new, polled Jobs and the confirmed reboot: they prove
-every ``workflow.patched`` branch is skipped on replay), and ``v2_*``, one history per
-workflow test scenario with the patched branches taken.
+every ``workflow.patched`` branch is skipped on replay), and ``v2_*`` / ``v3_*`` /
+``v4_*``, one history per workflow test scenario with the patched branches of its time
+taken (v4: the reset beside the GPU Operator, validation that proves the node, NodeGone).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ CURRENT = {
     "v2_step_failure.run1", "v2_repeat_offender.run1", "v2_quarantine_hold.run1",
     "v2_quarantine_hold.run2", "v2_drain_continue_as_new.run1", "v2_dry_run",
     "v2_detector_pause_signal.run1", "v3_thermal_recovered", "v3_thermal_escalated.run1",
-    "v3_repeat_offender.run1"}
+    "v3_repeat_offender.run1", "v4_reset_beside_operands", "v4_node_gone"}
 
 
 def workflow_id(path: Path) -> str:
@@ -108,6 +109,13 @@ def test_the_current_corpus_takes_the_patched_branches():
     for name in ("v2_thermal_recovered", "v2_thermal_escalated.run1"):
         assert "watch_thermal" in activity_types(name), name
     assert "repeat-offender-counts-repairs" in markers("v3_repeat_offender.run1")
+    assert {"reset-beside-gpu-operator", "validation-proves-the-node"} <= markers(
+        "v4_reset_beside_operands")
+    acts = activity_types("v4_reset_beside_operands")
+    assert acts.index("pause_gpu_operands") < acts.index("restore_gpu_operands")
+    assert "check_gpus_free" in acts and "read_node_health" in acts
+    assert "node-gone-event" in markers("v4_node_gone")
+    assert "record_event" in activity_types("v4_node_gone")
     assert "repeat-offender-counts-repairs" not in markers("v2_repeat_offender.run1")
     assert "workflowExecutionCanceledEventAttributes" in events("v2_abort_mid_drain")[-1]
     assert "drain-before-release-validation" in markers("v2_quarantine_hold.run2")
