@@ -379,6 +379,20 @@ async def test_operands_are_running_until_every_selected_pod_has_left(
     assert "test-bystander" in our_pods(k), "other DaemonSets are not touched"
 
 
+async def back_within(acts: OperandActivities, seconds: float, seen: list[str]) -> Any:
+    """Poll check_operands_back (8 GPUs expected) as the workflow's retry would; each
+    "not yet" is kept in ``seen``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return await run(acts.check_operands_back, wait_in(expected_gpus=8))
+        except ApplicationError as err:
+            assert err.type == OPERANDS_NOT_READY, err
+            seen.append(str(err))
+            assert time.monotonic() < deadline, seen[-1]
+            await asyncio.sleep(0.05)
+
+
 async def gone_within(acts: OperandActivities, seconds: float) -> Any:
     """Poll check_operands_gone as the workflow's retry would (the simulator's own GPU
     Operator pods, if it ships them, take their own grace period to go)."""
@@ -482,16 +496,7 @@ async def test_a_round_trip_with_the_simulated_gpu_operator(
     await run(acts.restore_gpu_operands, paused)
     assert all(labels(k).get(lb) == "true" for lb in LABELS)
     seen: list[str] = []
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            back = await run(acts.check_operands_back, wait_in(expected_gpus=8))
-            break
-        except ApplicationError as err:
-            assert err.type == OPERANDS_NOT_READY, err
-            seen.append(str(err))
-            assert time.monotonic() < deadline, seen[-1]
-            await asyncio.sleep(0.05)
+    back = await back_within(acts, 20, seen)
     assert gpus == 0, "no device plugin, no allocatable GPUs"
     assert any(s.endswith("allocatable nvidia.com/gpu 0 of 8 expected")
                and "operands not Ready" not in s for s in seen), seen
@@ -528,14 +533,7 @@ async def test_under_our_claim_the_restore_lifts_our_taint_so_the_operands_can_s
     assert TAINT_KEY not in {t.key for t in node.spec.taints or []}
     restored = [e for e in k.events(NODE, "GpuOperandsRestored")]
     assert restored and "taint lifted" in restored[-1].message
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            back = await run(acts.check_operands_back, wait_in(expected_gpus=8))
-            break
-        except ApplicationError as err:
-            assert time.monotonic() < deadline, str(err)
-            await asyncio.sleep(0.1)
+    back = await back_within(acts, 20, [])
     assert back.allocatable_gpus == 8
     env.run(nodes.set_node_state, StateInput(
         node=NODE, state=NodeState.VALIDATING, reason="xid 48", step="validate",
