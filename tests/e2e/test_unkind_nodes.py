@@ -11,7 +11,7 @@ import pytest
 
 from sim.gpu.client import GpuSimClient
 from tests.e2e.conftest import HERE, make_stack
-from tests.e2e.kit import Cluster, result, wait_for
+from tests.e2e.kit import Cluster, result, view_state, wait_for
 from worker.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
@@ -28,6 +28,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         "remediation.drain.deadline_policy": "release",
         "remediation.drain.report_after": "PT3S",
         "remediation.drain.not_ready_terminating_timeout": "PT1H",
+        "remediation.gpus_free_timeout": "PT20S",
     })
     with s:
         yield s
@@ -122,3 +123,23 @@ def test_a_node_replaced_mid_remediation_ends_it_and_the_new_node_is_untouched(
     assert not any(k.startswith("gpu-remediate.io/")
                    for k in (new.metadata.labels or {}) | (new.metadata.annotations or {}))
     assert "NodeGone" in k8s.event_reasons(node)
+
+
+def test_a_node_back_with_7_of_8_gpus_is_not_returned_to_service(stack: LocalStack) -> None:
+    """GPU 5 stays broken through the reboot (its XID never clears): the device plugin keeps
+    it unhealthy, 7 of 8 GPUs are allocatable, and the node does not count as back."""
+    k8s, gpu = Cluster(stack), GpuSimClient(stack.gpu_url)
+    node = idle_node(k8s)
+    gpu.inject_fault(node, 5, "xid", 79, clears_on="never")
+    wait_for(stack, f"{node} quarantined", lambda: k8s.state(node) == "quarantined",
+             timeout=120)
+    # Either the return check saw 7 of 8 (the device plugin marks the GPU again as soon
+    # as it runs) or, had it looked in the second before, every validation round did.
+    outcome = k8s.history(node)[-1]["outcome"]
+    plan = view_state(stack, node).plan
+    why = [outcome, *plan]
+    assert any("allocatable nvidia.com/gpu 7 of 8 expected" in w for w in why), why
+    assert "RemediationSucceeded" not in k8s.event_reasons(node)
+    n = k8s.node(node)
+    assert n.spec.unschedulable and k8s.has_our_taint(n)
+    gpu.clear(node)
