@@ -38,8 +38,11 @@ from activities.kube import REQUEST_TIMEOUT, raise_typed
 from activities.node_keys import PREFIX, TAINT_KEY
 from workflows.operands import (
     DEPLOY_LABEL_PREFIX,
+    DEVICE_PLUGIN,
     OFF,
     ON,
+    DevicePluginInput,
+    DevicePluginRestart,
     OperandsInput,
     OperandsPaused,
     OperandsState,
@@ -61,6 +64,7 @@ CONFLICT = "Conflict"
 
 REASON_PAUSED = "GpuOperandsPaused"
 REASON_RESTORED = "GpuOperandsRestored"
+REASON_PLUGIN_RESTARTED = "DevicePluginRestarted"
 
 MERGE_PATCH = "application/merge-patch+json"
 CONFLICT_RETRIES = 5
@@ -458,3 +462,59 @@ class OperandActivities:
         """One look: OperandsNotReady until every expected operand has a Ready pod on the
         node and the GPUs are allocatable again."""
         return await asyncio.to_thread(self._back, inp)
+
+    # -------------------------------------------------------------- device plugin
+
+    def _restart_device_plugin(self, inp: DevicePluginInput) -> DevicePluginRestart:
+        node = self._read_node(inp.node)
+        uid = str(_meta(node).get("uid") or "")
+        if inp.uid and uid != inp.uid:
+            raise ApplicationError(f"node {inp.node} was replaced: uid {inp.uid} at claim, "
+                                   f"now {uid}", type=NODE_GONE, non_retryable=True)
+        gpus = quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE))
+        if gpus >= inp.expected_gpus:
+            return DevicePluginRestart(evicted=[], allocatable_gpus=gpus, message=(
+                f"{inp.node}: {gpus} of {inp.expected_gpus} GPU(s) allocatable, the device "
+                "plugin is left alone"))
+        selected = selected_daemonsets(self._daemonsets(inp.namespace),
+                                       [deploy_label(DEVICE_PLUGIN)])
+        uids = {str(_meta(ds).get("uid") or "") for ds in selected} - {""}
+        pods = [p for p in self._pods_on(inp.namespace, inp.node)
+                if _owner_uid(p) in uids and not _terminating(p)]
+        if not pods:
+            return DevicePluginRestart(evicted=[], allocatable_gpus=gpus, message=(
+                f"{inp.node}: {gpus} of {inp.expected_gpus} GPU(s) allocatable and no "
+                f"device-plugin pod of {inp.namespace} runs there to restart"))
+        evicted = []
+        for pod in pods:
+            # The Eviction API, as a drain: the DaemonSet controller starts a new pod
+            # (operands tolerate the cordon), and the uid precondition evicts only the
+            # pod seen here, never its successor.
+            meta = _meta(pod)
+            body = client.V1Eviction.model_validate({
+                "apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+                "deleteOptions": {"preconditions": {"uid": meta.get("uid")}}})
+            try:
+                self.core.create_namespaced_pod_eviction(
+                    str(meta.get("name")), str(meta.get("namespace")), body,
+                    _request_timeout=REQUEST_TIMEOUT)
+            except ApiException as err:
+                if err.status in (404, 409):
+                    continue  # gone or replaced already: the restart happened
+                raise_typed(err, f"evict device-plugin pod {_key(pod)}")
+            evicted.append(_key(pod))
+        message = (f"{inp.node}: {gpus} of {inp.expected_gpus} GPU(s) allocatable; restarted "
+                   f"the device plugin ({', '.join(evicted) or 'already restarting'}): it "
+                   "keeps a GPU that had a critical XID unhealthy until it restarts")
+        record_node_event(self.core, inp.node, reason=REASON_PLUGIN_RESTARTED,
+                          message=message)
+        return DevicePluginRestart(evicted=evicted, allocatable_gpus=gpus, message=message)
+
+    @activity.defn
+    async def restart_device_plugin(self, inp: DevicePluginInput) -> DevicePluginRestart:
+        """When fewer GPUs than expected are allocatable, evict the node's device-plugin
+        pod once: the NVIDIA device plugin marks a GPU unhealthy on a critical XID and
+        never marks it healthy again while it runs. Nothing when every GPU is allocatable
+        or no device-plugin pod runs on the node."""
+        return await asyncio.to_thread(self._restart_device_plugin, inp)

@@ -83,6 +83,7 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
             back.check_node_returned, back.check_gpus_free,
             operands.pause_gpu_operands, operands.check_operands_gone,
             operands.restore_gpu_operands, operands.check_operands_back,
+            operands.restart_device_plugin,
             fleet.report_admission]
 
 

@@ -190,9 +190,12 @@ class LocalStack:
                        "sdk_metrics_port": self.ports.sdk_metrics,
                        "health_port": self.ports.health, "bind": "127.0.0.1"},
         }
-        # Simulated Jobs take seconds: look at them every second (a --config file may say
-        # otherwise; the production default is 10 s).
-        laptop = {"remediation": {"job_poll_interval": "PT1S"}}
+        # Simulated Jobs and nodes take seconds: look at them every second (a --config file
+        # may say otherwise; the production defaults are 10 and 5 s), and its device plugin
+        # registers in
+        # a second: restart one still short of GPUs after 5 s (production: 1 minute).
+        laptop = {"remediation": {"job_poll_interval": "PT1S", "node_poll_interval": "PT1S",
+                                  "gpu_operator": {"device_plugin_restart_after": "PT5S"}}}
         merged = merge(merge(merge(laptop, base), stack), nest(self.overrides))
         self.worker_config.write_text(yaml.safe_dump(merged, sort_keys=False))
         return self.worker_config

@@ -189,6 +189,13 @@ class GpuOperatorSettings(_Model):
         default=timedelta(minutes=10), gt=timedelta(0), le=timedelta(hours=2),
         description="How long the operands may take to be Ready again, with every GPU "
                     "allocatable, after the reset; past it the reset counts as failed.")
+    device_plugin_restart_after: timedelta | None = Field(
+        default=timedelta(minutes=1), gt=timedelta(0), le=timedelta(hours=2),
+        description="Before validation, when fewer GPUs than expected are still allocatable "
+                    "after this long, evict the node's device-plugin pod once (the NVIDIA "
+                    "device plugin keeps a GPU that had a critical XID unhealthy until it "
+                    "restarts) and give the GPUs as long again; null: never restart it, "
+                    "wait out gpus_free_timeout.")
 
     @field_validator("operands")
     @classmethod
@@ -255,6 +262,12 @@ class RemediationSettings(_Model):
         default=timedelta(seconds=10), gt=timedelta(0), le=timedelta(minutes=5),
         description="How often a running node Job is looked at. Each look is a short "
                     "activity retried at this interval: a Job's minutes hold no worker slot.",
+    )
+    node_poll_interval: timedelta = Field(
+        default=timedelta(seconds=5), gt=timedelta(0), le=timedelta(minutes=5),
+        description="How often a wait on the node is looked at: back from a reboot, GPU "
+                    "Operator operands gone or back, every GPU free before validation. Each "
+                    "look is a short activity retried at this interval.",
     )
     history_events_per_run: int = Field(
         default=2000, ge=200, le=40000,

@@ -88,3 +88,24 @@ def plan_pause(
         else:
             left[label] = value
     return to_change, left
+
+
+DEVICE_PLUGIN = "device-plugin"
+
+
+class DevicePluginInput(_Message):
+    """Restart the device plugin on the node if fewer GPUs than expected are allocatable."""
+
+    node: str
+    uid: str = ""
+    namespace: str = "gpu-operator"
+    expected_gpus: int = 0
+
+
+class DevicePluginRestart(_Message):
+    """``evicted``: the device-plugin pods (``ns/name``) evicted, none when nothing was done
+    (every GPU allocatable, or no device-plugin pod on the node)."""
+
+    evicted: list[str]
+    allocatable_gpus: int
+    message: str

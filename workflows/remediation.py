@@ -56,7 +56,14 @@ with workflow.unsafe.imports_passed_through():
         ThermalWatchResult,
         Transition,
     )
-    from workflows.operands import OperandsInput, OperandsPaused, OperandsState, OperandsWaitInput
+    from workflows.operands import (
+        DevicePluginInput,
+        DevicePluginRestart,
+        OperandsInput,
+        OperandsPaused,
+        OperandsState,
+        OperandsWaitInput,
+    )
     from workflows.search_attributes import REMEDIATION_ACTION, REMEDIATION_STATE
 
 NODE_RETRY = RetryPolicy(
@@ -75,16 +82,9 @@ DRAIN_RETRY = RetryPolicy(
 )
 # Polling by retry: an activity that raises "not yet" every few seconds until the node
 # shows what we wait for (or the schedule-to-close timeout ends the wait).
-POLL_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=5), backoff_coefficient=1.0,
-    maximum_interval=timedelta(seconds=5), non_retryable_error_types=["NodeGone", "Invalid"],
-)
-# Waits for the node (operands gone or back, GPUs free) polled the same way.
-WAIT_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=5), backoff_coefficient=1.0,
-    maximum_interval=timedelta(seconds=5),
-    non_retryable_error_types=["NodeGone", "Invalid", "NotFound"],
-)
+# Waits on the node (back from a reboot, operands gone or back, GPUs free) are one-look
+# activities retried every ``remediation.node_poll_interval`` (see _poll_retry).
+POLL_NOT_RETRIED = ["NodeGone", "Invalid", "NotFound"]
 TRANSITIONS_KEPT = 50
 PLAN_KEPT = 100
 REJECTIONS_KEPT = 20
@@ -757,7 +757,7 @@ class RemediationWorkflow:
                 ReturnInput(node=self.inp.node, uid=self.uid, old_boot_id=self.boot_id,
                             expected_gpus=self.gpus, reboot_requested_at=requested),
                 ReturnResult, timeout=timedelta(minutes=1), heartbeat=False,
-                retry=POLL_RETRY, schedule_to_close=timeout,
+                retry=self._poll_retry(), schedule_to_close=timeout,
                 summary=f"wait for {self.inp.node} to come back from its reboot")
         except ActivityError as err:
             why = f"did not return within {timeout} of its reboot: {_cause(err)}"
@@ -835,6 +835,11 @@ class RemediationWorkflow:
             return
         self.operands_paused = None
 
+    def _poll_retry(self) -> RetryPolicy:
+        every = self.inp.settings.node_poll_interval
+        return RetryPolicy(initial_interval=every, backoff_coefficient=1.0,
+                           maximum_interval=every, non_retryable_error_types=POLL_NOT_RETRIED)
+
     async def _wait_for(self, activity_name: str, arg: Any, result_type: Any,
                         timeout: timedelta, summary: str) -> Any:
         """Poll a one-look activity by retry until it answers or ``timeout`` passes; on
@@ -842,14 +847,15 @@ class RemediationWorkflow:
         try:
             return await self._call(activity_name, arg, result_type,
                                     timeout=timedelta(minutes=1), heartbeat=False,
-                                    retry=WAIT_RETRY, schedule_to_close=timeout,
+                                    retry=self._poll_retry(), schedule_to_close=timeout,
                                     summary=summary)
         except ActivityError as err:
             if not _timed_out(err):
                 raise
             return _cause(err)
 
-    async def _validate(self, attempt: int) -> NodeJobResult:
+    async def _validate(self, attempt: int,
+                        released_xids: dict[str, int] | None = None) -> NodeJobResult:
         """Validation that proves something: every expected GPU free first (a GPU the
         device plugin still holds unhealthy, or a GPU-requesting DaemonSet, is named as
         the reason instead of a Job that cannot start), the Job's dcgmi evidence, then
@@ -858,11 +864,7 @@ class RemediationWorkflow:
             return await self._job("validate", attempt)
         s = self.inp.settings
         if not self.inp.dry_run and self.gpus > 0:
-            free = await self._wait_for(
-                "check_gpus_free",
-                GpusFreeInput(node=self.inp.node, uid=self.uid, expected_gpus=self.gpus),
-                GpusFree, s.gpus_free_timeout, f"wait for {self.gpus} free GPUs on "
-                                               f"{self.inp.node}")
+            free = await self._gpus_free()
             if isinstance(free, str):
                 return NodeJobResult(succeeded=False, job_name="",
                                      message=f"not every GPU free for validation within "
@@ -874,7 +876,8 @@ class RemediationWorkflow:
         health: NodeHealth = await self._node_call(
             "read_node_health",
             NodeHealthInput(node=self.inp.node, policy=self.inp.policy,
-                            acknowledged=self._acknowledged_xids()),
+                            acknowledged={**self._acknowledged_xids(),
+                                          **(released_xids or {})}),
             NodeHealth, summary=f"read {self.inp.node}'s DCGM health after validation")
         if not health.readable:
             return check.model_copy(update={
@@ -889,6 +892,56 @@ class RemediationWorkflow:
                 "succeeded": False,
                 "message": f"validation passed, but DCGM still reports: {shown}"})
         return check
+
+    async def _xids_shown_at_release(self, acked: dict[str, int]) -> dict[str, int]:
+        """The XIDs the exporter shows when an operator releases the node. An XID is an
+        event and dcgm-exporter keeps showing the last one until another comes, so a
+        fault repaired by hand would show for ever: the release acknowledges what shows
+        now (recorded on success, so the detector does not remediate it again), and only
+        an XID that comes after it, or a fault that is a state (ECC, row remapping), keeps
+        the node out after its validation."""
+        if self.inp.dry_run or not workflow.patched("validation-proves-the-node"):
+            return {}
+        health: NodeHealth = await self._node_call(
+            "read_node_health",
+            NodeHealthInput(node=self.inp.node, policy=self.inp.policy,
+                            acknowledged={**self._acknowledged_xids(), **acked}),
+            NodeHealth, summary=f"read the XIDs {self.inp.node} shows at its release")
+        shown = {gpu_key(f): int(f.value) for f in
+                 (health.verdict.findings if health.readable and health.verdict else [])
+                 if f.signal == SIG_XID and f.value}
+        if shown:
+            self._plan("the release acknowledges the XIDs the node shows now: "
+                          + ", ".join(f"XID {x} on {g}" for g, x in sorted(shown.items())))
+        return shown
+
+    async def _gpus_free(self) -> GpusFree | str:
+        """Wait for every expected GPU to be allocatable and free (the reason as a string
+        on timeout). The NVIDIA device plugin keeps a GPU that had a critical XID unhealthy
+        until it restarts, and a release or a repair that turned no operand off restarts
+        nothing: when GPUs are still short after ``device_plugin_restart_after``, its pod
+        on the node is evicted once (the DaemonSet starts a new one), and a GPU still
+        short as long again after that is really unhealthy: the reason comes back then,
+        not at ``gpus_free_timeout``."""
+        s = self.inp.settings
+        look = GpusFreeInput(node=self.inp.node, uid=self.uid, expected_gpus=self.gpus)
+        summary = f"wait for {self.gpus} free GPUs on {self.inp.node}"
+        grace = s.gpu_operator.device_plugin_restart_after
+        if grace is None or grace >= s.gpus_free_timeout or not s.gpu_operator.operands:
+            return await self._wait_for("check_gpus_free", look, GpusFree,
+                                        s.gpus_free_timeout, summary)
+        free = await self._wait_for("check_gpus_free", look, GpusFree, grace, summary)
+        if not isinstance(free, str):
+            return free
+        restart: DevicePluginRestart = await self._node_call(
+            "restart_device_plugin",
+            DevicePluginInput(node=self.inp.node, uid=self.uid,
+                              namespace=s.gpu_operator.namespace, expected_gpus=self.gpus),
+            DevicePluginRestart, summary=f"restart the device plugin on {self.inp.node}")
+        self._details(restart.message)
+        left = s.gpus_free_timeout - grace
+        return await self._wait_for("check_gpus_free", look, GpusFree,
+                                    min(left, grace) if restart.evicted else left, summary)
 
     async def _node_gone(self, gone: NodeGone) -> RemediationResult:
         """The node was deleted, or replaced by another machine under its name (another
@@ -953,16 +1006,19 @@ class RemediationWorkflow:
             # including releases of nodes quarantined before it.
             left = (await self._clear_for_validation()
                     if workflow.patched("drain-before-release-validation") else "")
+            released: dict[str, int] = {}
             if left:
                 check = NodeJobResult(succeeded=False, job_name="", message=left)
             else:
-                check = await self._validate(self.view.attempt)
+                released = await self._xids_shown_at_release(acked)
+                check = await self._validate(self.view.attempt, released)
             self.release_order = None
             if check.succeeded:
                 self.quarantine_order = None
                 self.policy_quarantine = None
                 return await self._finish(
-                    "healthy", f"released by {order.operator} and validated", acked)
+                    "healthy", f"released by {order.operator} and validated",
+                    {**acked, **released})
             why = f"release by {order.operator} failed validation: {check.message}"
 
     # ------------------------------------------------------------ building blocks

@@ -31,6 +31,7 @@ from activities.operands import (
     OPERANDS_NOT_READY,
     OPERANDS_RUNNING,
     REASON_PAUSED,
+    REASON_PLUGIN_RESTARTED,
     REASON_RESTORED,
     OperandActivities,
     blocking_taints,
@@ -541,3 +542,67 @@ async def test_under_our_claim_the_restore_lifts_our_taint_so_the_operands_can_s
         event_message="validating"))
     node = k.node(NODE)
     assert TAINT_KEY in {t.key for t in node.spec.taints or []} and node.spec.unschedulable
+
+
+# ------------------------------------------------------------------ device plugin
+
+
+PLUGIN = "nvidia-device-plugin-daemonset"
+
+
+def plugin_in(node: str = NODE, *, expected_gpus: int = 8, uid: str = "") -> Any:
+    from workflows.operands import DevicePluginInput
+    return DevicePluginInput(node=node, uid=uid, namespace=NS, expected_gpus=expected_gpus)
+
+
+def allocatable(k: Cluster, node: str = NODE) -> str:
+    return str((k.node(node).status.allocatable or {}).get("nvidia.com/gpu"))
+
+
+@pytest.fixture
+def k_gpus(tmp_path: Path, gpu_sim: Any) -> Iterator[Cluster]:
+    """The simulated GPU Operator, its device plugin reading the GPU simulator's XIDs."""
+    yield from _cluster(tmp_path, gpu_sim_url=gpu_sim.url)
+
+
+async def test_a_device_plugin_holding_a_repaired_gpu_unhealthy_is_restarted(
+        k_gpus: Cluster, gpu_sim: Any) -> None:
+    """The simulated device plugin learns XIDs from the GPU simulator and, like NVIDIA's,
+    keeps a GPU that had a critical XID unhealthy until it restarts, even once the fault is
+    gone. With every GPU allocatable it is left alone; short of GPUs, its pod is evicted
+    (exactly that pod: the uid precondition), the DaemonSet starts a new one and the GPUs
+    come back."""
+    k = k_gpus
+    acts = OperandActivities(k.api)
+    wait_for(lambda: PLUGIN in our_pods(k, "") and ready(our_pods(k, "")[PLUGIN])
+             and allocatable(k) == "8", timeout=15)
+    old = our_pods(k, "")[PLUGIN].metadata
+    before = old.uid
+    left = await run(acts.restart_device_plugin, plugin_in())
+    assert left.evicted == [] and left.allocatable_gpus == 8 and "left alone" in left.message
+    assert our_pods(k, "")[PLUGIN].metadata.uid == before
+    gpu_sim.client.inject_fault(NODE, 3, "xid", 48)
+    wait_for(lambda: allocatable(k) == "7", timeout=15)
+    gpu_sim.client.clear(NODE)
+    time.sleep(2.5)  # two health checks: the fault is gone, the plugin still holds it
+    assert allocatable(k) == "7"
+    other = await refused(acts.restart_device_plugin, plugin_in(uid="another-machine"))
+    assert other.type == NODE_GONE and other.non_retryable
+    done = await run(acts.restart_device_plugin, plugin_in())
+    assert done.evicted == [f"{NS}/{old.name}"]
+    assert done.allocatable_gpus == 7 and "restarted the device plugin" in done.message
+    wait_for(lambda: allocatable(k) == "8", timeout=15)
+    pod = our_pods(k, "")[PLUGIN]
+    assert pod.metadata.uid != before, "a new pod, started by the DaemonSet"
+    events = k.events(NODE, REASON_PLUGIN_RESTARTED)
+    assert len(events) == 1 and "7 of 8" in events[0].message
+
+
+async def test_without_a_device_plugin_pod_nothing_is_restarted(
+        k: Cluster, acts: OperandActivities) -> None:
+    """A node whose GPUs are not served by the GPU Operator's device plugin (none runs in
+    the namespace): nothing to evict, and the answer says so."""
+    gpus = int(allocatable(k))
+    done = await run(acts.restart_device_plugin, plugin_in(expected_gpus=gpus + 1))
+    assert done.evicted == [] and "no device-plugin pod" in done.message
+    assert k.events(NODE, "DevicePluginRestarted") == []

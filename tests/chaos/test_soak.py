@@ -18,13 +18,14 @@ import random
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 import yaml
 
 from sim.gpu.client import GpuSimClient, GpuSimError
 from tests.chaos.invariants import InvariantChecker
 from tests.e2e.conftest import make_stack
-from tests.e2e.kit import Cluster, update, wait_for, worker_log
+from tests.e2e.kit import Cluster, update, view_state, wait_for, worker_log
 from worker.operator import OperatorError
 from worker.stack import LocalStack
 
@@ -56,6 +57,21 @@ def soak_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]
         "remediation.thermal.escalate_after": "PT30S"})
     with stack:
         yield stack
+
+
+def repair_by_hand(gpu: GpuSimClient, node: str) -> None:
+    """What an operator does before releasing a quarantined node: the bad part replaced
+    (the faults gone) and the machine power-cycled, which is what clears the volatile ECC
+    counters (a release runs no reset or reboot, and the validation reads DCGM again)."""
+    gpu.clear(node)
+    gpu.reboot(node)
+
+
+def _plan(stack: LocalStack, node: str) -> list[str]:
+    try:
+        return view_state(stack, node).plan[-6:]
+    except Exception as err:  # what is known is printed either way
+        return [f"(no view: {err})"]
 
 
 FAULTS = [  # (weight, kind, value, clears_on)
@@ -107,7 +123,7 @@ def test_randomized_soak_keeps_every_invariant(soak_stack: LocalStack) -> None:
                 # quarantined, so it never takes a budget slot (the checker would see it).
                 fixed = rng.random() < 0.7
                 if fixed:
-                    gpu.clear(node)
+                    repair_by_hand(gpu, node)
                 try:
                     update(soak_stack, node, "release", who="soak", reason="soak")
                     steps.append(f"{elapsed:.0f}s release {node} ({'fixed' if fixed else 'not'})")
@@ -124,6 +140,7 @@ def test_randomized_soak_keeps_every_invariant(soak_stack: LocalStack) -> None:
             gpu.clear(node)
 
         refused: dict[str, str] = {}
+        repaired: set[str] = set()
 
         def settled() -> bool:
             # Release every quarantined node on each pass (not only up to the first node
@@ -131,6 +148,9 @@ def test_randomized_soak_keeps_every_invariant(soak_stack: LocalStack) -> None:
             out = [n for n in candidates if k8s.state(n) != "healthy"]
             for node in out:
                 if k8s.state(node) == "quarantined":
+                    if node not in repaired:
+                        repair_by_hand(gpu, node)
+                        repaired.add(node)
                     try:
                         update(soak_stack, node, "release", who="soak", reason="wind down")
                     except OperatorError as err:
@@ -146,8 +166,12 @@ def test_randomized_soak_keeps_every_invariant(soak_stack: LocalStack) -> None:
         except AssertionError as err:
             left = {n: k8s.state(n) for n in candidates if k8s.state(n) != "healthy"}
             why = {n: refused.get(n, "") for n in left}
+            machines = httpx.get(f"{k8s.url}/sim/v1/nodes", timeout=10).json()["nodes"]
+            seen = "".join(f"\n{n}: machine {machines.get(n)}; last outcome "
+                           f"{(k8s.history(n) or [{}])[-1].get('outcome')!r}; remediation "
+                           f"plan {_plan(soak_stack, n)}" for n in left)
             raise AssertionError(f"still out after the wind-down: {left}\n"
-                                 f"last release refusals: {why}\nsteps:\n"
+                                 f"last release refusals: {why}{seen}\nsteps:\n"
                                  + "\n".join(steps) + f"\n{err}") from None
     finally:
         checker.stop()

@@ -21,14 +21,14 @@ pytestmark = pytest.mark.e2e
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     s = make_stack(tmp_path_factory.mktemp("unkind"), str(HERE / "unkind.yaml"), **{
         "detector.max_unavailable": 3,
-        "remediation.reboot_return_timeout": "PT25S",
+        "remediation.reboot_return_timeout": "PT15S",
         # The wedge scenario shows the deadline at work: pods stuck Terminating on the
         # NotReady node are not counted as gone before it.
-        "remediation.drain.deadline": "PT40S",
+        "remediation.drain.deadline": "PT25S",
         "remediation.drain.deadline_policy": "release",
         "remediation.drain.report_after": "PT3S",
         "remediation.drain.not_ready_terminating_timeout": "PT1H",
-        "remediation.gpus_free_timeout": "PT20S",
+        "remediation.gpus_free_timeout": "PT15S",
     })
     with s:
         yield s
@@ -74,7 +74,7 @@ def test_a_reboot_that_never_returns_is_quarantined_node_did_not_return(
     assert "NodeRebooted" not in k8s.event_reasons(node)
     n = k8s.node(node)
     assert n.spec.unschedulable and k8s.has_our_taint(n)
-    assert "reboot failed: did not return within 0:00:25" in k8s.history(node)[-1]["outcome"]
+    assert "reboot failed: did not return within 0:00:15" in k8s.history(node)[-1]["outcome"]
     assert [j for j in k8s.job_kinds(node) if j == "reboot"] == ["reboot"], "one reboot"
     node_command(stack, node, "recover")
 
@@ -95,7 +95,7 @@ def test_a_kubelet_that_stops_mid_drain_cannot_hold_the_node_for_ever(
     gpu.clear(node)
     node_command(stack, node, "recover")
     assert res.outcome == "released", res
-    assert "drain deadline 0:00:40 passed with 1 pods left" in res.message, res.message
+    assert "drain deadline 0:00:25 passed with 1 pods left" in res.message, res.message
     assert "Terminating past their grace period" in res.message
     assert "node not Ready" in res.message
     last = k8s.history(node)[-1]

@@ -60,6 +60,8 @@ from workflows.models import (
 )
 from workflows.operands import (
     DEFAULT_OPERANDS,
+    DevicePluginInput,
+    DevicePluginRestart,
     OperandsInput,
     OperandsPaused,
     OperandsState,
@@ -92,6 +94,10 @@ class FakeNode:
     replaced_at: str = ""
     operands_return_after: int = 0
     gpus_free_after: int = 0
+    # The device plugin holds this many GPUs unhealthy (a critical XID it saw) until its
+    # pod restarts, as NVIDIA's does; ``gpu_broken``: they are unhealthy again after it.
+    plugin_unhealthy: int = 0
+    gpu_broken: bool = False
 
 
 @dataclass
@@ -346,7 +352,27 @@ class FakeCluster:
                 n = cluster.node(inp.node)
                 _replaced(n, "check_gpus_free")
                 _not_yet(n, "gpus_free_after", "GpusNotFree")
+                if n.plugin_unhealthy:
+                    raise ApplicationError(
+                        f"{n.name}: allocatable nvidia.com/gpu {n.gpus - n.plugin_unhealthy} "
+                        f"of {inp.expected_gpus} expected", type="GpusNotFree")
                 return GpusFree(allocatable_gpus=n.gpus, message="free")
+
+        @activity.defn(name="restart_device_plugin")
+        def restart_device_plugin(inp: DevicePluginInput) -> DevicePluginRestart:
+            with cluster.lock:
+                cluster.calls.append(("restart_device_plugin", inp))
+                n = cluster.node(inp.node)
+                _replaced(n, "restart_device_plugin")
+                have = n.gpus - n.plugin_unhealthy
+                if have >= inp.expected_gpus or not n.operand_labels:
+                    return DevicePluginRestart(evicted=[], allocatable_gpus=have,
+                                               message="nothing to restart")
+                cluster.mutations.append(f"device plugin restarted {inp.node}")
+                if not n.gpu_broken:
+                    n.plugin_unhealthy = 0
+                return DevicePluginRestart(evicted=["gpu-operator/nvidia-device-plugin-x"],
+                                           allocatable_gpus=have, message="restarted")
 
         @activity.defn(name="observe_fleet")
         def observe_fleet(inp: ObserveInput) -> FleetObservation:
@@ -407,7 +433,7 @@ class FakeCluster:
                 watch_thermal, read_node_health, observe_fleet, report_admission, record_event,
                 check_node_returned, poll_node_job, delete_node_job, list_running_remediations,
                 check_thermal, pause_gpu_operands, restore_gpu_operands, check_operands_gone,
-                check_operands_back, check_gpus_free]
+                check_operands_back, check_gpus_free, restart_device_plugin]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

@@ -218,6 +218,32 @@ async def test_release_of_quarantined_node_validates_and_returns_it(local_env):
     assert "released by erin" in n.history[-1].outcome
 
 
+async def test_a_release_acknowledges_the_xids_the_node_shows_then(local_env):
+    """dcgm-exporter keeps showing the last XID: a GPU repaired by hand would show its XID
+    for ever. The release reads what shows, acknowledges it for the check after the
+    validation and records it, so the detector does not remediate it again."""
+    from policy.models import Finding, Verdict
+    from workflows.models import NodeHealth
+    node = node_name("rel-xid")
+    stale = Verdict(node=node, action=Action.RESET, findings=[Finding(
+        gpu="3", uuid="GPU-stale-3", signal="DCGM_FI_DEV_XID_ERRORS", value=48, rule="xid",
+        action=Action.RESET)])
+    cluster = FakeCluster(drain_results=[BLOCKED], health=[
+        NodeHealth(readable=True, thermal_recovered=True, verdict=stale),
+        NodeHealth(readable=True, thermal_recovered=True)])
+    async with worker_for(local_env.client, cluster) as queue:
+        handle = await _quarantined_from_draining(local_env.client, cluster, queue, node)
+        await handle.execute_update(RemediationWorkflow.release, cmd("erin", "GPU swapped"))
+        result = await result_within(handle)
+        view = await handle.query(RemediationWorkflow.view_state)
+    assert result.outcome == NodeState.HEALTHY, result
+    reads = [c[1] for c in cluster.calls if c[0] == "read_node_health"]
+    assert len(reads) == 2
+    assert reads[1].acknowledged.get("GPU-stale-3") == 48, reads[1].acknowledged
+    assert cluster.nodes[node].acked.get("GPU-stale-3") == 48
+    assert any("acknowledges the XIDs" in p and "XID 48" in p for p in view.plan), view.plan
+
+
 async def test_release_that_fails_validation_goes_back_to_quarantine(local_env):
     cluster = FakeCluster(drain_results=[BLOCKED], job_results={"validate": [False, True]})
     node = node_name("rel-fail")

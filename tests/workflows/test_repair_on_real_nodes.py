@@ -188,3 +188,53 @@ async def test_a_node_replaced_mid_remediation_ends_it_with_an_event(time_skippi
     assert len(gone) == 1 and gone[0][0] == "r9" and "left untouched" in gone[0][2]
     # Nothing was written after the node went: no release of the new machine.
     assert not any(m.startswith("release r9") for m in cluster.mutations)
+
+
+async def test_validation_restarts_a_device_plugin_that_still_holds_a_gpu_unhealthy(
+        time_skipping_env):
+    """The GPU is fixed, but the device plugin still holds it unhealthy (it does until it
+    restarts; a release, or a repair that turned no operand off, restarts nothing). After
+    ``device_plugin_restart_after`` it is restarted once, and the validation goes on with
+    every GPU."""
+    cluster = FakeCluster()
+    cluster.node("r10").plugin_unhealthy = 1
+    result = await remediate(time_skipping_env, cluster, reset_input("r10"))
+    assert result.outcome == NodeState.HEALTHY, result
+    restarts = [c[1] for c in cluster.calls if c[0] == "restart_device_plugin"]
+    assert len(restarts) == 1 and restarts[0].expected_gpus == 8
+    assert cluster.mutations.count("device plugin restarted r10") == 1
+    assert order(cluster, "restart_device_plugin", "run_node_job")[-2:] == [
+        "restart_device_plugin", "job:validate"]
+
+
+async def test_a_gpu_the_restarted_plugin_still_finds_unhealthy_fails_fast(time_skipping_env):
+    """The plugin restarted and the GPU is unhealthy again: it is broken. The validation
+    fails after the grace twice, not after all of ``gpus_free_timeout``."""
+    cluster = FakeCluster()
+    node = cluster.node("r11")
+    node.plugin_unhealthy, node.gpu_broken = 1, True
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, reset_input(
+                "r11", gpus_free_timeout=timedelta(hours=1),
+                gpu_operator=GpuOperatorSettings(
+                    device_plugin_restart_after=timedelta(minutes=2))),
+            id=f"remediation-r11-{uuid.uuid4()}", task_queue=queue)
+        await skip_until(time_skipping_env,
+                         lambda: cluster.node("r11").state == NodeState.QUARANTINED)
+        view = await handle.query(RemediationWorkflow.view_state)
+        assert any("allocatable nvidia.com/gpu 7 of 8" in p for p in view.plan), view.plan
+        assert [c[0] for c in cluster.calls].count("restart_device_plugin") == 2  # per round
+        await end_in_hold(handle)
+    # Two rounds of (2 + 2) minutes, plus repairs: far below two hours of waiting.
+    assert cluster.jobs_run() == ["gpu-reset", "reboot"]
+
+
+async def test_no_restart_when_the_operator_does_not_manage_the_node_or_it_is_off(
+        time_skipping_env):
+    cluster = FakeCluster()
+    cluster.node("r12").gpus_free_after = 15  # a slow registration, no plugin to blame
+    result = await remediate(time_skipping_env, cluster, reset_input(
+        "r12", gpu_operator=GpuOperatorSettings(device_plugin_restart_after=None)))
+    assert result.outcome == NodeState.HEALTHY
+    assert "restart_device_plugin" not in [c[0] for c in cluster.calls]
