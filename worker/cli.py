@@ -333,8 +333,9 @@ def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     if settings.detector.dry_run:
         header.append(" · ").append("dry-run", style="bold")
     out.print(header)
+    out.print(Text(result.detector, style="dim"))
     if result.breaker:
-        out.print(Text.assemble(("the breaker would trip", "red"), f": {result.breaker}"))
+        out.print(Text.assemble(("breaker", "red"), f": {result.breaker}"))
     table = Table(title="would start")
     for col in ("node", "action", "why"):
         table.add_column(col)

@@ -1,0 +1,62 @@
+"""`gpu-remediate plan` holds back what the running detector holds back: its pause and its
+breaker (the outcome breaker counts quarantines over an hour, which one observation on a
+fresh state cannot know)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from policy.models import Action, Finding, Verdict
+from worker.config import load_settings
+from worker.plan import plan_from, running_detector
+from workflows.models import DetectorView, FleetObservation
+
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+
+def settings(tmp_path: Path):  # type: ignore[no-untyped-def]
+    path = tmp_path / "config.yaml"
+    path.write_text("temporal: {address: '127.0.0.1:1'}\n"
+                    "detector: {max_unavailable: 2, breaker_max_flagged_percent: 100}\n")
+    return load_settings(path)
+
+
+def observation() -> FleetObservation:
+    return FleetObservation(managed_nodes=10, readable_nodes=10, verdicts=[
+        Verdict(node="n1", action=Action.RESET, findings=[Finding(
+            gpu="0", signal="DCGM_FI_DEV_XID_ERRORS", value=48, rule="xid-48",
+            action=Action.RESET)])])
+
+
+def view(**kw: object) -> DetectorView:
+    base: dict[str, object] = dict(paused=False, breaker_open=False, breaker_reason="",
+                                   budget=2, in_flight=[], waiting=[], last_tick=None,
+                                   last_errors=[], ticks_total=1, started_total=0)
+    return DetectorView.model_validate({**base, **kw})
+
+
+def test_without_a_running_detector_the_plan_is_a_fresh_detectors(tmp_path: Path) -> None:
+    plan = plan_from(settings(tmp_path), observation(), NOW)
+    assert [s.node for s in plan.start] == ["n1"]
+    assert "fresh detector" in plan.detector
+
+
+def test_a_paused_detector_holds_the_plan_back(tmp_path: Path) -> None:
+    plan = plan_from(settings(tmp_path), observation(), NOW, view(paused=True))
+    assert plan.start == [] and plan.waiting == ["n1 (reset: paused)"]
+    assert plan.detector.startswith("running detector: paused")
+
+
+def test_an_open_breaker_holds_the_plan_back_and_says_why(tmp_path: Path) -> None:
+    why = "3 remediations ended in quarantine within 1:00:00"
+    plan = plan_from(settings(tmp_path), observation(), NOW,
+                     view(breaker_open=True, breaker_reason=why))
+    assert plan.start == [] and plan.waiting == ["n1 (reset: breaker open)"]
+    assert plan.breaker == why and why in plan.detector
+
+
+async def test_an_unreachable_temporal_is_said_not_raised(tmp_path: Path) -> None:
+    running, why = await running_detector(settings(tmp_path))
+    assert running is None
+    assert "127.0.0.1:1 not reached" in why and "fresh detector" in why
