@@ -224,6 +224,31 @@ async def test_approval_timeout_rejects_by_default(time_skipping_env):
     assert cluster.jobs_run() == []
     assert cluster.nodes["n11"].states_seen[0] == "awaiting-approval"
     assert not cluster.nodes["n11"].cordoned
+    # Nobody decided: the XID is not acknowledged, so the detector flags the node again at
+    # its next tick and it waits for approval again (an ignored XID 79 is never silenced).
+    release = [c[1] for c in cluster.calls if c[0] == "release_node"][-1]
+    assert release.acknowledged_xids == {} and cluster.nodes["n11"].acked == {}
+
+
+async def test_a_repeat_offender_in_supervised_mode_waits_for_approval(time_skipping_env):
+    """Supervised means supervised (the list the supervised overlay ships): the
+    repeat-offender rule orders a quarantine, which drains, so it waits for approval like
+    any drain, and nothing is drained meanwhile."""
+    cluster = FakeCluster()
+    now = await time_skipping_env.get_current_time()
+    cluster.node("n18").history = [
+        HistoryEntry(started=now - timedelta(days=d), action="reboot", reason="xid 79",
+                     outcome="healthy", workflow_id=f"old-{d}") for d in (1, 2, 3)]
+    settings = RemediationSettings(approval=ApprovalSettings(
+        required_for=[Action.RESET, Action.REBOOT, Action.QUARANTINE],
+        timeout=timedelta(hours=4)))
+    result = await remediate(time_skipping_env, cluster, RemediationInput(
+        node="n18", verdict=xid_verdict("n18"), settings=settings))
+    node = cluster.nodes["n18"]
+    assert node.states_seen[0] == "awaiting-approval", node.states_seen
+    assert [c for c in cluster.calls if c[0] == "drain_node"] == [], "no drain unapproved"
+    assert result.outcome == "released" and cluster.jobs_run() == []
+    assert not node.cordoned and node.state != NodeState.QUARANTINED
 
 
 async def test_thermal_cordons_without_drain_and_returns_when_cool(time_skipping_env):
