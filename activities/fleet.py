@@ -138,6 +138,8 @@ class GpuNode:
     hold: Hold | None = None
     """Another controller acting on the node (activities/neighbours.py)."""
     unschedulable: bool = False
+    tainted: bool = False
+    """Carries our taint: the one marker of ours a kubelet cannot write (see _state)."""
 
 
 def _state(value: str | None, tainted: bool = False) -> tuple[NodeState, str]:
@@ -204,7 +206,8 @@ def _gpu_node(n: client.V1Node) -> GpuNode:
                    n.metadata.resource_version or "", str(problem) if problem else "",
                    "; ".join(x for x in (note, exclude_note) if x),
                    neighbour_hold(labels, ann, _taint_keys(n)),
-                   bool(getattr(getattr(n, "spec", None), "unschedulable", False)))
+                   bool(getattr(getattr(n, "spec", None), "unschedulable", False)),
+                   _tainted(n))
 
 
 def _learned(node: GpuNode, r: NodeReadings, inp: ObserveInput,
@@ -501,9 +504,15 @@ class FleetActivities:
         if inp.track_xid_repeats and activity.in_activity():
             await self._annotate_many(writes, inp, now)
         labelled = [n for n in listed if n.state != NodeState.HEALTHY]
-        remediating = [NodeStatus(node=n.name, state=n.state, workflow_id=n.workflow_id,
-                                  excluded=n.excluded) for n in labelled]
         orphans = await self.find_orphans(labelled)
+        # Ours is what carries our taint or has its remediation running. A state label
+        # alone, with neither, is the node's own word (a kubelet can label its own Node):
+        # it holds no budget slot, or one compromised node could stall every admission.
+        # An orphan under our taint (a remediation that died) keeps its slot: fail closed.
+        unclaimed = {n.name: n for n in labelled if n.name in orphans and not n.tainted}
+        remediating = [NodeStatus(node=n.name, state=n.state, workflow_id=n.workflow_id,
+                                  excluded=n.excluded) for n in labelled
+                       if n.name not in unclaimed]
         pool_of: dict[str, str] = {}
         pool_sizes: dict[str, int] = {}
         if inp.pool_label:
@@ -525,7 +534,12 @@ class FleetActivities:
         await self._announce(inp, nodes, errors, app_only, xid_warnings)
         # Markers that disagree (a node writing its own state): shown, not announced as
         # telemetry trouble; the node already counts as out of service.
-        notes = [f"{n.name}: {n.marker_note}" for n in listed if n.marker_note]
+        notes = [f"{n.name}: {n.marker_note}" for n in listed
+                 if n.marker_note and n.name not in unclaimed]
+        notes += [f"{name}: state label {n.labels.get(STATE_LABEL, '')[:63]!r} without the "
+                  f"{TAINT_KEY} taint and no remediation running: not ours, holds no budget "
+                  "slot (release-orphan clears the label)" for name, n in unclaimed.items()]
+        metrics.UNCLAIMED_LABELS.set(len(unclaimed))
         # Other controllers at work: reported when the node is flagged (it waits for them)
         # or out of service (their disruption takes budget, like ours).
         flagged = {v.node for v in verdicts}

@@ -47,6 +47,10 @@ BREAKER_OPEN = Gauge("gpu_remediate_breaker_open", "1 while the circuit breaker 
 PAUSED = Gauge("gpu_remediate_detector_paused", "1 while an operator has paused admissions.")
 ORPHANS = Gauge("gpu_remediate_orphaned_nodes",
                 "Nodes labelled in remediation whose workflow is not running.")
+UNCLAIMED_LABELS = Gauge(
+    "gpu_remediate_unclaimed_state_labels",
+    "Nodes carrying a remediation state label without our taint and with no remediation "
+    "running (a node writing its own label): not counted in the budget.")
 REMEDIATIONS_STARTED = Counter(
     "gpu_remediate_remediations_started_total", "Remediations that claimed their node.",
     ["action", "dry_run"])

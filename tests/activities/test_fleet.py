@@ -485,6 +485,46 @@ async def test_a_node_naming_a_running_workflow_of_its_own_choice_is_still_an_or
     assert await env.run(fleet.find_orphans, [impostor]) == ["gpu-node-03"]
 
 
+@pytest.mark.parametrize("value", [NodeState.DRAINING.value, "fine-thanks",
+                                   NodeState.QUARANTINED.value])
+async def test_a_state_label_alone_holds_no_budget_slot(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim, value: str) -> None:
+    """A kubelet can label its own Node but not taint it. A state label with neither our
+    taint nor a running remediation-<node> is the node's own word: it takes no budget slot
+    (with the default budget of 1, one compromised node would stall every admission), it
+    is reported, and the node can be flagged and claimed like any other."""
+    from datetime import UTC, datetime
+
+    from activities.metrics import UNCLAIMED_LABELS
+    from activities.node_keys import TAINT_KEY
+    from workflows.admission import Admission
+    from workflows.models import DetectorSettings, DetectorState
+
+    cluster.core.patch_node("gpu-node-03", {"metadata": {"labels": {STATE_LABEL: value}}})
+    # The same label under our taint: a remediation that died keeps its slot (fail closed).
+    cluster.core.patch_node("gpu-node-04", {
+        "metadata": {"labels": {STATE_LABEL: NodeState.DRAINING.value}},
+        "spec": {"taints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]}})
+    # Our taint lifted for a while (the operands' restore) while the remediation runs.
+    cluster.core.patch_node("gpu-node-01", {"metadata": {"labels": {
+        STATE_LABEL: NodeState.REPAIRING.value}}})
+    gpu_sim.client.inject_fault("gpu-node-03", 1, "xid", 79)
+    temporal = _Temporal({"remediation-gpu-node-01": "RemediationWorkflow"})
+    obs = await ActivityEnvironment(client=temporal).run(  # type: ignore[arg-type]
+        FleetActivities(cluster.api, template(gpu_sim)).observe_fleet,
+        ObserveInput(policy=POLICY))
+    assert [n.node for n in obs.remediating] == ["gpu-node-01", "gpu-node-04"]
+    assert obs.orphans == ["gpu-node-03", "gpu-node-04"]
+    assert any(e.startswith("gpu-node-03: state label") and "not ours" in e
+               for e in obs.errors), obs.errors
+    assert UNCLAIMED_LABELS._value.get() == 1  # type: ignore[attr-defined]
+    adm = Admission(DetectorSettings(max_unavailable=3), DetectorState(), obs,
+                    datetime.now(UTC))
+    assert adm.in_use == ["gpu-node-01", "gpu-node-04"]
+    assert [c.node for c in adm.queue] == ["gpu-node-03"], "flagged, it can be claimed"
+    assert adm.blocked(adm.queue[0]) is None
+
+
 # ------------------------------------------------ a GPU gone without an XID
 
 
