@@ -124,7 +124,10 @@ class Scheduler:
                 reasons["node(s) didn't match Pod's node affinity/selector"] += 1
                 continue
             free = allocatable_gpus(node) - used[name]
-            if want > free:
+            # Like NodeResourcesFit: only what the pod requests is checked (a node whose
+            # device plugin stopped under running GPU pods is over-committed, yet still
+            # takes a pod that asks for no GPU, such as the device plugin's own).
+            if want and want > free:
                 reasons["Insufficient nvidia.com/gpu"] += 1
                 continue
             max_pods = int(((node.get("status") or {}).get("allocatable") or {}).get("pods", 110))

@@ -4,9 +4,12 @@ A real kube-apiserver, controller-manager and scheduler have no kubelets here: t
 process plays them, through the API only, with the official ``kubernetes`` client.
 
 * ``seed``: what a cluster admin would have applied: the scenario's namespaces,
-  workloads (ReplicaSet, StatefulSet, DaemonSet, Job, bare Pods), PDBs and the
-  dcgm-exporter DaemonSet, shaped as the cluster simulator shapes them
-  (``sim/cluster/fleet.py``), so the same scenario means the same objects.
+  workloads (ReplicaSet, StatefulSet, DaemonSet, Job, bare Pods), PDBs and the GPU
+  Operator's operand DaemonSets (device plugin, DCGM, dcgm-exporter, GPU feature
+  discovery, each selecting its ``nvidia.com/gpu.deploy.<operand>: "true"`` node label),
+  shaped as the cluster simulator shapes them (``sim/cluster/fleet.py``), so the same
+  scenario means the same objects. The real DaemonSet controller starts and stops their
+  pods as the deploy labels change.
 * ``NodeAgent``: registers the scenario's nodes (``nvidia.com/gpu`` capacity), keeps
   them Ready (status heartbeats and a Lease in ``kube-node-lease``), keeps a static
   mirror pod per node, starts bound pods (Running, then Ready after the pod's
@@ -34,6 +37,18 @@ process plays them, through the API only, with the official ``kubernetes`` clien
     the device plugin re-registers ``device_plugin_seconds`` later; a GPU pod bound
     meanwhile is rejected ``OutOfnvidia.com/gpu`` (admission counts allocatable).
 
+  And the GPU Operator's node side, as the cluster simulator models it:
+
+  - allocatable ``nvidia.com/gpu`` follows the device-plugin pod: 0 while none runs Ready
+    on the node, the GPUs ``device_plugin_seconds`` after one starts, less those it holds
+    unhealthy: its health check (every ``plugin_health_seconds``, against the GPU
+    simulator) marks a GPU with a critical XID unhealthy until the plugin restarts;
+  - ``nvidia-smi -r`` (the ``gpu-reset`` program) fails while a pod holds the GPUs
+    (requests ``nvidia.com/gpu`` or is an operand that keeps ``/dev/nvidia*`` open);
+  - a validation container running ``dcgmi`` needs a host engine: started in the same
+    command (``nv-hostengine ... && dcgmi diag``) or reached with ``--host``
+    (sim/cluster/dcgmi.py), else it fails as dcgmi does.
+
 Run as a process: ``python -m tests.controlplane.node_agent --kubeconfig K --scenario S
 --gpu-sim-url URL [--seed]``; it prints ``READY`` once every node is Ready and every
 seeded workload pod on them is Running.
@@ -59,8 +74,9 @@ from typing import Any
 
 from kubernetes import client, config
 
-from sim.cluster import fleet, objects
+from sim.cluster import dcgmi, fleet, objects
 from sim.cluster.gpulink import GpuLink, Outcome
+from sim.cluster.kubelet import PLUGIN_SKIPPED_XIDS
 from sim.cluster.machines import Machine, NodeTiming
 from sim.scenario import Pool, Scenario, load_scenario
 
@@ -127,8 +143,9 @@ def _gpu_request(pod: Obj) -> int:
 # ------------------------------------------------------------------------- seeding
 
 
-def seed(api: client.ApiClient, scenario: Scenario) -> None:
-    """Create the scenario's namespaces, workloads and PDBs, as `kubectl apply` would."""
+def seed(api: client.ApiClient, scenario: Scenario, operand_seconds: float = 0.5) -> None:
+    """Create the scenario's namespaces, workloads, PDBs and the GPU Operator's operand
+    DaemonSets, as `kubectl apply` (and the operator) would."""
     core, apps, batch, policy = (client.CoreV1Api(api), client.AppsV1Api(api),
                                  client.BatchV1Api(api), client.PolicyV1Api(api))
     namespaces = list(fleet.BASE_NAMESPACES) + [w.namespace for w in scenario.workloads]
@@ -175,8 +192,9 @@ def seed(api: client.ApiClient, scenario: Scenario) -> None:
         if w.pdb is not None:
             pdb = fleet._pdb(w, labels)
             _create(policy.create_namespaced_pod_disruption_budget, w.namespace, pdb)
-    ds = fleet._dcgm_daemonset()
-    _create(apps.create_namespaced_daemon_set, fleet.DCGM_NAMESPACE, ds)
+    for op in fleet.OPERANDS:
+        _create(apps.create_namespaced_daemon_set, fleet.OPERATOR_NAMESPACE,
+                fleet._operand_daemonset(op, operand_seconds))
 
 
 # ------------------------------------------------------------------------ the kubelets
@@ -221,10 +239,14 @@ class NodeAgent:
     def __post_init__(self) -> None:
         self.core: Any = client.CoreV1Api(self.api)
         self.coordination: Any = client.CoordinationV1Api(self.api)
+        self.apps: Any = client.AppsV1Api(self.api)
         self.names = {n for n, _, _ in self.nodes}
         self.index = {n: i for n, _, i in self.nodes}
         self.gpus = {n: int(p.gpus) for n, p, _ in self.nodes}
-        self.machines = {n: Machine() for n in self.names}
+        # As registered: the device plugin counts as registered until its first pod runs.
+        self.machines = {n: Machine(steady=True) for n in self.names}
+        self._allocatable: dict[str, str] = {}
+        self._health_at = 0.0
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="job-pod")
 
     # -- nodes --------------------------------------------------------------------------
@@ -306,9 +328,13 @@ class NodeAgent:
         return self.machines[node].powered
 
     def allocatable_gpus(self, node: str) -> int:
-        """What this kubelet reports allocatable: 0 until the device plugin registers."""
+        """What this kubelet reports allocatable: 0 until the device plugin registers, then
+        the GPUs it does not hold unhealthy."""
         m = self.machines[node]
-        return 0 if not m.powered or m.plugin_at is not None else self.gpus[node]
+        if not m.powered or not (m.plugin_registered or m.steady):
+            return 0
+        gpus = self.gpus[node]
+        return max(0, gpus - len({i for i in m.plugin_unhealthy if 0 <= i < gpus}))
 
     def request_reboot(self, node: str) -> bool:
         """A reboot command ran on the node: schedule its shutdown (once, however many
@@ -329,19 +355,95 @@ class NodeAgent:
             self._shutdown(name, m, now)
         if not m.powered and m.boot_at is not None and now >= m.boot_at:
             self._boot(name, m, now)
-        if m.powered and m.plugin_at is not None and now >= m.plugin_at:
-            self.core.patch_node_status(name, {"status": {"allocatable": {
-                GPU: str(self.gpus[name])}}})
-            m.plugin_at = None  # after the write: a refused patch is tried again
+
+    # -- the device plugin ----------------------------------------------------------------
+
+    def _device_plugin(self, node: str, pod: Obj | None, now: float) -> None:
+        """Follow the node's device-plugin pod (the sim/cluster/kubelet.py rules): a new
+        instance (a new pod, or a container restart) starts with every GPU healthy and
+        registers ``device_plugin_seconds`` later; none running means no GPUs."""
+        m = self.machines[node]
+        if pod is not None:
+            m.plugin_managed = True  # a device-plugin DaemonSet serves this node
+        if not m.plugin_managed and pod is None:
+            # No device-plugin DaemonSet at boot: the plugin registers on its own.
+            if m.plugin_at is not None and now >= m.plugin_at:
+                m.plugin_at, m.steady = None, True
+                m.events.append("device plugin registered")
+            if self.gpus[node]:
+                self._write_allocatable(node)
+            return
+        instance = None
+        if pod is not None:
+            restarts = sum(int(cs.get("restartCount") or 0)
+                           for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+            instance = (str(pod["metadata"]["uid"]), restarts)
+        if instance != m.plugin_instance and not (m.steady and instance is None):
+            if m.plugin_instance is not None:
+                m.events.append("device plugin stopped")
+            m.plugin_unhealthy.clear()
+            m.plugin_instance = instance
+            m.plugin_registered = bool(instance is not None and m.steady)
+            m.plugin_at = (now + self.timing.device_plugin_seconds
+                           if instance is not None and not m.steady else None)
+            if m.plugin_at is not None:
+                m.events.append("device plugin started")
+            m.steady = False
+        if m.plugin_at is not None and now >= m.plugin_at:
+            m.plugin_at = None
+            m.plugin_registered = True
             m.events.append("device plugin registered")
-            log.info("%s: device plugin registered (%d GPUs allocatable)", name,
-                     self.gpus[name])
+            log.info("%s: device plugin registered", node)
+        if self.gpus[node]:
+            self._write_allocatable(node)
+
+    def _plugin_daemonset(self) -> bool:
+        try:
+            self.apps.read_namespaced_daemon_set(fleet.DEVICE_PLUGIN, fleet.OPERATOR_NAMESPACE,
+                                                 _preload_content=False)
+        except client.ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+    def _write_allocatable(self, node: str) -> None:
+        want = str(self.allocatable_gpus(node))
+        if self._allocatable.get(node, str(self.gpus[node])) != want:
+            self.core.patch_node_status(node, {"status": {"allocatable": {GPU: want}}})
+            self._allocatable[node] = want  # after the write: a refused patch is retried
+
+    def _plugin_health(self, now: float) -> None:
+        """The device plugins' health checks: one request to the GPU simulator for the
+        whole fleet, only while some plugin runs."""
+        if not self.gpu_url or now - self._health_at < self.timing.plugin_health_seconds:
+            return
+        self._health_at = now
+        if not any(m.plugin_instance is not None for m in self.machines.values()):
+            return
+        xids = asyncio.run(_fleet_xids(self.gpu_url))
+        if xids:
+            self.plugin_saw(xids)
+
+    def plugin_saw(self, xids: dict[str, dict[int, list[int]]]) -> None:
+        """A GPU with an XID outside the plugin's skip list is unhealthy until it restarts."""
+        for node in sorted(self.names & set(xids)):
+            m = self.machines[node]
+            if m.plugin_instance is None:
+                continue
+            for index, values in xids[node].items():
+                critical = [x for x in values if x not in PLUGIN_SKIPPED_XIDS]
+                if critical and index not in m.plugin_unhealthy:
+                    m.plugin_unhealthy.add(index)
+                    m.events.append(f"device plugin: GPU {index} unhealthy (XID {critical[0]})")
 
     def _shutdown(self, node: str, m: Machine, now: float) -> None:
         """Graceful node shutdown: every pod on the node is killed, the kubelet stops."""
         m.shutdown_at = None
         m.powered = False
         m.plugin_at = None
+        m.plugin_instance, m.plugin_registered, m.steady = None, False, False
+        m.plugin_unhealthy.clear()
         m.reboots += 1
         m.boot_at = now + self.timing.reboot_seconds
         m.events.append("shut down for a reboot")
@@ -353,15 +455,20 @@ class NodeAgent:
 
     def _boot(self, node: str, m: Machine, now: float) -> None:
         """Up again: a new boot ID, Ready, and no GPUs until the device plugin registers."""
+        managed = bool(self.gpus[node]) and self._plugin_daemonset()
         status: Obj = {"nodeInfo": {"bootID": str(uuid.uuid4())}}
         if self.gpus[node]:
             status["allocatable"] = {GPU: "0"}
         self.core.patch_node_status(node, {"status": status})
-        # After the write: a refused patch is tried again on the next pass.
+        # After the write: a refused patch is tried again on the next pass. The GPUs come
+        # back when the device-plugin pod runs again (it restarts in place).
+        if self.gpus[node]:
+            self._allocatable[node] = "0"
+            m.plugin_managed = managed
+            if not managed:
+                m.plugin_at = now + self.timing.device_plugin_seconds
         m.powered = True
         m.boot_at = None
-        if self.gpus[node]:
-            m.plugin_at = now + self.timing.device_plugin_seconds
         m.events.append(f"booted (bootID {status['nodeInfo']['bootID']})")
         log.info("%s: %s", node, m.events[-1])
         self._set_ready(node, True, "kubelet is posting ready status")
@@ -432,6 +539,11 @@ class NodeAgent:
                 self._machine_events(name, now)
             self._heartbeats(now)
             pods = self._pods()
+            plugins = {p["spec"]["nodeName"]: p for p in pods if _is_plugin(p)}
+            for name in sorted(self.names):
+                if self.is_up(name):
+                    self._device_plugin(name, plugins.get(name), now)
+            self._plugin_health(now)
             for pod in pods:
                 if not self.is_up(pod["spec"]["nodeName"]):
                     # A machine that is down starts nothing, reports nothing and confirms
@@ -536,11 +648,27 @@ class NodeAgent:
         node = pod["spec"]["nodeName"]
         kind = labels.get(objects.JOB_LABEL, "")
         time.sleep(self.job_seconds)
+        if kind == "validate" and dcgmi.runs_dcgmi(dcgmi.command_line(pod)):
+            return self._dcgmi(pod, node)
+        if kind == "gpu-reset":
+            holders = self._gpu_holders(node, pod["metadata"]["uid"])
+            if holders:
+                return dcgmi.SMI_IN_USE_EXIT, dcgmi.reset_in_use(
+                    _gpu_index(pod), self.gpus[node], holders)
         if self.gpu_url and kind in ("validate", "gpu-reset", "reboot"):
             # The same calls, retries and messages as the cluster simulator's Job programs.
             outcome = asyncio.run(_gpu_call(self.gpu_url, kind, node, _gpu_index(pod)))
             if not outcome.ok:
                 return 1, "; ".join(outcome.problems) or "GPU unhealthy"
+            if kind == "gpu-reset":
+                # The device plugin on the node saw the XIDs this reset cleared.
+                cleared: dict[int, list[int]] = {}
+                for c in outcome.cleared:
+                    gpu, value = c.get("gpu"), c.get("value")
+                    if c.get("kind") == "xid" and isinstance(gpu, int) and isinstance(value, int):
+                        cleared.setdefault(gpu, []).append(value)
+                with self._lock:
+                    self.plugin_saw({node: cleared})
         # Without a GPU simulator validation passes and a reset is a no-op; a reboot
         # still reboots the machine (as the cluster simulator does).
         if kind == "reboot" and not self.request_reboot(node):
@@ -552,6 +680,31 @@ class NodeAgent:
                 time.sleep(0.05)
             return 137, "killed by the node shutdown"
         return 0, ""  # a reboot: `systemctl reboot` returned before the shutdown began
+
+    def _gpu_holders(self, node: str, exclude_uid: str) -> list[Obj]:
+        """Pods running on the node that keep its GPUs open: they request nvidia.com/gpu
+        or are operands holding /dev/nvidia* (terminating ones run until killed)."""
+        return [p for p in self._pods()
+                if p["spec"].get("nodeName") == node and p["metadata"]["uid"] != exclude_uid
+                and (p.get("status") or {}).get("phase") == "Running"
+                and (_gpu_request(p) > 0 or (p["metadata"].get("annotations") or {}).get(
+                    objects.HOLDS_GPUS) == "true")]
+
+    def _dcgmi(self, pod: Obj, node: str) -> tuple[int, str]:
+        """A validation container running dcgmi: a client of nv-hostengine (this tier has no
+        standalone one reachable with --host: the nvidia-dcgm pod runs no process)."""
+        command = dcgmi.command_line(pod)
+        engine = dcgmi.host_engine(command)
+        health = None
+        if engine.embedded and dcgmi.runs_diag(command) and self.gpu_url:
+            health = asyncio.run(_gpu_call(self.gpu_url, "validate", node, None))
+        if engine.host is not None and not engine.embedded:
+            code, out = dcgmi.unreachable_host(engine.host)
+        else:
+            code, out = dcgmi.run(command, engine, self.gpus[node], dcgmi.DEFAULT_DRIVER,
+                                  health)
+        return code, dcgmi.termination_message(pod, code, out) or (
+            out.strip().splitlines()[-1][:200] if code and out.strip() else "")
 
     def _run_program(self, pod: Obj) -> None:
         try:
@@ -623,6 +776,22 @@ async def _gpu_call(url: str, kind: str, node: str, gpu: str | None) -> Outcome:
         return await link.reboot(node)
     finally:
         await link.aclose()
+
+
+async def _fleet_xids(url: str) -> dict[str, dict[int, list[int]]] | None:
+    link = GpuLink(url)
+    try:
+        return await link.fleet_xids()
+    finally:
+        await link.aclose()
+
+
+def _is_plugin(pod: Obj) -> bool:
+    """A device-plugin pod running Ready and not told to stop."""
+    m = pod["metadata"]
+    return (m.get("namespace") == fleet.OPERATOR_NAMESPACE and not m.get("deletionTimestamp")
+            and (m.get("labels") or {}).get("app") == fleet.DEVICE_PLUGIN
+            and (pod.get("status") or {}).get("phase") == "Running" and _ready(pod))
 
 
 def _gpu_index(pod: Obj) -> str | None:

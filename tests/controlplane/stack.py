@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config, utils
 
+from activities.job_templates import VALIDATION_COMMAND
 from tests.controlplane.controlplane import ControlPlane
 from worker.stack import LocalStack
 
@@ -111,10 +112,9 @@ class ControlPlaneStack(LocalStack):
 
 NO_KUBELET_LOGS: dict[str, object] = {"jobs.templates.validation": {
     "image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
-    "command": ["dcgmi", "diag", "-r", "2"], "deadline": "PT20M", "run_as_user": 1000,
-    "output": "exit-code"}, "remediation.gpu_operator.operands": []}
+    "command": ["/bin/sh", "-c", VALIDATION_COMMAND], "deadline": "PT20M",
+    "run_as_user": 1000, "output": "exit-code"}}
 """This tier has a real API server but no kubelet, and the API server serves a pod's log
-from its kubelet: the validation is judged by its exit code here (the node agent's), the
-dcgmi JSON evidence is covered against the cluster simulator (tests/activities/test_jobs.py,
-tests/e2e). Its node agent does not yet model the GPU Operator's operands, so the reset
-runs without turning them off here (covered against the cluster simulator)."""
+from its kubelet: the validation (the default command, its own host engine and dcgmi) is
+judged by its exit code here (the node agent's), the dcgmi JSON evidence is covered against
+the cluster simulator (tests/activities/test_jobs.py, tests/e2e)."""

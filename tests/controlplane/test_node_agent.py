@@ -58,14 +58,17 @@ class Agent:
     def pods(self) -> list[Any]:
         return list(self.core.list_namespaced_pod("agent-test").items)
 
-    def job(self, name: str, kind: str, node: str) -> Any:
+    def job(self, name: str, kind: str, node: str, command: list[str] | None = None) -> Any:
         labels = {"gpu-remediate.io/job": kind}
+        container: dict[str, Any] = {"name": "c", "image": "x"}
+        if command:
+            container["command"] = command
         self.batch.create_namespaced_job("agent-test", {
             "metadata": {"name": name, "labels": labels},
             "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": {
                 "nodeName": node, "restartPolicy": "Never",
                 "tolerations": [{"operator": "Exists"}],
-                "containers": [{"name": "c", "image": "x"}]}}}})
+                "containers": [container]}}}})
         return wait_for(lambda: (lambda j: j if (j.status.succeeded or j.status.failed)
                                  else None)(self.batch.read_namespaced_job(name, "agent-test")),
                         timeout=15)
@@ -226,3 +229,76 @@ def test_gpu_pod_bound_before_the_device_plugin_registers_is_rejected(agent: Age
     assert "capacity: 0" in pod.status.message
     wait_for(lambda: agent.core.read_node(name).status.allocatable["nvidia.com/gpu"] == "8",
              timeout=10)
+
+
+# -- the GPU Operator's node side ----------------------------------------------------------
+
+OPERATOR_NS = "gpu-operator"
+HOLDING = ("device-plugin", "dcgm", "dcgm-exporter")
+HOLDERS = {"nvidia-device-plugin-daemonset", "nvidia-dcgm", "nvidia-dcgm-exporter"}
+
+
+def _allocatable(agent: Agent, name: str) -> str:
+    return str(agent.core.read_node(name).status.allocatable["nvidia.com/gpu"])
+
+
+def _operand_pods(agent: Agent, name: str) -> dict[str, Any]:
+    return {p.metadata.labels.get("app"): p
+            for p in agent.core.list_namespaced_pod(OPERATOR_NS).items
+            if p.spec.node_name == name and p.metadata.deletion_timestamp is None}
+
+
+def _deploy(agent: Agent, name: str, operands: tuple[str, ...], value: str) -> None:
+    agent.core.patch_node(name, {"metadata": {"labels": {
+        f"nvidia.com/gpu.deploy.{o}": value for o in operands}}})
+
+
+def _failure(agent: Agent, job: str) -> str:
+    pod = agent.core.list_namespaced_pod("agent-test", label_selector=f"job-name={job}").items[0]
+    return str(pod.status.container_statuses[0].state.terminated.message or "")
+
+
+def test_the_device_plugin_pod_drives_allocatable(agent: Agent) -> None:
+    """Turned off through its deploy label, the device plugin's GPUs go at once; back on,
+    they return once its new pod runs and registers."""
+    name = NODES[1]
+    wait_for(lambda: "nvidia-device-plugin-daemonset" in _operand_pods(agent, name)
+             and _allocatable(agent, name) == "8", timeout=20)
+    _deploy(agent, name, ("device-plugin",), "false")
+    try:
+        wait_for(lambda: _allocatable(agent, name) == "0", timeout=15, interval=0.05)
+    finally:
+        _deploy(agent, name, ("device-plugin",), "true")
+    wait_for(lambda: _allocatable(agent, name) == "8", timeout=20)
+    assert "device plugin registered" in agent.agent.machines[name].events
+
+
+def test_a_reset_fails_while_the_operands_hold_the_gpus(agent: Agent) -> None:
+    name = NODES[1]
+    wait_for(lambda: set(_operand_pods(agent, name)) >= HOLDERS, timeout=20)
+    held = agent.job("reset-held", "gpu-reset", name)
+    assert held.status.failed == 1
+    why = _failure(agent, "reset-held")
+    assert "being used by some other process" in why and "gpu-operator/" in why, why
+    _deploy(agent, name, HOLDING, "false")
+    try:
+        # Gone, not only told to go: a terminating operand still holds the device.
+        wait_for(lambda: not any(
+            p.spec.node_name == name and p.metadata.labels.get("app") in HOLDERS
+            for p in agent.core.list_namespaced_pod(OPERATOR_NS).items), timeout=20)
+        # Only the workload's GPU pod holds them now (this agent's nodes are not drained).
+        assert agent.job("reset-free", "gpu-reset", name).status.failed == 1
+        why = _failure(agent, "reset-free")
+        assert "agent-test/web-" in why and "gpu-operator/" not in why, why
+    finally:
+        _deploy(agent, name, HOLDING, "true")
+    wait_for(lambda: _allocatable(agent, name) == "8", timeout=20)
+
+
+def test_dcgmi_needs_a_host_engine(agent: Agent) -> None:
+    name = NODES[1]
+    alone = agent.job("dcgmi-alone", "validate", name, ["dcgmi", "diag", "-r", "1"])
+    assert alone.status.failed == 1
+    embedded = agent.job("dcgmi-embedded", "validate", name, [
+        "/bin/sh", "-c", "nv-hostengine -n && exec dcgmi diag -r 1 -j"])
+    assert embedded.status.succeeded == 1
