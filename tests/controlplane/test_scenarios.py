@@ -68,3 +68,27 @@ def test_drain_waits_for_the_pdb_on_a_real_disruption_controller(
     pdb_scenario(pdbwait_stack, Cluster(pdbwait_stack), GpuSimClient(pdbwait_stack.gpu_url),
                  notes, ready_after=20)
     assert_pdb_scenario(notes)
+
+
+def test_a_gpu_reset_turns_the_gpu_operator_off_and_back_on_a_real_control_plane(
+        five_stack: ControlPlaneStack) -> None:
+    """XID 48 on a node of the real control plane: the worker sets the operands' deploy
+    labels "false", the real DaemonSet controller removes their pods, the reset runs (the
+    node agent refuses it while an operand holds the GPUs), the labels come back, the
+    controller starts the operands again under the lifted taint, the device plugin
+    registers, the validation (its own host engine) passes and the node returns."""
+    from tests.e2e.kit import result
+
+    k8s, gpu = Cluster(five_stack), GpuSimClient(five_stack.gpu_url)
+    node = "gpu-node-06"
+    gpu.inject_fault(node, "3", "xid", 48)
+    res = result(five_stack, node, timeout=180)
+    assert res.outcome == "healthy", res
+    assert k8s.job_kinds(node) == ["gpu-reset", "validate"], "reset, no reboot"
+    reasons = k8s.event_reasons(node)
+    assert "GpuOperandsPaused" in reasons and "GpuOperandsRestored" in reasons, reasons
+    labels = k8s.node(node).metadata.labels or {}
+    assert all(labels.get(f"nvidia.com/gpu.deploy.{o}") == "true"
+               for o in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery"))
+    n = k8s.node(node)
+    assert n.status.allocatable["nvidia.com/gpu"] == "8" and not n.spec.unschedulable
