@@ -77,11 +77,12 @@ def test_a_gpu_reset_turns_the_gpu_operator_off_and_back_on_a_real_control_plane
     node agent refuses it while an operand holds the GPUs), the labels come back, the
     controller starts the operands again under the lifted taint, the device plugin
     registers, the validation (its own host engine) passes and the node returns."""
-    from tests.e2e.kit import result
+    from tests.e2e.kit import result, wait_for
 
     k8s, gpu = Cluster(five_stack), GpuSimClient(five_stack.gpu_url)
     node = "gpu-node-06"
     gpu.inject_fault(node, "3", "xid", 48)
+    wait_for(five_stack, f"{node} claimed", lambda: k8s.state(node) != "healthy", timeout=60)
     res = result(five_stack, node, timeout=180)
     assert res.outcome == "healthy", res
     assert k8s.job_kinds(node) == ["gpu-reset", "validate"], "reset, no reboot"
