@@ -46,9 +46,6 @@ HEALTHY_CONDITIONS = {
     "DiskPressure": ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
     "PIDPressure": ("KubeletHasSufficientPID", "kubelet has sufficient PID available"),
 }
-# The NVIDIA device plugin's default DP_DISABLE_HEALTHCHECKS skip list: XIDs that are the
-# application's fault; any other XID marks the GPU unhealthy until the plugin restarts.
-PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 Program = Callable[[Obj], Awaitable[tuple[int, str]]]
 
@@ -393,28 +390,7 @@ class Kubelet:
         stop), `device_plugin_seconds` after one starts its GPUs register, less those
         this plugin instance holds unhealthy. A new instance (a new pod, or a container
         restart) starts with every GPU healthy."""
-        instance = None
-        if pod is not None:
-            restarts = sum(cs.get("restartCount", 0)
-                           for cs in (pod.get("status") or {}).get("containerStatuses") or [])
-            instance = (str(pod["metadata"]["uid"]), int(restarts))
-        if instance != m.plugin_instance and not (m.steady and instance is None):
-            if m.plugin_instance is not None:
-                m.events.append("device plugin stopped")
-            m.plugin_unhealthy.clear()
-            m.plugin_instance = instance
-            m.plugin_registered = False
-            m.plugin_at = None
-            if instance is not None and m.steady:
-                m.plugin_registered = True  # the node as the simulator started: registered
-            elif instance is not None:
-                m.plugin_at = now + self.timing.device_plugin_seconds
-                m.events.append("device plugin started")
-            m.steady = False
-        if m.plugin_at is not None and now >= m.plugin_at:
-            m.plugin_at = None
-            m.plugin_registered = True
-            m.events.append("device plugin registered")
+        m.follow_plugin(plugin_instance(pod), now, self.timing.device_plugin_seconds)
         if m.steady:
             return  # as seeded, until the first plugin pod runs
         obj = self.store.find(r.NODES, "", node)
@@ -424,8 +400,7 @@ class Kubelet:
         capacity = (status.get("capacity") or {}).get(GPU)
         if capacity is None:
             return
-        healthy = int(capacity) - len({i for i in m.plugin_unhealthy if 0 <= i < int(capacity)})
-        want = str(max(0, healthy)) if m.plugin_registered else "0"
+        want = str(m.healthy_gpus(int(capacity))) if m.plugin_registered else "0"
         if (status.get("allocatable") or {}).get(GPU) != want:
             status.setdefault("allocatable", {})[GPU] = want
             self.store.put_internal(r.NODES, obj)
@@ -434,14 +409,8 @@ class Kubelet:
         """The device plugins' health checks see the XIDs active on their GPUs: a GPU with
         any XID outside the skip list becomes unhealthy until its plugin restarts."""
         for node in sorted(self.nodes):
-            m = self.machines.get(node)
-            if m.plugin_instance is None or node not in xids:
-                continue
-            for index, values in xids[node].items():
-                critical = [x for x in values if x not in PLUGIN_SKIPPED_XIDS]
-                if critical and index not in m.plugin_unhealthy:
-                    m.plugin_unhealthy.add(index)
-                    m.events.append(f"device plugin: GPU {index} unhealthy (XID {critical[0]})")
+            if node in xids:
+                self.machines.get(node).plugin_saw(xids[node])
 
     def plugin_running(self) -> bool:
         return any(self.machines.get(n).plugin_instance is not None for n in self.nodes)
@@ -675,6 +644,15 @@ class Kubelet:
                 c.pop("message", None)
         self._running.pop(m["uid"], None)
         self.store.put_internal(r.PODS, current)
+
+
+def plugin_instance(pod: Obj | None) -> tuple[str, int] | None:
+    """A device-plugin pod as an instance of the plugin: (pod uid, restart count)."""
+    if pod is None:
+        return None
+    restarts = sum(int(cs.get("restartCount") or 0)
+                   for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+    return str(pod["metadata"]["uid"]), restarts
 
 
 def _is_plugin(pod: Obj, starting: bool = False) -> bool:

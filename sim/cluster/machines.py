@@ -52,6 +52,11 @@ class NodeTiming:
                 f"plugin_health_seconds must be positive, got {self.plugin_health_seconds}")
 
 
+# The NVIDIA device plugin's default DP_DISABLE_HEALTHCHECKS skip list: XIDs that are the
+# application's fault; any other XID marks the GPU unhealthy until the plugin restarts.
+PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
 @dataclass
 class Machine:
     """One node's machine. Times are wall-clock seconds; None means "not scheduled"."""
@@ -80,6 +85,44 @@ class Machine:
     @property
     def registered(self) -> bool:
         return self.register_at is None
+
+    def follow_plugin(self, instance: tuple[str, int] | None, now: float,
+                      register_after: float) -> None:
+        """The device-plugin instance running Ready on the node now, as (pod uid, restart
+        count), or None. A new instance (a new pod, or a container restart) starts with
+        every GPU healthy and registers ``register_after`` seconds later; none running
+        means no GPUs. A ``steady`` machine's plugin counts as registered until the first
+        change."""
+        if instance != self.plugin_instance and not (self.steady and instance is None):
+            if self.plugin_instance is not None:
+                self.events.append("device plugin stopped")
+            self.plugin_unhealthy.clear()
+            self.plugin_instance = instance
+            self.plugin_registered = instance is not None and self.steady
+            self.plugin_at = None
+            if instance is not None and not self.steady:
+                self.plugin_at = now + register_after
+                self.events.append("device plugin started")
+            self.steady = False
+        if self.plugin_at is not None and now >= self.plugin_at:
+            self.plugin_at = None
+            self.plugin_registered = True
+            self.events.append("device plugin registered")
+
+    def plugin_saw(self, xids: dict[int, list[int]]) -> None:
+        """The device plugin's health check: a GPU with an XID outside the plugin's skip list
+        is unhealthy until the plugin restarts (nothing while no plugin runs)."""
+        if self.plugin_instance is None:
+            return
+        for index, values in xids.items():
+            critical = [x for x in values if x not in PLUGIN_SKIPPED_XIDS]
+            if critical and index not in self.plugin_unhealthy:
+                self.plugin_unhealthy.add(index)
+                self.events.append(f"device plugin: GPU {index} unhealthy (XID {critical[0]})")
+
+    def healthy_gpus(self, capacity: int) -> int:
+        """What the registered plugin offers: the GPUs it does not hold unhealthy."""
+        return max(0, capacity - len({i for i in self.plugin_unhealthy if 0 <= i < capacity}))
 
     @property
     def kubelet_running(self) -> bool:

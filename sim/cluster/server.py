@@ -263,20 +263,12 @@ class ClusterApi:
         text = ""
         if self.kubelet is not None:
             text = self.kubelet.logs.get(pod["metadata"]["uid"], {}).get(name, "")
-        tail = query.get("tailLines")
-        if tail is not None:
-            try:
-                n = int(tail)
-            except ValueError as err:
-                raise errors.bad_request(f"invalid tailLines: {tail}") from err
+        n = _int_query(query, "tailLines")
+        if n is not None:
             lines = text.splitlines(keepends=True)
             text = "".join(lines[-n:]) if n > 0 else ""
-        limit = query.get("limitBytes")
-        if limit is not None:
-            try:
-                cap = int(limit)
-            except ValueError as err:
-                raise errors.bad_request(f"invalid limitBytes: {limit}") from err
+        cap = _int_query(query, "limitBytes")
+        if cap is not None:
             if cap < 1:
                 raise errors.bad_request("limitBytes: Invalid value: must be greater than 0")
             text = text.encode()[:cap].decode(errors="ignore")
@@ -317,3 +309,14 @@ class ClusterApi:
                 summary=summary,
             )
         )
+
+
+def _int_query(query: Any, name: str) -> int | None:
+    """An integer query parameter (pods/log's tailLines, limitBytes), None when absent."""
+    value = query.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError as err:
+        raise errors.bad_request(f"invalid {name}: {value}") from err

@@ -76,7 +76,7 @@ from kubernetes import client, config
 
 from sim.cluster import dcgmi, fleet, objects
 from sim.cluster.gpulink import GpuLink, Outcome
-from sim.cluster.kubelet import PLUGIN_SKIPPED_XIDS
+from sim.cluster.kubelet import plugin_instance
 from sim.cluster.machines import Machine, NodeTiming
 from sim.scenario import Pool, Scenario, load_scenario
 
@@ -333,8 +333,7 @@ class NodeAgent:
         m = self.machines[node]
         if not m.powered or not (m.plugin_registered or m.steady):
             return 0
-        gpus = self.gpus[node]
-        return max(0, gpus - len({i for i in m.plugin_unhealthy if 0 <= i < gpus}))
+        return m.healthy_gpus(self.gpus[node])
 
     def request_reboot(self, node: str) -> bool:
         """A reboot command ran on the node: schedule its shutdown (once, however many
@@ -373,26 +372,9 @@ class NodeAgent:
             if self.gpus[node]:
                 self._write_allocatable(node)
             return
-        instance = None
-        if pod is not None:
-            restarts = sum(int(cs.get("restartCount") or 0)
-                           for cs in (pod.get("status") or {}).get("containerStatuses") or [])
-            instance = (str(pod["metadata"]["uid"]), restarts)
-        if instance != m.plugin_instance and not (m.steady and instance is None):
-            if m.plugin_instance is not None:
-                m.events.append("device plugin stopped")
-            m.plugin_unhealthy.clear()
-            m.plugin_instance = instance
-            m.plugin_registered = bool(instance is not None and m.steady)
-            m.plugin_at = (now + self.timing.device_plugin_seconds
-                           if instance is not None and not m.steady else None)
-            if m.plugin_at is not None:
-                m.events.append("device plugin started")
-            m.steady = False
-        if m.plugin_at is not None and now >= m.plugin_at:
-            m.plugin_at = None
-            m.plugin_registered = True
-            m.events.append("device plugin registered")
+        was = m.plugin_registered
+        m.follow_plugin(plugin_instance(pod), now, self.timing.device_plugin_seconds)
+        if m.plugin_registered and not was:
             log.info("%s: device plugin registered", node)
         if self.gpus[node]:
             self._write_allocatable(node)
@@ -426,16 +408,9 @@ class NodeAgent:
             self.plugin_saw(xids)
 
     def plugin_saw(self, xids: dict[str, dict[int, list[int]]]) -> None:
-        """A GPU with an XID outside the plugin's skip list is unhealthy until it restarts."""
+        """What the nodes' device plugins see of the XIDs (sim/cluster/machines.py rules)."""
         for node in sorted(self.names & set(xids)):
-            m = self.machines[node]
-            if m.plugin_instance is None:
-                continue
-            for index, values in xids[node].items():
-                critical = [x for x in values if x not in PLUGIN_SKIPPED_XIDS]
-                if critical and index not in m.plugin_unhealthy:
-                    m.plugin_unhealthy.add(index)
-                    m.events.append(f"device plugin: GPU {index} unhealthy (XID {critical[0]})")
+            self.machines[node].plugin_saw(xids[node])
 
     def _shutdown(self, node: str, m: Machine, now: float) -> None:
         """Graceful node shutdown: every pod on the node is killed, the kubelet stops."""
