@@ -93,7 +93,7 @@ def test_worker_sigkill_at_each_step_loses_nothing_and_repeats_nothing(
     started = time.monotonic()
     with InvariantChecker(chaos_stack, MAX_UNAVAILABLE, grace=45) as checker:
         # A pipeline: while one node is stalled by the last kill (its activity times out
-        # after the 30 s heartbeat timeout), the next one reaches its step.
+        # after the 5 s heartbeat timeout), the next one reaches its step.
         for node, (name, at_step) in zip(nodes, points, strict=True):
             gpu.inject_fault(node, "0", "xid", 79)
             wait_for(chaos_stack, f"{node} {name}", lambda n=node, f=at_step: f(n),
