@@ -250,10 +250,13 @@ async def test_release_that_fails_validation_goes_back_to_quarantine(local_env):
     async with worker_for(local_env.client, cluster) as queue:
         handle = await _quarantined_from_draining(local_env.client, cluster, queue, node)
         await handle.execute_update(RemediationWorkflow.release, cmd("erin"))
+        # The node stays labelled quarantined while it is validated: the failed release is
+        # over once its history entry is written, not when the label says quarantined.
         await until(lambda: cluster.jobs_run() == ["validate"]
-                    and cluster.nodes[node].state == NodeState.QUARANTINED, what="requarantine")
+                    and "failed validation" in cluster.nodes[node].history[-1].outcome,
+                    what="requarantine")
         await reach(handle, NodeState.QUARANTINED)
-        assert "failed validation" in cluster.nodes[node].history[-1].outcome
+        assert cluster.nodes[node].state == NodeState.QUARANTINED
         assert cluster.nodes[node].cordoned
         # The failed release is over: a new one is accepted and this time passes.
         await handle.execute_update(RemediationWorkflow.release, cmd("frank"))
