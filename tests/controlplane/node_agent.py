@@ -49,6 +49,9 @@ process plays them, through the API only, with the official ``kubernetes`` clien
     command (``nv-hostengine ... && dcgmi diag``) or reached with ``--host``
     (sim/cluster/dcgmi.py), else it fails as dcgmi does.
 
+  And the simulator's scripted machine faults, in-process (``NodeAgent.command``): hang,
+  wedge, replace, recover.
+
 Run as a process: ``python -m tests.controlplane.node_agent --kubeconfig K --scenario S
 --gpu-sim-url URL [--seed]``; it prints ``READY`` once every node is Ready and every
 seeded workload pod on them is Running.
@@ -77,7 +80,7 @@ from kubernetes import client, config
 from sim.cluster import dcgmi, fleet, objects
 from sim.cluster.gpulink import GpuLink, Outcome
 from sim.cluster.kubelet import plugin_instance
-from sim.cluster.machines import Machine, NodeTiming
+from sim.cluster.machines import Machine, NodeCommand, NodeTiming
 from sim.scenario import Pool, Scenario, load_scenario
 
 log = logging.getLogger("node-agent")
@@ -242,6 +245,7 @@ class NodeAgent:
         self.apps: Any = client.AppsV1Api(self.api)
         self.names = {n for n, _, _ in self.nodes}
         self.index = {n: i for n, _, i in self.nodes}
+        self.pool = {n: p for n, p, _ in self.nodes}
         self.gpus = {n: int(p.gpus) for n, p, _ in self.nodes}
         # As registered: the device plugin counts as registered until its first pod runs.
         self.machines = {n: Machine(steady=True) for n in self.names}
@@ -253,14 +257,71 @@ class NodeAgent:
 
     def register(self) -> None:
         for name, pool, index in self.nodes:
-            obj = fleet.node_object(name, pool, index)
-            status = obj.pop("status")
-            obj["spec"].pop("podCIDRs", None)
-            _create(self.core.create_node, obj)
-            self.core.patch_node_status(name, {"status": status})
-            self._renew_lease(name)
-            self._heartbeat[name] = time.time()
-            self._ensure_mirror_pod(name)
+            self._register(name, pool, index)
+
+    def _register(self, name: str, pool: Pool, index: int) -> None:
+        obj = fleet.node_object(name, pool, index)
+        status = obj.pop("status")
+        obj["spec"].pop("podCIDRs", None)
+        _create(self.core.create_node, obj)
+        self.core.patch_node_status(name, {"status": status})
+        self._renew_lease(name)
+        self._heartbeat[name] = time.time()
+        self._allocatable.pop(name, None)
+        self._ensure_mirror_pod(name)
+
+    # -- scripted machine faults (`gpu-remediate sim node ...` in the cluster simulator) --
+
+    def command(self, node: str, what: NodeCommand) -> None:
+        """hang: the next reboot never returns; wedge: the kubelet stops (no status, no
+        Lease, nothing starts, no deletion confirmed: pods stay Terminating); replace: the
+        Node, its Lease and pods are deleted and a new machine registers under the same
+        name (a new UID) ``reregister_seconds`` later; recover: ends hang and wedge, and
+        completes a hung reboot."""
+        with self._lock:
+            m = self.machines[node]
+            now = time.time()
+            if what == "hang":
+                if not m.powered and m.registered:
+                    m.boot_at = None  # already down: this reboot never returns
+                else:
+                    m.hang_next_reboot = True
+                m.events.append("hang: the next reboot never returns")
+            elif what == "wedge":
+                m.wedged = True
+                m.events.append("wedged: the kubelet stopped")
+            elif what == "replace":
+                self._replace(node, m, now)
+            elif what == "recover":
+                m.hang_next_reboot = False
+                if not m.registered:
+                    m.register_at = now
+                if m.wedged:
+                    m.wedged = False
+                    m.events.append("recovered: the kubelet runs again")
+                    self._heartbeat.pop(node, None)  # status at once
+                if m.registered and not m.powered and m.boot_at is None:
+                    m.boot_at = now
+                    m.events.append("recovered: the hung reboot completes")
+            else:
+                raise ValueError(f"unknown node command {what!r}")
+            log.info("%s: %s", node, m.events[-1])
+
+    def _replace(self, node: str, m: Machine, now: float) -> None:
+        for pod in self._pods():
+            if pod["spec"].get("nodeName") == node:
+                self._running.pop(pod["metadata"]["uid"], None)
+                self._deleting.pop(pod["metadata"]["uid"], None)
+                self._delete_now(pod)
+        with contextlib.suppress(client.ApiException):
+            self.coordination.delete_namespaced_lease(node, "kube-node-lease")
+        with contextlib.suppress(client.ApiException):
+            self.core.delete_node(node)
+        self._heartbeat.pop(node, None)
+        fresh = Machine(register_at=now + self.timing.reregister_seconds, reboots=m.reboots,
+                        steady=True)
+        fresh.events = [*m.events, "replaced: deleted, a new machine registers"]
+        self.machines[node] = fresh
 
     def _set_ready(self, name: str, ready: bool, message: str) -> None:
         now = rfc3339()
@@ -324,8 +385,9 @@ class NodeAgent:
     # -- the machines: reboot ---------------------------------------------------------------
 
     def is_up(self, node: str) -> bool:
-        """The machine is powered: its kubelet posts status and runs pods."""
-        return self.machines[node].powered
+        """The kubelet runs: powered, registered and not wedged. It posts status and runs
+        pods; otherwise nothing starts, nothing is reported, no deletion is confirmed."""
+        return self.machines[node].kubelet_running
 
     def allocatable_gpus(self, node: str) -> int:
         """What this kubelet reports allocatable: 0 until the device plugin registers, then
@@ -350,6 +412,10 @@ class NodeAgent:
 
     def _machine_events(self, name: str, now: float) -> None:
         m = self.machines[name]
+        if m.register_at is not None and now >= m.register_at:
+            self._register(name, self.pool[name], self.index[name])
+            m.register_at = None  # after the writes: a refused one is tried again
+            m.events.append("registered as a new node")
         if m.shutdown_at is not None and now >= m.shutdown_at:
             self._shutdown(name, m, now)
         if not m.powered and m.boot_at is not None and now >= m.boot_at:
@@ -420,8 +486,13 @@ class NodeAgent:
         m.plugin_instance, m.plugin_registered, m.steady = None, False, False
         m.plugin_unhealthy.clear()
         m.reboots += 1
-        m.boot_at = now + self.timing.reboot_seconds
-        m.events.append("shut down for a reboot")
+        if m.hang_next_reboot:
+            m.hang_next_reboot = False
+            m.boot_at = None
+            m.events.append("shut down; this reboot never returns (hang)")
+        else:
+            m.boot_at = now + self.timing.reboot_seconds
+            m.events.append("shut down for a reboot")
         log.info("%s: shut down for a reboot (back in %.1fs)", node, self.timing.reboot_seconds)
         self._set_ready(node, False, "node is shutting down for a reboot (simulated)")
         for pod in self._pods():

@@ -302,3 +302,72 @@ def test_dcgmi_needs_a_host_engine(agent: Agent) -> None:
     embedded = agent.job("dcgmi-embedded", "validate", name, [
         "/bin/sh", "-c", "nv-hostengine -n && exec dcgmi diag -r 1 -j"])
     assert embedded.status.succeeded == 1
+
+
+# -- scripted machine faults ---------------------------------------------------------------
+
+
+def _boot_id(agent: Agent, name: str) -> str:
+    return str(agent.core.read_node(name).status.node_info.boot_id)
+
+
+def test_a_wedged_kubelet_confirms_no_deletion_until_it_recovers(agent: Agent) -> None:
+    name = NODES[0]
+    victim = next(p for p in agent.pods() if p.spec.node_name == name
+                  and (p.metadata.labels or {}).get("app") == "web"
+                  and p.metadata.deletion_timestamp is None and p.status.phase == "Running")
+    renewed = client.CoordinationV1Api(agent.api).read_namespaced_lease(
+        name, "kube-node-lease").spec.renew_time
+    agent.agent.command(name, "wedge")
+    agent.core.delete_namespaced_pod(victim.metadata.name, "agent-test")
+    time.sleep(2.5)  # past its 1 s grace period: a running kubelet would have confirmed
+    stuck = agent.core.read_namespaced_pod(victim.metadata.name, "agent-test")
+    assert stuck.metadata.deletion_timestamp is not None, "stays Terminating"
+    assert client.CoordinationV1Api(agent.api).read_namespaced_lease(
+        name, "kube-node-lease").spec.renew_time == renewed, "no Lease renewal while wedged"
+    agent.agent.command(name, "recover")
+    wait_for(lambda: victim.metadata.uid not in {p.metadata.uid for p in agent.pods()},
+             timeout=10)
+    wait_for(lambda: client.CoordinationV1Api(agent.api).read_namespaced_lease(
+        name, "kube-node-lease").spec.renew_time != renewed, timeout=10)
+
+
+def test_a_hung_reboot_never_returns_until_recovered(agent: Agent) -> None:
+    name = NODES[0]
+    old_boot = _boot_id(agent, name)
+    agent.agent.command(name, "hang")
+    agent.agent.request_reboot(name)
+    wait_for(lambda: _ready_condition(agent.core.read_node(name)).status == "False",
+             timeout=10, interval=0.05)
+    time.sleep(2 * agent.agent.timing.reboot_seconds + 0.5)
+    assert _ready_condition(agent.core.read_node(name)).status == "False"
+    assert _boot_id(agent, name) == old_boot and not agent.agent.machines[name].powered
+    agent.agent.command(name, "recover")
+    wait_for(lambda: _boot_id(agent, name) != old_boot
+             and _allocatable(agent, name) == "8", timeout=20)
+
+
+def test_a_replaced_node_comes_back_under_its_name_with_a_new_uid(agent: Agent) -> None:
+    name = NODES[1]
+    before = agent.core.read_node(name)
+    agent.core.patch_node(name, {"metadata": {"labels": {"gpu-remediate.io/state": "draining"}},
+                                 "spec": {"unschedulable": True}})
+    agent.agent.command(name, "replace")
+    wait_for(lambda: (lambda n: n is not None and n.metadata.uid != before.metadata.uid)(
+        _node_or_none(agent, name)), timeout=15)
+    new = agent.core.read_node(name)
+    assert "gpu-remediate.io/state" not in (new.metadata.labels or {})
+    assert not new.spec.unschedulable and new.status.node_info.boot_id
+    wait_for(lambda: "registered as a new node" in agent.agent.machines[name].events,
+             timeout=5)
+    wait_for(lambda: _ready_condition(agent.core.read_node(name)).status == "True"
+             and _allocatable(agent, name) == "8", timeout=20)
+
+
+def _node_or_none(agent: Agent, name: str) -> Any:
+    try:
+        return agent.core.read_node(name)
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
