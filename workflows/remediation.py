@@ -72,6 +72,10 @@ NODE_RETRY = RetryPolicy(
     non_retryable_error_types=["NotFound", "Invalid"],
 )
 NODE_CALL = timedelta(minutes=2)
+# What an abort reads before giving the node back: a few quick tries, never a wait.
+ABORT_READ_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
+                               maximum_interval=timedelta(seconds=2), maximum_attempts=3,
+                               non_retryable_error_types=["NotFound", "Invalid"])
 # A drain round that keeps failing (not "blocked": failing) ends after this many tries,
 # in quarantine with the cause, instead of retrying for ever.
 DRAIN_RETRY = RetryPolicy(
@@ -893,26 +897,44 @@ class RemediationWorkflow:
                 "message": f"validation passed, but DCGM still reports: {shown}"})
         return check
 
-    async def _xids_shown_at_release(self, acked: dict[str, int]) -> dict[str, int]:
+    async def _xids_shown_at_release(self, acked: dict[str, int], *,
+                                     aborting: bool = False) -> dict[str, int]:
         """The XIDs the exporter shows when an operator releases the node. An XID is an
         event and dcgm-exporter keeps showing the last one until another comes, so a
         fault repaired by hand would show for ever: the release acknowledges what shows
         now (recorded on success, so the detector does not remediate it again), and only
         an XID that comes after it, or a fault that is a state (ECC, row remapping), keeps
-        the node out after its validation."""
+        the node out after its validation.
+
+        ``aborting``: an abort acknowledges them too, or the detector would start the
+        same remediation again on its next tick. Best effort there (a few tries, nothing
+        acknowledged if the node cannot be read): the give-back must not wait on it."""
         if self.inp.dry_run or not workflow.patched("validation-proves-the-node"):
             return {}
-        health: NodeHealth = await self._node_call(
-            "read_node_health",
-            NodeHealthInput(node=self.inp.node, policy=self.inp.policy,
-                            acknowledged={**self._acknowledged_xids(), **acked}),
-            NodeHealth, summary=f"read the XIDs {self.inp.node} shows at its release")
+        if aborting and not workflow.patched("abort-acknowledges-shown-xids"):
+            return {}
+        arg = NodeHealthInput(node=self.inp.node, policy=self.inp.policy,
+                              acknowledged={**self._acknowledged_xids(), **acked})
+        summary = f"read the XIDs {self.inp.node} shows at its release"
+        if aborting:
+            try:
+                health: NodeHealth = await self._call(
+                    "read_node_health", arg, NodeHealth, timeout=NODE_CALL, heartbeat=False,
+                    summary=summary, check_cancel=False, retry=ABORT_READ_RETRY)
+            except ActivityError as err:
+                workflow.logger.warning("could not read %s's XIDs at the abort: %s",
+                                        self.inp.node, _cause(err))
+                return {}
+        else:
+            health = await self._node_call("read_node_health", arg, NodeHealth,
+                                           summary=summary)
         shown = {gpu_key(f): int(f.value) for f in
                  (health.verdict.findings if health.readable and health.verdict else [])
                  if f.signal == SIG_XID and f.value}
         if shown:
-            self._plan("the release acknowledges the XIDs the node shows now: "
-                          + ", ".join(f"XID {x} on {g}" for g, x in sorted(shown.items())))
+            self._plan(f"the {'abort' if aborting else 'release'} acknowledges the XIDs "
+                       "the node shows now: "
+                       + ", ".join(f"XID {x} on {g}" for g, x in sorted(shown.items())))
         return shown
 
     async def _gpus_free(self) -> GpusFree | str:
@@ -1155,8 +1177,13 @@ class RemediationWorkflow:
                 workflow.logger.warning("could not delete %s: %s", self.job_in_progress.name,
                                         _cause(err))
         await self._restore_operands(best_effort=True)
+        # The XIDs that started it and any shown since are acknowledged: an XID keeps
+        # showing until another comes, and the detector must not start this again.
+        acked = self._acknowledged_xids()
+        if self.claimed:
+            acked |= await self._xids_shown_at_release({}, aborting=True)
         try:
-            await self._release_call("aborted", why, {}, claim_unconfirmed=not self.claimed)
+            await self._release_call("aborted", why, acked, claim_unconfirmed=not self.claimed)
         except NodeGone:
             return
         self.released = True

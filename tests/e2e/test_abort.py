@@ -12,7 +12,15 @@ from temporalio.client import WorkflowExecutionStatus
 
 from sim.gpu.client import GpuSimClient
 from tests.e2e.conftest import HERE, make_stack
-from tests.e2e.kit import Cluster, abort, view_state, wait_for, workflow_status
+from tests.e2e.kit import (
+    Cluster,
+    abort,
+    settle_ticks,
+    view_state,
+    wait_for,
+    workflow_runs,
+    workflow_status,
+)
 from worker.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
@@ -49,6 +57,14 @@ def assert_aborted(stack: LocalStack, k8s: Cluster, node: str) -> None:
     history = k8s.history(node)
     assert history[-1]["outcome"] == "aborted: aborted by e2e: wrong node", history
     assert "RemediationAborted" in k8s.event_reasons(node)
+    # The XID still shows (an XID is an event: the exporter keeps the last one), and the
+    # abort acknowledged it: the detector, looking every second, starts nothing again.
+    assert "48" in k8s.annotations(node).get("gpu-remediate.io/acknowledged-xids", ""), \
+        k8s.annotations(node)
+    settle_ticks(stack, 3)
+    assert workflow_status(stack, node) == WorkflowExecutionStatus.CANCELED, \
+        "the detector started the aborted remediation again"
+    assert workflow_runs(stack, node) == 1
 
 
 def test_abort_mid_drain_with_a_pdb_refusing_every_eviction(stack: LocalStack) -> None:

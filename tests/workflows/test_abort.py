@@ -35,6 +35,7 @@ from workflows.models import (
     ApprovalSettings,
     DrainResult,
     DrainSettings,
+    NodeHealth,
     NodeState,
     RemediationInput,
     RemediationSettings,
@@ -262,3 +263,42 @@ async def test_abort_keeps_an_admins_cordon(local_env) -> None:
     n = cluster.nodes[node]
     assert n.state == NodeState.HEALTHY and not n.tainted
     assert n.cordoned, "an admin's cordon outlives our abort"
+
+
+@pytest.mark.parametrize("read", ["shows", "unreadable", "failing"])
+async def test_abort_acknowledges_the_xids_shown_so_the_detector_does_not_restart_it(
+        local_env, read: str) -> None:
+    """An XID keeps showing until another comes: an abort that acknowledged nothing would
+    see the detector start the same remediation on its next tick. The XID 79 that started
+    it is acknowledged; the node shows XID 48 by the abort, and that is acknowledged in
+    its place. A node that cannot be read is given back all the same, with XID 79."""
+    node = f"abort-ack-{read}-{uuid.uuid4().hex[:6]}"
+    shows = NodeHealth(readable=True, thermal_recovered=True,
+                       verdict=xid_verdict(node, 48, Action.RESET))
+    health = {"shows": [shows],
+              "unreadable": [NodeHealth(readable=False, thermal_recovered=False,
+                                        message="exporter timed out")],
+              "failing": []}[read]
+    cluster = FakeCluster(health=health, drain_results=[
+        DrainResult(outcome="blocked", remaining=["a/b"], blocking_pdb="a/pdb")])
+    hold = Hold("read_node_health", "retrying") if read == "failing" else Hold("none", "gate")
+    unkind = Unkind(cluster, hold)
+    async with unkind_worker(local_env.client, unkind) as queue:
+        handle = await local_env.client.start_workflow(
+            RemediationWorkflow.run,
+            RemediationInput(node=node, verdict=xid_verdict(node, 79), settings=SETTINGS),
+            id=f"remediation-{node}", task_queue=queue)
+
+        async def draining() -> bool:
+            return (await view(handle)).blocking_pdb == "a/pdb"
+        await until(draining, 20, f"{node} blocked by its PDB")
+        await handle.cancel(reason="by alice: wrong node")
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 30)
+    n = cluster.nodes[node]
+    assert n.state == NodeState.HEALTHY and not n.tainted and not n.cordoned, read
+    assert n.history[-1].outcome == "aborted: aborted by alice: wrong node"
+    assert n.acked == {f"GPU-{node}-0": 48 if read == "shows" else 79}, read
+    if read == "failing":
+        reads = [c for c in unkind.started if c == "read_node_health"]
+        assert reads == ["read_node_health"] * 3, "a few tries, then the node goes back"
