@@ -59,7 +59,7 @@ case "${1:-}" in
     "$VENV/bin/shellcheck" "${scripts[@]}"
     echo "==> pytest"
     set +e
-    "$VENV/bin/pytest" -q -p no:cacheprovider "$@"
+    "$VENV/bin/pytest" -q -p no:cacheprovider --durations=25 "$@"
     status=$?
     set -e
     if [[ $status -eq 5 ]]; then
