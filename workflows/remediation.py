@@ -389,6 +389,14 @@ class RemediationWorkflow:
                 self.policy_quarantine = why
             else:
                 self.quarantine_order = OperatorCommand(operator="policy", reason=why)
+            if first == NodeState.DRAINING and Action.QUARANTINE in s.approval.required_for \
+                    and workflow.patched("repeat-offender-quarantine-gated-as-quarantine"):
+                # Claimed for a repair that needs no approval; the rule made it a
+                # quarantine, which does: the gate is the quarantine's, not the verdict's.
+                first = NodeState.AWAITING_APPROVAL
+                await self._enter(NodeState.AWAITING_APPROVAL, "repeat-offender",
+                                  "RemediationAwaitingApproval",
+                                  f"{why}: quarantine waits for an operator's approval")
         if self.action == Action.THERMAL and not self._quarantine_due():
             done = await self._thermal()
             if done is not None:

@@ -23,6 +23,7 @@ from workflows.models import (
     DrainSettings,
     HistoryEntry,
     NodeState,
+    OperatorCommand,
     RemediationInput,
     RemediationResult,
     RemediationSettings,
@@ -249,6 +250,38 @@ async def test_a_repeat_offender_in_supervised_mode_waits_for_approval(time_skip
     assert [c for c in cluster.calls if c[0] == "drain_node"] == [], "no drain unapproved"
     assert result.outcome == "released" and cluster.jobs_run() == []
     assert not node.cordoned and node.state != NodeState.QUARANTINED
+
+
+async def test_a_repeat_offender_waits_when_only_quarantine_needs_approval(
+        time_skipping_env):
+    """The gate belongs to what will be done, not to what was detected: with approval
+    required for quarantine only, a reset that the repeat-offender rule turns into a
+    quarantine waits for an operator (here: approves), and nothing drains before."""
+    cluster = FakeCluster()
+    now = await time_skipping_env.get_current_time()
+    cluster.node("n19").history = [
+        HistoryEntry(started=now - timedelta(days=d), action="reset", reason="xid 48",
+                     outcome="healthy", workflow_id=f"old-{d}") for d in (1, 2, 3)]
+    settings = RemediationSettings(approval=ApprovalSettings(
+        required_for=[Action.QUARANTINE], timeout=timedelta(hours=4)))
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, RemediationInput(
+                node="n19", verdict=xid_verdict("n19", 48, Action.RESET), settings=settings),
+            id=f"remediation-n19-{uuid.uuid4()}", task_queue=queue)
+        await _until(lambda: cluster.nodes["n19"].state == NodeState.AWAITING_APPROVAL)
+        await time_skipping_env.sleep(timedelta(hours=1))
+        assert [c for c in cluster.calls if c[0] == "drain_node"] == [], "no drain unapproved"
+        view = await handle.query(RemediationWorkflow.view_state)
+        assert view.state == NodeState.AWAITING_APPROVAL, view
+        await handle.execute_update(RemediationWorkflow.approve,
+                                    OperatorCommand(operator="alice", reason="seen"))
+        await _until(lambda: cluster.nodes["n19"].state == NodeState.QUARANTINED)
+    node = cluster.nodes["n19"]
+    assert node.states_seen[:3] == ["draining", "awaiting-approval", "draining"], \
+        node.states_seen
+    assert any(c[0] == "drain_node" for c in cluster.calls)
+    assert cluster.jobs_run() == [], "a repeat offender is not repaired again"
 
 
 async def test_thermal_cordons_without_drain_and_returns_when_cool(time_skipping_env):
