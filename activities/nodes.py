@@ -40,6 +40,7 @@ from activities.node_keys import (
     A_WORKFLOW,
     A_XID_SIGHTINGS,
     AUTOSCALER_MARKS,
+    EXCLUDE_LABEL,
     HISTORY_LIMIT,
     IN_FLIGHT_ANNOTATIONS,
     STATE_LABEL,
@@ -252,8 +253,10 @@ class NodeActivities:
         false then); our taint goes unless the node stays quarantined.
         """
         untouched: list[bool] = []
+        kept: list[bool] = []
         if not inp.dry_run:
             def build(node: Any) -> dict[str, Any] | None:
+                kept.clear()  # computed again from each fresh read
                 ann = meta_dict(node, "annotations")
                 uncordon = inp.uncordon
                 if inp.claim_unconfirmed:
@@ -263,6 +266,12 @@ class NodeActivities:
                         untouched.append(True)
                         return None
                     uncordon = ann.get(A_PRECORDONED) != "true"
+                if uncordon and meta_dict(node, "labels").get(EXCLUDE_LABEL) == "true":
+                    # An admin took the node over during the remediation (`kubectl cordon`
+                    # of a cordoned node changes nothing Kubernetes records; this label,
+                    # which a kubelet cannot set, does): it stays cordoned.
+                    uncordon = False
+                    kept.append(True)
                 _observe_state_time(node, inp.history.finished or inp.history.started)
                 history = [h for h in parse_history(ann.get(A_HISTORY))
                            if h.workflow_id != inp.history.workflow_id
@@ -325,6 +334,7 @@ class NodeActivities:
                 (inp.history.finished - inp.history.started).total_seconds())
         record_node_event(
             self.core, inp.node, reason=inp.event_reason,
-            message=("[dry-run] " if inp.dry_run else "") + inp.event_message,
+            message=("[dry-run] " if inp.dry_run else "") + inp.event_message
+            + (f" (left cordoned: an admin set {EXCLUDE_LABEL}=true)" if kept else ""),
             event_type="Warning" if inp.outcome == "quarantined" else "Normal",
         )

@@ -19,6 +19,7 @@ from activities.node_keys import (
     A_STEP,
     A_WORKFLOW,
     A_XID_SIGHTINGS,
+    EXCLUDE_LABEL,
     IN_FLIGHT_ANNOTATIONS,
     STATE_LABEL,
     TAINT_KEY,
@@ -235,6 +236,30 @@ def test_release_of_a_node_cordoned_before_the_claim_keeps_it_cordoned(
     assert node.spec.unschedulable is True
     assert UNSCHEDULABLE_TAINT in taint_keys(node) and TAINT_KEY not in taint_keys(node)
     assert node.metadata.labels[STATE_LABEL] == "healthy"
+
+
+@pytest.mark.parametrize("outcome", ["healthy", "released", "aborted"])
+def test_release_keeps_cordoned_a_node_an_admin_excluded_during_the_remediation(
+        cluster: Cluster, acts: NodeActivities, env: ActivityEnvironment,
+        outcome: Outcome) -> None:
+    """`kubectl cordon` of a node we cordoned changes nothing Kubernetes records; the
+    exclude label (which a kubelet cannot set on its own Node) does: set at any time
+    before the end, the node stays cordoned, our taint and state still go."""
+    env.run(acts.claim_node, claim())
+    cluster.core.patch_node(NODE, {"metadata": {"labels": {EXCLUDE_LABEL: "true"}}})
+    env.run(acts.release_node, release(outcome=outcome))
+    node = cluster.node(NODE)
+    assert node.spec.unschedulable is True, outcome
+    assert TAINT_KEY not in taint_keys(node)
+    assert node.metadata.labels[STATE_LABEL] == "healthy"
+    events = cluster.events(NODE, "RemediationFinished")
+    assert any("left cordoned: an admin set" in e.message for e in events), events
+    # Without the label, the same release uncordons.
+    cluster.core.patch_node(NODE, {"metadata": {"labels": {EXCLUDE_LABEL: None}},
+                                   "spec": {"unschedulable": None}})
+    env.run(acts.claim_node, claim(wf="remediation-y"))
+    env.run(acts.release_node, release(outcome=outcome, wf="remediation-y"))
+    assert not cluster.node(NODE).spec.unschedulable
 
 
 def test_release_quarantined_keeps_cordon_taint_and_labels_quarantined(
