@@ -195,7 +195,9 @@ class LocalStack:
         # registers in
         # a second: restart one still short of GPUs after 5 s (production: 1 minute).
         laptop = {"remediation": {"job_poll_interval": "PT1S", "node_poll_interval": "PT1S",
-                                  "gpu_operator": {"device_plugin_restart_after": "PT5S"}}}
+                                  "gpu_operator": {"device_plugin_restart_after": "PT5S"}},
+                  # A simulated hot GPU reads hot at once: cordon after 5 s (production 1 min).
+                  "detector": {"thermal_debounce": "PT5S"}}
         merged = merge(merge(merge(laptop, base), stack), nest(self.overrides))
         self.worker_config.write_text(yaml.safe_dump(merged, sort_keys=False))
         return self.worker_config

@@ -19,6 +19,7 @@ from workflows.models import (
     FleetObservation,
     ManualRemediation,
     NodeState,
+    PendingStart,
     limit_for,
 )
 
@@ -31,10 +32,19 @@ class Candidate:
     verdict: Verdict
     who: str
     why: str
+    # A node cordoned for heat outside the budget that asks for a drain slot.
+    escalation: bool = False
 
     @property
     def node(self) -> str:
         return self.verdict.node
+
+
+def escalation_verdict(node: str) -> Verdict:
+    """What a heat cordon's request for a drain slot is shown as while it waits."""
+    return Verdict(node=node, action=Action.QUARANTINE, findings=[Finding(
+        gpu="all", signal="thermal", value=0, rule="thermal-escalation",
+        action=Action.QUARANTINE)])
 
 
 def manual_verdict(m: ManualRemediation) -> Verdict:
@@ -52,7 +62,11 @@ class Admission:
     obs: FleetObservation
     now: datetime
     closed: set[str] = field(default_factory=set)
+    # Heat cordons outside the drain budget, with their debounce, cap and slot requests
+    # (false: a detector run recorded before them replays as it ran).
+    thermal_outside: bool = True
     in_use: list[str] = field(init=False)
+    cordoned: list[str] = field(init=False)
     busy: dict[str, str] = field(init=False)
     queue: list[Candidate] = field(init=False)
     budget: int = field(init=False)
@@ -60,18 +74,30 @@ class Admission:
     def __post_init__(self) -> None:
         s, st, obs, now = self.settings, self.state, self.obs, self.now
         labelled = {n.node: n for n in obs.remediating}
+
+        def shown(p: PendingStart) -> bool:
+            ns = labelled.get(p.node)
+            # A slot granted to a heat cordon shows once the node leaves "cordoned".
+            return ns is not None and not (p.escalation and ns.state == NodeState.CORDONED)
         # A pending start holds its slot until its label shows, its child is known to
         # have closed before this observation, or the grace period passes.
-        st.pending = [p for p in st.pending if p.node not in labelled
+        st.pending = [p for p in st.pending if not shown(p)
                       and p.node not in self.closed and now - p.at < PENDING_GRACE]
         holding = set(OUT_OF_SERVICE_STATES)
-        if s.cordoned_counts_against_budget:
+        counts_cordoned = s.cordoned_counts_against_budget
+        if counts_cordoned:
             holding.add(NodeState.CORDONED)
         # Another controller's drain or reboot takes capacity like ours (when visible).
         self.held = {h.node: h for h in obs.held if h.node not in labelled}
         self.in_use = sorted({n for n, ns in labelled.items() if ns.state in holding}
-                             | {p.node for p in st.pending}
+                             | {p.node for p in st.pending if p.slot or counts_cordoned}
                              | {h.node for h in self.held.values() if h.out_of_service})
+        # Heat cordons outside the budget, under a cap of their own.
+        self.cordoned = sorted({n for n, ns in labelled.items() if ns.state == NodeState.CORDONED}
+                               | {p.node for p in st.pending if not p.slot})
+        # Their requests for a drain slot stand while the node is still cordoned.
+        st.slot_requests = {n: t for n, t in st.slot_requests.items()
+                            if n in labelled and labelled[n].state == NodeState.CORDONED}
         self.busy = {**{p.node: "starting" for p in st.pending},
                      **{n: ns.state.value for n, ns in labelled.items()}}
         self.quarantined = sum(1 for ns in labelled.values()
@@ -106,7 +132,14 @@ class Admission:
         st.first_seen = {n: t for n, t in st.first_seen.items() if n in verdicts}
 
         st.manual = [m for m in st.manual if m.node not in self.busy]
-        self.queue = [Candidate(manual_verdict(m), m.operator, m.reason) for m in st.manual]
+        # A hot node that must be drained (it stayed hot, or a fault appeared) comes first:
+        # it is cordoned already and waits only for a slot.
+        granted = {p.node for p in st.pending if p.escalation}
+        self.queue = [Candidate(escalation_verdict(n), "thermal escalation",
+                                "cordoned for heat; must be drained", escalation=True)
+                      for n, _ in sorted(st.slot_requests.items(), key=lambda kv: kv[1])
+                      if n not in granted]
+        self.queue += [Candidate(manual_verdict(m), m.operator, m.reason) for m in st.manual]
         manual_nodes = {m.node for m in st.manual}
         # Most severe first, then longest waiting.
         for v in sorted(verdicts.values(),
@@ -159,9 +192,16 @@ class Admission:
     def pool_in_use(self, pool: str) -> int:
         return sum(1 for n in self.in_use if self._pool(n) == pool)
 
+    def outside_budget(self, c: Candidate) -> bool:
+        """A heat cordon that takes no drain slot (it never drains without asking)."""
+        return (self.thermal_outside and not self.settings.cordoned_counts_against_budget
+                and not c.escalation and c.verdict.action == Action.THERMAL)
+
     def blocked(self, c: Candidate) -> str | None:
         """Why ``c`` cannot start now, or None."""
         st, s = self.state, self.settings
+        if c.escalation and c.node in self.in_use:
+            return None  # its cordon holds a slot already (cordons count, per settings)
         if c.node in self.held:
             h = self.held[c.node]
             return f"{h.by} is acting on it ({h.detail})"
@@ -169,6 +209,16 @@ class Admission:
             return "paused"
         if st.breaker_open:
             return "breaker open"
+        if c.verdict.action == Action.THERMAL and c.who == "detector" and self.thermal_outside:
+            hot = self.now - st.first_seen.get(c.node, self.now)
+            if hot < s.thermal_debounce:
+                return (f"hot for {int(hot.total_seconds())}s of the "
+                        f"{int(s.thermal_debounce.total_seconds())}s debounce")
+        if self.outside_budget(c):
+            cap = limit_for(s.max_thermal_cordoned, self.obs.managed_nodes)
+            if len(self.cordoned) >= cap:
+                return f"thermal cordon cap reached ({len(self.cordoned)}/{cap})"
+            return None
         if len(self.in_use) >= self.budget:
             return f"budget full ({len(self.in_use)}/{self.budget})"
         if s.pool_label:
@@ -186,8 +236,15 @@ class Admission:
         return None
 
     def admit(self, c: Candidate) -> None:
-        """Record a start: it holds a slot from now on."""
-        self.in_use.append(c.node)
+        """Record a start: it holds a slot from now on (a cap's place, for a heat cordon
+        outside the budget); for an escalation, the slot granted."""
+        if self.outside_budget(c):
+            self.cordoned.append(c.node)
+        else:
+            self.in_use.append(c.node)
+        if c.escalation:
+            self.state.slot_requests.pop(c.node, None)
+            return
         self.busy[c.node] = "starting"
         if c.verdict.action == Action.QUARANTINE:
             self.quarantined += 1

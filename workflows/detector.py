@@ -24,13 +24,20 @@ from temporalio.common import (
     TypedSearchAttributes,
     VersioningBehavior,
 )
-from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    FailureError,
+    WorkflowAlreadyStartedError,
+)
 
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action, Verdict
     from workflows.admission import Admission
     from workflows.commands import checked_command
     from workflows.models import (
+        REQUEST_SLOT_SIGNAL,
+        SLOT_GRANTED_SIGNAL,
         AdmissionReport,
         DetectorInput,
         DetectorSettings,
@@ -47,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
         RemediationInput,
         RunningRemediations,
         RunningRemediationsInput,
+        SlotRequest,
         merge_observations,
         remediation_workflow_id,
     )
@@ -55,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
 NODE_ACTIONS = (Action.THERMAL, Action.RESET, Action.REBOOT, Action.QUARANTINE)
 # A run that did not continue from another asks visibility for running remediations first;
 # histories recorded before that look-up replay without it.
+THERMAL_OUTSIDE_PATCH = "thermal-cordons-outside-budget"
 SEED_PENDING_PATCH = "detector-seeds-pending-from-visibility"
 _NO_PAYLOAD = RawValue(Payload())
 
@@ -72,6 +81,8 @@ class DetectorWorkflow:
         self.last_errors: list[str] = []
         self.last_report: AdmissionReport | None = None
         self.wake = False
+        # Heat cordons outside the drain budget (a run recorded before: as it ran).
+        self.thermal_outside = True
         # Carried from the previous run, so validators and sharding are right before
         # this run's first observation (which may fail).
         self.orphans: list[str] = list(inp.state.orphans)
@@ -156,6 +167,24 @@ class DetectorWorkflow:
     def other_signal(self, name: str, args: Sequence[RawValue]) -> None:
         self._reject_signal(name, None, f"unknown signal {name!r}; signals are pause, resume")
 
+    @workflow.signal(name=REQUEST_SLOT_SIGNAL,
+                     description="From a remediation: a node cordoned for heat outside the "
+                                 "budget must be drained and asks for a slot. Payload: "
+                                 "{\"node\": ..., \"reason\": ...}.")
+    def request_slot(self, raw: RawValue = _NO_PAYLOAD) -> None:
+        try:
+            req = SlotRequest.model_validate(workflow.payload_converter().from_payload(
+                raw.payload))
+        except Exception as err:  # a stray client's payload: recorded, never raised
+            self._reject_signal(REQUEST_SLOT_SIGNAL, None, f"bad slot request: {err}"[:500])
+            return
+        # Granted only while the node is labelled cordoned (see Admission): a request for
+        # any other node is dropped at the next tick.
+        if req.node not in self.state.slot_requests:
+            self.state.slot_requests = {**self.state.slot_requests, req.node: workflow.now()}
+            workflow.logger.info("%s asks for a drain slot: %s", req.node, req.reason)
+        self.wake = True
+
     def _signal(self, name: str, raw: RawValue, check: Callable[[OperatorCommand], None],
                 apply: Callable[[OperatorCommand], OperatorAck]) -> None:
         cmd, refused = checked_command(raw, check)
@@ -235,6 +264,7 @@ class DetectorWorkflow:
         # `detector stop`, or after termination) does not know its predecessor's starts.
         seeded = workflow.info().continued_run_id is not None or \
             not workflow.patched(SEED_PENDING_PATCH)
+        self.thermal_outside = workflow.patched(THERMAL_OUTSIDE_PATCH)
         while True:
             # An update that arrives during this tick wakes the next one at once.
             self.wake = False
@@ -365,16 +395,24 @@ class DetectorWorkflow:
         self.last_tick = workflow.now()
         self.last_errors = obs.errors[:10]
         self.orphans = obs.orphans
-        adm = Admission(self.settings, st, obs, self.last_tick, closed or set())
+        adm = Admission(self.settings, st, obs, self.last_tick, closed or set(),
+                        thermal_outside=self.thermal_outside)
         self.busy = adm.busy
         self.budget = adm.budget
         waiting: list[str] = []
         for c in adm.queue:
             why = adm.blocked(c)
             if why is not None:
-                waiting.append(f"{c.node} ({c.verdict.action.value}: {why})")
+                label = "drain for heat" if c.escalation else c.verdict.action.value
+                waiting.append(f"{c.node} ({label}: {why})")
                 continue
-            if await self._start(c.verdict, c.who, c.why):
+            if c.escalation:
+                if await self._grant_slot(c.node):
+                    adm.admit(c)
+                else:
+                    st.slot_requests.pop(c.node, None)
+                continue
+            if await self._start(c.verdict, c.who, c.why, slot=not adm.outside_budget(c)):
                 adm.admit(c)
             else:
                 # remediation-<node> already runs, started by someone else (a CLI, an earlier
@@ -407,7 +445,21 @@ class DetectorWorkflow:
             else:
                 self.last_report = report
 
-    async def _start(self, verdict: Verdict, who: str, why: str) -> bool:
+    async def _grant_slot(self, node: str) -> bool:
+        """Tell a heat cordon's remediation it may drain; its slot is held from now until
+        its label leaves 'cordoned' (or the pending grace passes)."""
+        try:
+            await workflow.get_external_workflow_handle(remediation_workflow_id(node)).signal(
+                SLOT_GRANTED_SIGNAL)
+        except FailureError as err:
+            workflow.logger.warning("%s asked for a drain slot but cannot be told: %s",
+                                    remediation_workflow_id(node), err)
+            return False
+        self.state.pending = [*self.state.pending,
+                              PendingStart(node=node, at=workflow.now(), escalation=True)]
+        return True
+
+    async def _start(self, verdict: Verdict, who: str, why: str, *, slot: bool = True) -> bool:
         s, st = self.settings, self.state
         node = verdict.node
         try:
@@ -415,7 +467,7 @@ class DetectorWorkflow:
                 "RemediationWorkflow",
                 RemediationInput(node=node, verdict=verdict, settings=s.remediation,
                                  policy=s.policy, dry_run=s.dry_run, requested_by=who,
-                                 reason=why),
+                                 reason=why, holds_slot=slot),
                 id=remediation_workflow_id(node),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                 search_attributes=TypedSearchAttributes([
@@ -429,10 +481,10 @@ class DetectorWorkflow:
         except WorkflowAlreadyStartedError:
             workflow.logger.warning("%s already runs: counted in the budget, not started again",
                                     remediation_workflow_id(node))
-            st.pending = [*st.pending, PendingStart(node=node, at=workflow.now())]
+            st.pending = [*st.pending, PendingStart(node=node, at=workflow.now(), slot=slot)]
             return False
         self.children[node] = handle
-        st.pending = [*st.pending, PendingStart(node=node, at=workflow.now())]
+        st.pending = [*st.pending, PendingStart(node=node, at=workflow.now(), slot=slot)]
         st.started_total += 1
         if s.dry_run:
             st.planned[node] = verdict.action

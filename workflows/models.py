@@ -298,6 +298,10 @@ class RemediationInput(_Message):
     resume: RemediationResume | None = Field(
         default=None, description="Set by continue-as-new: the loop to pick up and its state."
     )
+    holds_slot: bool = Field(
+        default=True,
+        description="Started in a drain slot. false: a thermal cordon admitted outside the "
+                    "budget, which asks the detector for a slot before it drains.")
 
 
 class HistoryEntry(_Message):
@@ -367,6 +371,19 @@ class OperatorCommand(_Message):
     length, see ``MAX_REASON_CHARS``)."""
 
     operator: OperatorName = Field(min_length=1)
+    reason: Reason = ""
+
+
+REQUEST_SLOT_SIGNAL = "request_slot"
+SLOT_GRANTED_SIGNAL = "slot_granted"
+
+
+class SlotRequest(_Message):
+    """A thermal cordon admitted outside the budget asks the detector for a drain slot
+    (signal ``request_slot``); the detector grants it (signal ``slot_granted`` to the
+    remediation) when its admission would admit a drain of that node."""
+
+    node: str = Field(min_length=1, max_length=253)
     reason: Reason = ""
 
 
@@ -609,7 +626,20 @@ class DetectorSettings(_Model):
     max_unavailable: int | str = Field(
         default=1, description="Nodes out of service at once: a count or a percent like '10%'."
     )
-    cordoned_counts_against_budget: bool = True
+    cordoned_counts_against_budget: bool = Field(
+        default=False,
+        description="A thermal cordon takes a drain slot. false (default): heat is cordoned "
+                    "on detection, whatever the drain budget, under max_thermal_cordoned; "
+                    "a hot node that must then be drained waits for a slot.")
+    max_thermal_cordoned: int | str = Field(
+        default="10%",
+        description="Nodes cordoned for heat at once (count or percent of the managed nodes, "
+                    "never below 1 unless 0%), when cordons take no drain slot.")
+    thermal_debounce: timedelta = Field(
+        default=timedelta(minutes=1), ge=timedelta(0), le=timedelta(hours=1),
+        description="A node is cordoned for heat once it has been flagged hot this long "
+                    "without a break (a single hot scrape is often a sensor blip). 0: at the "
+                    "first hot reading.")
     dry_run: bool = False
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
@@ -670,7 +700,7 @@ class DetectorSettings(_Model):
         description="The window the outcome breaker counts new quarantines over.",
     )
 
-    @field_validator("max_unavailable", "max_quarantined")
+    @field_validator("max_unavailable", "max_quarantined", "max_thermal_cordoned")
     @classmethod
     def _budget(cls, v: int | str | None) -> int | str | None:
         return None if v is None else parse_limit(v)
@@ -724,6 +754,12 @@ class ManualRemediation(_Message):
 class PendingStart(_Message):
     node: str
     at: datetime
+    slot: bool = Field(
+        default=True, description="It holds a drain slot (a thermal cordon started outside "
+                                  "the budget does not).")
+    escalation: bool = Field(
+        default=False, description="A slot granted to a node cordoned for heat: held until "
+                                   "its label leaves 'cordoned'.")
 
 
 class DetectorState(_Message):
@@ -734,6 +770,10 @@ class DetectorState(_Message):
     breaker_open: bool = False
     breaker_reason: str = ""
     pending: list[PendingStart] = Field(default_factory=list)
+    slot_requests: dict[str, datetime] = Field(
+        default_factory=dict,
+        description="Nodes cordoned for heat outside the budget that must now be drained "
+                    "(still hot, or a fault appeared), and since when they ask for a slot.")
     manual: list[ManualRemediation] = Field(default_factory=list)
     planned: dict[str, Action] = Field(
         default_factory=dict, description="Dry-run: nodes already planned, so plans don't repeat."

@@ -10,6 +10,7 @@ and so its slot until an operator releases it (fail closed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -18,7 +19,7 @@ from typing import Any, Literal
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue, RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, RetryState
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, RetryState
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
@@ -26,6 +27,9 @@ with workflow.unsafe.imports_passed_through():
     from policy.rules import SIG_XID, gpu_key
     from workflows.commands import abort_requester, checked_command
     from workflows.models import (
+        DETECTOR_WORKFLOW_ID,
+        REQUEST_SLOT_SIGNAL,
+        SLOT_GRANTED_SIGNAL,
         ClaimInput,
         ClaimResult,
         DrainInput,
@@ -49,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
         RemediationView,
         ReturnInput,
         ReturnResult,
+        SlotRequest,
         StateInput,
         ThermalCheckInput,
         ThermalCheckResult,
@@ -72,6 +77,8 @@ NODE_RETRY = RetryPolicy(
     non_retryable_error_types=["NotFound", "Invalid"],
 )
 NODE_CALL = timedelta(minutes=2)
+# A heat cordon waiting for a drain slot asks the detector again this often.
+SLOT_ASK_AGAIN = timedelta(minutes=2)
 # What an abort reads before giving the node back: a few quick tries, never a wait.
 ABORT_READ_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
                                maximum_interval=timedelta(seconds=2), maximum_attempts=3,
@@ -157,6 +164,9 @@ class RemediationWorkflow:
         # the reset, and by an abort or a failed step, so the node is left as found.
         self.operands_paused: OperandsPaused | None = None
         self.signal_events = 0  # Events recorded for rejected signals in this run
+        # A heat cordon admitted outside the budget drains only in a slot the detector
+        # granted (signal slot_granted); one admitted in a slot has it from the start.
+        self.slot_granted = self.inp.holds_slot
         self.uid = r.uid if r else ""
 
     # ------------------------------------------------------------ queries and updates
@@ -284,6 +294,11 @@ class RemediationWorkflow:
     @workflow.signal(name="repaired", description="Same as the repaired update, as a signal.")
     async def repaired_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
         await self._signal("repaired", raw, self._check_repaired, self._do_repaired)
+
+    @workflow.signal(name=SLOT_GRANTED_SIGNAL,
+                     description="From the detector: a drain slot for this heat cordon.")
+    def grant_slot(self) -> None:
+        self.slot_granted = True
 
     @workflow.signal(dynamic=True, description="Any other signal name is recorded as rejected, "
                                                 "so a typo shows instead of waiting unseen.")
@@ -558,6 +573,7 @@ class RemediationWorkflow:
                     self.policy_quarantine = why
                 else:
                     self.quarantine_order = OperatorCommand(operator="policy", reason=why)
+                await self._wait_for_slot()
                 await self._enter(NodeState.DRAINING, "thermal-escalation", "ThermalEscalation",
                                   f"still hot after {t.escalate_after}; draining",
                                   event_type="Warning")
@@ -611,9 +627,36 @@ class RemediationWorkflow:
         self.view.reason = f"{verdict.summary} ({why})"
         workflow.upsert_search_attributes([REMEDIATION_ACTION.value_set(self.action.value)])
 
+    async def _wait_for_slot(self) -> None:
+        """A node cordoned for heat outside the drain budget must now be drained (it stayed
+        hot, a fault appeared, an operator ordered a quarantine): it stays cordoned until
+        the detector grants a slot, asking again every ``SLOT_ASK_AGAIN`` (a detector
+        restarted meanwhile has not heard). Nothing drains past the budget."""
+        if self.slot_granted or self.inp.dry_run or \
+                not workflow.patched("heat-cordon-drains-in-a-slot"):
+            return
+        parent = workflow.info().parent
+        detector = parent.workflow_id if parent else DETECTOR_WORKFLOW_ID
+        self._set(NodeState.CORDONED, "waiting-for-a-drain-slot")
+        self._plan("wait for a drain slot from the detector (the heat cordon took none)")
+        while not self.slot_granted:
+            why = self.view.reason
+            try:
+                await workflow.get_external_workflow_handle(detector).signal(
+                    REQUEST_SLOT_SIGNAL, SlotRequest(node=self.inp.node, reason=why[:500]))
+                self._details(f"must be drained ({why}); cordoned, waiting for a drain slot "
+                              f"from {detector}")
+            except FailureError as err:
+                self._details(f"must be drained ({why}); cordoned; {detector} cannot be asked "
+                              f"for a drain slot ({err}): asking again in {SLOT_ASK_AGAIN}")
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(lambda: self.slot_granted, timeout=SLOT_ASK_AGAIN,
+                                              timeout_summary="drain slot")
+
     async def _drain(self) -> None:
         d = self.inp.settings.drain
         if self.drain_started is None:
+            await self._wait_for_slot()
             if self.view.state != NodeState.DRAINING:
                 await self._enter(NodeState.DRAINING, "drain", "DrainStarted",
                                   f"draining {self.inp.node}")

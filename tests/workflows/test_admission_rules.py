@@ -212,3 +212,90 @@ def test_an_operators_request_is_not_held_back_by_the_quarantine_cap() -> None:
     started, waiting = decide(DetectorSettings(max_unavailable=3), o, state)
     assert started == ["n3"]
     assert waiting == ["n2: quarantine cap reached (1/1)"]
+
+
+# ------------------------------------------------------------------ heat
+
+
+def hot(node: str) -> object:
+    return xid_verdict(node, 0, Action.THERMAL)
+
+
+def seen_hot(*nodes: str, ago: timedelta = timedelta(minutes=5)) -> DetectorState:
+    return DetectorState(first_seen={n: NOW - ago for n in nodes})
+
+
+def test_heat_is_cordoned_with_the_drain_budget_full_under_its_own_cap() -> None:
+    """A cordon does not drain: a hot node does not wait behind repairs for a slot, and
+    it takes none; the cap (10% of 20 nodes: 2) counts cordoned nodes and its starts."""
+    o = obs([hot("h1"), hot("h2"), hot("h3"), xid_verdict("n1")],
+            [NodeStatus(node="d1", state=NodeState.DRAINING),
+             NodeStatus(node="c1", state=NodeState.CORDONED)], managed=20)
+    started, waiting = decide(DetectorSettings(max_unavailable=1), o,
+                              seen_hot("h1", "h2", "h3", "n1"))
+    assert started == ["h1"], waiting
+    assert waiting == ["n1: budget full (1/1)", "h2: thermal cordon cap reached (2/2)",
+                       "h3: thermal cordon cap reached (2/2)"]
+
+
+def test_heat_waits_out_its_debounce_and_zero_means_the_first_reading() -> None:
+    o = obs([hot("h1")])
+    _, waiting = decide(DetectorSettings(), o, seen_hot("h1", ago=timedelta(seconds=20)))
+    assert waiting == ["h1: hot for 20s of the 60s debounce"]
+    started, _ = decide(DetectorSettings(), o, seen_hot("h1", ago=timedelta(seconds=60)))
+    assert started == ["h1"]
+    started, _ = decide(DetectorSettings(thermal_debounce=timedelta(0)), o)
+    assert started == ["h1"], "first reading"
+    # A break in the readings starts the count again (first_seen forgets the node).
+    state = seen_hot("h1", ago=timedelta(minutes=5))
+    decide(DetectorSettings(), obs([]), state)
+    _, waiting = decide(DetectorSettings(), o, state)
+    assert waiting == ["h1: hot for 0s of the 60s debounce"]
+
+
+def test_heat_in_the_budget_when_configured_so() -> None:
+    s = DetectorSettings(max_unavailable=1, cordoned_counts_against_budget=True)
+    o = obs([hot("h1")], [NodeStatus(node="c1", state=NodeState.CORDONED)])
+    _, waiting = decide(s, o, seen_hot("h1"))
+    assert waiting == ["h1: budget full (1/1)"]
+
+
+def test_a_heat_cordon_that_must_drain_waits_for_a_slot_first_in_line() -> None:
+    """Its request comes before any new start; granted, the slot is held until the node's
+    label leaves 'cordoned' (the remediation writes 'draining' after the grant)."""
+    cordoned = NodeStatus(node="c1", state=NodeState.CORDONED)
+    state = DetectorState(slot_requests={"c1": NOW - timedelta(minutes=1)})
+    busy = [cordoned, NodeStatus(node="d1", state=NodeState.DRAINING)]
+    _, waiting = decide(DetectorSettings(max_unavailable=1), obs([xid_verdict("n1")], busy),
+                        state)
+    assert waiting == ["c1: budget full (1/1)", "n1: budget full (1/1)"]
+    assert "c1" in state.slot_requests, "the request stands while it waits"
+    # The slot frees: c1 first; the grant is recorded by the detector as a pending start.
+    started, waiting = decide(DetectorSettings(max_unavailable=1),
+                              obs([xid_verdict("n1")], [cordoned]), state)
+    assert started == ["c1"] and waiting == ["n1: budget full (1/1)"]
+    assert state.slot_requests == {}
+    state.pending = [PendingStart(node="c1", at=NOW, escalation=True)]
+    _, waiting = decide(DetectorSettings(max_unavailable=1),
+                        obs([xid_verdict("n1")], [cordoned]), state)
+    assert waiting == ["n1: budget full (1/1)"], "still labelled cordoned: the slot is held"
+    started, _ = decide(DetectorSettings(max_unavailable=2), obs(
+        [xid_verdict("n1")], [NodeStatus(node="c1", state=NodeState.DRAINING)]), state)
+    assert started == ["n1"] and state.pending == [], "its label took the slot over"
+
+
+def test_a_slot_request_for_a_node_not_cordoned_is_dropped() -> None:
+    """A stray client's request (or one whose remediation ended) grants nothing."""
+    state = DetectorState(slot_requests={"x1": NOW, "h9": NOW})
+    started, _ = decide(DetectorSettings(max_unavailable=5), obs(
+        [], [NodeStatus(node="h9", state=NodeState.HEALTHY)]), state)
+    assert started == [] and state.slot_requests == {}
+
+
+def test_a_heat_cordon_holding_a_slot_is_granted_its_drain_at_once() -> None:
+    """Cordons counted in the budget (or the setting changed while one waited): the
+    cordon's own slot is the drain's; a full budget does not keep it waiting on itself."""
+    s = DetectorSettings(max_unavailable=1, cordoned_counts_against_budget=True)
+    state = DetectorState(slot_requests={"c1": NOW})
+    started, _ = decide(s, obs([], [NodeStatus(node="c1", state=NodeState.CORDONED)]), state)
+    assert started == ["c1"]

@@ -48,6 +48,8 @@ from workflows.models import (
     NodeState,
     OperatorCommand,
     RemediationSettings,
+    ThermalSettings,
+    ThermalWatchResult,
 )
 from workflows.remediation import RemediationWorkflow
 from workflows.search_attributes import ALL as SEARCH_ATTRIBUTES
@@ -733,3 +735,43 @@ async def test_continue_as_new_carries_fleet_size_busy_nodes_orphans_and_rejecti
     assert shards[0] == 1 and len(shards) > 6, shards
     assert set(shards[1:]) == {3}, "the new run observes in three shards from its first tick"
     assert len(seeds) == 1
+
+
+# ------------------------------------------------------------------ heat
+
+
+async def test_a_heat_cordon_takes_no_slot_and_drains_only_in_one(detector_ts_env):
+    """With the only drain slot held, a hot node is cordoned at once anyway; still hot
+    after escalate_after, it must be drained: it stays cordoned and asks the detector for
+    a slot, and drains (then quarantines) only once the slot frees. The budget is never
+    exceeded, by a heat escalation either."""
+    env = detector_ts_env
+    cluster, names = fleet(10)
+    holder, hot_node = names[0], names[1]
+    cluster.nodes[holder].state = NodeState.DRAINING  # the only slot is taken
+    cluster.thermal_results = [ThermalWatchResult(outcome="hot", message="93 C")]
+    cluster.verdicts = [xid_verdict(hot_node, 0, Action.THERMAL)]
+    heat = ThermalSettings(escalate_after=timedelta(minutes=30),
+                           poll_interval=timedelta(minutes=1), hold=timedelta(minutes=5))
+    # Ticks a minute apart: time is skipped by hours here.
+    s = settings(max_unavailable=1, thermal_debounce=timedelta(0), interval=timedelta(minutes=1),
+                 remediation=FAST.model_copy(update={"thermal": heat}))
+    async with worker_for(env.client, cluster) as queue:
+        detector = await start(env.client, queue, s)
+        try:
+            await until(lambda: cluster.nodes[hot_node].state == NodeState.CORDONED, 15,
+                        "cordoned for heat with the budget full")
+            await env.sleep(timedelta(hours=1))
+            assert cluster.nodes[hot_node].state == NodeState.CORDONED
+            assert not [c for c in cluster.calls
+                        if c[0] == "drain_node" and c[1].node == hot_node], "drained unslotted"
+            view = await dview(detector)
+            assert f"{hot_node} (drain for heat: budget full (1/1))" in view.waiting, view
+            cluster.nodes[holder].state = NodeState.HEALTHY  # the slot frees
+            await until(lambda: cluster.nodes[hot_node].state == NodeState.QUARANTINED, 30,
+                        "drained in the freed slot and quarantined")
+        finally:
+            await cleanup(env.client, detector, cluster)
+    assert any(c[0] == "drain_node" and c[1].node == hot_node for c in cluster.calls)
+    assert "still hot" in cluster.nodes[hot_node].history[-1].outcome
+    assert cluster.max_out_of_service(cordoned_counts=False) == 1
