@@ -225,9 +225,11 @@ async def test_most_severe_first_then_longest_waiting(detector_ts_env):
     cluster.verdicts = [xid_verdict(early, 79, Action.REBOOT)]
     async with worker_for(env.client, cluster) as queue:
         # No quarantine cap: the quarantine order started first would hold back the rest.
-        detector = await start(env.client, queue, settings(max_unavailable=1,
-                                                                 max_quarantined=None,
-                                                                 **NO_BREAKER))
+        # Heat cordons in the budget here (by default they take no slot: see the heat
+        # tests), so the thermal verdict competes for the slot, and comes last.
+        detector = await start(env.client, queue, settings(
+            max_unavailable=1, max_quarantined=None, cordoned_counts_against_budget=True,
+            thermal_debounce=timedelta(0), **NO_BREAKER))
         try:
             await ticks(detector, 1)
             thermal, reset, late, quarantine = rest[:4]
@@ -740,28 +742,28 @@ async def test_continue_as_new_carries_fleet_size_busy_nodes_orphans_and_rejecti
 # ------------------------------------------------------------------ heat
 
 
-async def test_a_heat_cordon_takes_no_slot_and_drains_only_in_one(detector_ts_env):
+async def test_a_heat_cordon_takes_no_slot_and_drains_only_in_one(local_env):
     """With the only drain slot held, a hot node is cordoned at once anyway; still hot
     after escalate_after, it must be drained: it stays cordoned and asks the detector for
     a slot, and drains (then quarantines) only once the slot frees. The budget is never
     exceeded, by a heat escalation either."""
-    env = detector_ts_env
+    env = local_env
     cluster, names = fleet(10)
     holder, hot_node = names[0], names[1]
     cluster.nodes[holder].state = NodeState.DRAINING  # the only slot is taken
     cluster.thermal_results = [ThermalWatchResult(outcome="hot", message="93 C")]
     cluster.verdicts = [xid_verdict(hot_node, 0, Action.THERMAL)]
-    heat = ThermalSettings(escalate_after=timedelta(minutes=30),
-                           poll_interval=timedelta(minutes=1), hold=timedelta(minutes=5))
-    # Ticks a minute apart: time is skipped by hours here.
-    s = settings(max_unavailable=1, thermal_debounce=timedelta(0), interval=timedelta(minutes=1),
+    # Real time (the dev server): seconds stand for the production minutes.
+    heat = ThermalSettings(escalate_after=timedelta(seconds=2),
+                           poll_interval=timedelta(milliseconds=300), hold=timedelta(seconds=1))
+    s = settings(max_unavailable=1, thermal_debounce=timedelta(0),
                  remediation=FAST.model_copy(update={"thermal": heat}))
     async with worker_for(env.client, cluster) as queue:
         detector = await start(env.client, queue, s)
         try:
             await until(lambda: cluster.nodes[hot_node].state == NodeState.CORDONED, 15,
                         "cordoned for heat with the budget full")
-            await env.sleep(timedelta(hours=1))
+            await asyncio.sleep(6)  # three times escalate_after
             assert cluster.nodes[hot_node].state == NodeState.CORDONED
             assert not [c for c in cluster.calls
                         if c[0] == "drain_node" and c[1].node == hot_node], "drained unslotted"
