@@ -58,6 +58,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
            "remediation.thermal.poll_interval": "PT1S",
            "remediation.thermal.hold": "PT3S",
            "remediation.thermal.escalate_after": "PT20S",
+           # Both thermal nodes at once (10% of this small fleet would be 1).
+           "detector.max_thermal_cordoned": 2,
            # Sightings two ticks apart are separate bursts here (3 minutes by default).
            "policy.app_xid_escalation.burst_gap": "PT1S"})
     with stack:
