@@ -47,11 +47,13 @@ from activities.node_keys import (
 from activities.nodes import NodeActivities
 from activities.notices import (
     APPLICATION_XID,
+    CIRCUIT_BREAKER_OPEN,
     REMEDIATION_DEFERRED,
     TELEMETRY_UNAVAILABLE,
     Notice,
     NoticeBook,
     app_xid_notices,
+    breaker_notices,
     deferred_notices,
     telemetry_notices,
 )
@@ -193,6 +195,14 @@ def _still_shown(acked: dict[str, int], readings: NodeReadings) -> dict[str, int
     return {k: v for k, v in acked.items() if shown.get(k) == v}
 
 
+def _our_workflow(name: str, ann: dict[str, str]) -> str:
+    """The remediation workflow the node's annotation names, when it is this node's own: the
+    annotation is node-writable, and a node naming another node's workflow must not lead an
+    operator (or us) to that one."""
+    wid = ann.get(A_WORKFLOW, "")
+    return wid if wid == remediation_workflow_id(name) else ""
+
+
 def _gpu_node(n: client.V1Node) -> GpuNode:
     labels, ann = meta_dict(n, "labels"), meta_dict(n, "annotations")
     assert n.metadata is not None and n.metadata.name
@@ -201,7 +211,7 @@ def _gpu_node(n: client.V1Node) -> GpuNode:
     problem = acked.problem or tracks.problem
     state, note = _state(labels.get(STATE_LABEL), _tainted(n))
     excluded, exclude_note = _excluded(labels)
-    return GpuNode(n.metadata.name, state, ann.get(A_WORKFLOW, ""),
+    return GpuNode(n.metadata.name, state, _our_workflow(n.metadata.name, ann),
                    acked.value, labels, A_ORPHAN in ann, excluded, tracks.value,
                    n.metadata.resource_version or "", str(problem) if problem else "",
                    "; ".join(x for x in (note, exclude_note) if x),
@@ -634,7 +644,7 @@ class FleetActivities:
             raise_typed(err, f"read node {req.node}")
         labels, ann = meta_dict(n, "labels"), meta_dict(n, "annotations")
         node = GpuNode(req.node, _state(labels.get(STATE_LABEL), _tainted(n))[0],
-                       ann.get(A_WORKFLOW, ""), {}, labels)
+                       _our_workflow(req.node, ann), {}, labels)
         if node.state == NodeState.HEALTHY or req.node not in await self.find_orphans([node]):
             raise ApplicationError(f"{req.node} is not an orphan any more", type="NotOrphan",
                                    non_retryable=True)
@@ -789,6 +799,7 @@ class FleetActivities:
         each node that waits (rate-limited: once per node and reason, again after
         ``NOTICE_REPEAT``), as the original tool did for a node waiting for the budget."""
         report_admission(report)
+        await self._breaker_notices(report)
         try:
             waiting = await self._waiting_nodes(report)
             notices = deferred_notices(waiting)
@@ -797,6 +808,22 @@ class FleetActivities:
             sent = await send_notices(self.core, self.notices, notices, time.time())
         except Exception as err:  # an Event is never worth failing the report
             log.warning("could not record RemediationDeferred Events: %s", err)
+            return
+        for n in sent:
+            metrics.NODE_EVENTS.labels(n.reason).inc()
+
+    async def _breaker_notices(self, report: AdmissionReport) -> None:
+        """A ``CircuitBreakerOpen`` Warning Event on each node that tripped the breaker (once
+        per node and trip, again after ``NOTICE_REPEAT``); forgotten when it closes, so the
+        next trip is told again."""
+        notices = [] if not report.breaker_open else breaker_notices(
+            report.breaker_nodes, report.breaker_reason)
+        self.notices.settle(CIRCUIT_BREAKER_OPEN, [n.node for n in notices],
+                            self.notices.nodes(CIRCUIT_BREAKER_OPEN))
+        try:
+            sent = await send_notices(self.core, self.notices, notices, time.time())
+        except Exception as err:  # an Event is never worth failing the report
+            log.warning("could not record CircuitBreakerOpen Events: %s", err)
             return
         for n in sent:
             metrics.NODE_EVENTS.labels(n.reason).inc()

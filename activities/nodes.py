@@ -157,7 +157,9 @@ class NodeActivities:
 
         def build(node: Any) -> dict[str, Any] | None:
             ann = meta_dict(node, "annotations")
-            mine = ann.get(A_WORKFLOW) == inp.workflow_id
+            # Ours only when both ids match: the workflow id is derived from the node's name,
+            # so a node could write it; the run id exists only once this run started.
+            mine = ann.get(A_WORKFLOW) == inp.workflow_id and ann.get(A_RUN) == inp.run_id
             seen["mine"] = mine
             # A retry of our own claim must not mistake our cordon for an admin's.
             pre = ann.get(A_PRECORDONED) == "true" if mine else bool(node.spec.unschedulable)
@@ -262,7 +264,8 @@ class NodeActivities:
                 if inp.claim_unconfirmed:
                     # Aborted before the claim reported back: the node is ours only if the
                     # claim's patch landed, and then its annotation says who cordoned first.
-                    if ann.get(A_WORKFLOW) != inp.history.workflow_id:
+                    if ann.get(A_WORKFLOW) != inp.history.workflow_id or \
+                            (inp.run_id and ann.get(A_RUN) != inp.run_id):
                         untouched.append(True)
                         return None
                     uncordon = ann.get(A_PRECORDONED) != "true"

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 TELEMETRY_UNAVAILABLE = "TelemetryUnavailable"
 APPLICATION_XID = "ApplicationXid"
 REMEDIATION_DEFERRED = "RemediationDeferred"
+CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
 
 MAX_EVENTS_PER_TICK = 50
 """A fleet-wide outage (the exporter DaemonSet rolling) would otherwise write an Event per node
@@ -119,6 +120,16 @@ def deferred_notices(waiting: Iterable[str]) -> list[Notice]:
                           fingerprint=_COUNTS.sub("", why),
                           message=f"remediation deferred: {why}; it starts when admitted"))
     return out
+
+
+def breaker_notices(nodes: Iterable[str], reason: str) -> list[Notice]:
+    """``CircuitBreakerOpen`` on each node that tripped the breaker: where an SRE looking at
+    one of them (``kubectl describe node``) learns why nothing is being repaired."""
+    return [Notice(node=node, reason=CIRCUIT_BREAKER_OPEN, fingerprint=reason,
+                   message=f"circuit breaker open, no new remediation starts: {reason}; this "
+                           "node is one that tripped it (`gpu-remediate detector resume` "
+                           "after checking)")
+            for node in nodes]
 
 
 async def send(core: client.CoreV1Api, book: NoticeBook, notices: list[Notice], now: float,

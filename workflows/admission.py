@@ -26,6 +26,10 @@ from workflows.models import (
 # A start not yet visible as a node label holds its slot this long at most.
 PENDING_GRACE = timedelta(minutes=5)
 
+# The nodes named (and given a CircuitBreakerOpen Event) when the breaker trips: enough to
+# see the pattern, few enough that a fleet-wide trip is not a storm of Events.
+BREAKER_NODES_SHOWN = 20
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -124,9 +128,9 @@ class Admission:
         if s.breaker_window > timedelta(0):
             for n in newly:
                 st.recently_flagged.setdefault(n, now)
-            self._check_breaker(len(st.recently_flagged))
+            self._check_breaker(sorted(st.recently_flagged))
         else:
-            self._check_breaker(len(newly))
+            self._check_breaker(sorted(newly))
         for n in verdicts:
             st.first_seen.setdefault(n, now)
         st.first_seen = {n: t for n, t in st.first_seen.items() if n in verdicts}
@@ -163,6 +167,7 @@ class Admission:
                 count < s.breaker_max_quarantines:
             return
         st.breaker_open = True
+        st.breaker_nodes = sorted(st.recently_quarantined)[:BREAKER_NODES_SHOWN]
         names = ", ".join(sorted(st.recently_quarantined)[:5]) + (", …" if count > 5 else "")
         st.breaker_reason = (
             f"{count} remediations ended in quarantine within {s.breaker_quarantine_window} "
@@ -170,8 +175,9 @@ class Admission:
             "Job template would quarantine the fleet one slot at a time; check them, then "
             "resume")
 
-    def _check_breaker(self, newly_flagged: int) -> None:
+    def _check_breaker(self, flagged: list[str]) -> None:
         s, st = self.settings, self.state
+        newly_flagged = len(flagged)
         if st.breaker_open or newly_flagged < s.breaker_min_flagged_nodes:
             return
         # Unreadable exporters count toward neither side.
@@ -179,6 +185,7 @@ class Admission:
         pct = 100.0 * newly_flagged / max(readable, 1)
         if newly_flagged > s.breaker_max_flagged_nodes or pct > s.breaker_max_flagged_percent:
             st.breaker_open = True
+            st.breaker_nodes = flagged[:BREAKER_NODES_SHOWN]
             span = (f"within {s.breaker_window}" if s.breaker_window > timedelta(0)
                     else "in one tick")
             st.breaker_reason = (

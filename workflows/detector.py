@@ -141,6 +141,7 @@ class DetectorWorkflow:
         self.state.paused_by = ""
         self.state.breaker_open = False
         self.state.breaker_reason = ""
+        self.state.breaker_nodes = []
         self.state.recently_flagged = {}  # the operator has seen these: count afresh
         self.state.recently_quarantined = {}
         self.wake = True
@@ -430,7 +431,8 @@ class DetectorWorkflow:
         self._show(obs, adm.in_use)
         report = AdmissionReport(budget=self.budget, in_use=len(adm.in_use),
                                  waiting=len(waiting), breaker_open=st.breaker_open,
-                                 paused=st.paused, breaker_reason=st.breaker_reason)
+                                 paused=st.paused, breaker_reason=st.breaker_reason,
+                                 breaker_nodes=st.breaker_nodes if st.breaker_open else [])
         if report != self.last_report:
             try:
                 await workflow.execute_activity(

@@ -482,6 +482,10 @@ class ReleaseInput(_Message):
     )
     uid: str = Field(default="", description="metadata.uid at claim: a node with another "
                                              "UID is another machine, never written to.")
+    run_id: str = Field(default="", description="The remediation's run: with "
+                                                "claim_unconfirmed, the claim is ours only if "
+                                                "the node carries this run id too (the "
+                                                "workflow id is derived from the node name).")
 
 
 class NodeEventInput(_Message):
@@ -769,6 +773,10 @@ class DetectorState(_Message):
     paused_by: str = ""
     breaker_open: bool = False
     breaker_reason: str = ""
+    breaker_nodes: list[str] = Field(
+        default_factory=list,
+        description="The nodes that tripped the open breaker (at most BREAKER_NODES_SHOWN): "
+                    "each gets a CircuitBreakerOpen Event.")
     pending: list[PendingStart] = Field(default_factory=list)
     slot_requests: dict[str, datetime] = Field(
         default_factory=dict,
@@ -917,6 +925,7 @@ class AdmissionReport(_Message):
     breaker_open: bool
     paused: bool
     breaker_reason: str = ""
+    breaker_nodes: list[str] = Field(default_factory=list)
 
 
 RemediationInput.model_rebuild()

@@ -1199,7 +1199,7 @@ class RemediationWorkflow:
                                      by=self.inp.requested_by),
                 acknowledged_xids=acked, event_reason=reasons[outcome],
                 event_message=f"{outcome}: {why}", dry_run=self.inp.dry_run,
-                claim_unconfirmed=claim_unconfirmed, uid=self.uid,
+                claim_unconfirmed=claim_unconfirmed, uid=self.uid, run_id=info.run_id,
             ),
             type(None), summary=f"{outcome}: release {self.inp.node}", check_cancel=False,
         )

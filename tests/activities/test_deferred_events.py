@@ -7,11 +7,11 @@ import uuid
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.testing import WorkflowEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.fleet import ExporterSettings, FleetActivities
-from activities.notices import REMEDIATION_DEFERRED
+from activities.notices import CIRCUIT_BREAKER_OPEN, REMEDIATION_DEFERRED
 from tests.activities.conftest import Cluster
 from workflows.models import AdmissionReport, DetectorView
 
@@ -74,3 +74,23 @@ async def test_a_node_that_waits_again_later_is_announced_again(
         ["gpu-node-02 (reset: budget full (1/1))"], [],
         ["gpu-node-02 (reset: budget full (1/1))"]])
     assert len(cluster.events("gpu-node-02", REMEDIATION_DEFERRED)) == 2
+
+
+async def test_the_nodes_that_tripped_the_breaker_get_one_event_per_trip(
+        cluster: Cluster) -> None:
+    fleet = FleetActivities(cluster.api, ExporterSettings(mode="template"))
+    env = ActivityEnvironment()
+    why = "2 remediations ended in quarantine within 1:00:00 (gpu-node-02, gpu-node-03; limit 2)"
+
+    def report(open_: bool) -> AdmissionReport:
+        return AdmissionReport(budget=1, in_use=0, waiting=0, breaker_open=open_, paused=False,
+                               breaker_reason=why if open_ else "",
+                               breaker_nodes=["gpu-node-02", "gpu-node-03"] if open_ else [])
+
+    for open_ in (True, True, False, True):  # tripped, still open, resumed, tripped again
+        await env.run(fleet.report_admission, report(open_))
+    for node in ("gpu-node-02", "gpu-node-03"):
+        events = cluster.events(node, CIRCUIT_BREAKER_OPEN)
+        assert len(events) == 2, "once per trip, not once per report"
+        assert all(why in e.message and e.type == "Warning" for e in events)
+    assert cluster.events("gpu-node-01", CIRCUIT_BREAKER_OPEN) == []

@@ -15,6 +15,7 @@ from activities.node_keys import (
     A_HISTORY,
     A_PRECORDONED,
     A_REASON,
+    A_RUN,
     A_SINCE,
     A_STEP,
     A_WORKFLOW,
@@ -123,6 +124,18 @@ def test_claim_of_a_node_an_admin_cordoned_reports_previously_cordoned(
     cluster.cordon(NODE)
     result = env.run(acts.claim_node, claim())
     assert result.previously_cordoned is True
+    assert cluster.node(NODE).metadata.annotations[A_PRECORDONED] == "true"
+
+
+def test_claim_does_not_take_a_node_written_workflow_annotation_for_its_own(
+        cluster: Cluster, acts: NodeActivities, env: ActivityEnvironment) -> None:
+    # An admin cordoned the node; the node (a kubelet may annotate its own Node) then wrote
+    # our workflow id, which is derived from its name, and "not cordoned before us".
+    cluster.cordon(NODE)
+    cluster.core.patch_node(NODE, {"metadata": {"annotations": {
+        A_WORKFLOW: "remediation-x", A_PRECORDONED: "false", A_RUN: "guessed"}}})
+    result = env.run(acts.claim_node, claim())
+    assert result.previously_cordoned is True, "the admin's cordon is kept at the end"
     assert cluster.node(NODE).metadata.annotations[A_PRECORDONED] == "true"
 
 

@@ -102,6 +102,7 @@ def test_the_outcome_breaker_trips_on_remediations_ending_in_quarantine() -> Non
     assert state.breaker_open and started == [] and waiting == ["n1: breaker open"]
     assert state.breaker_reason.startswith(
         "3 remediations ended in quarantine within 1:00:00 (a, b, c; limit 3)")
+    assert state.breaker_nodes == ["a", "b", "c"], "the nodes that tripped it, not n1"
 
 
 def test_quarantines_outside_the_window_or_released_do_not_count() -> None:
@@ -146,6 +147,7 @@ def test_breaker_trips_on_many_newly_flagged_nodes_and_blocks_every_start() -> N
                                                breaker_max_flagged_percent=30), o, state)
     assert started == [] and len(waiting) == 5
     assert state.breaker_open and "5 of 10" in state.breaker_reason
+    assert state.breaker_nodes == [f"n{i}" for i in range(5)], "each gets an Event"
 
 
 def test_unreadable_nodes_count_toward_neither_side_of_the_breaker() -> None:
