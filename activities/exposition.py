@@ -45,6 +45,12 @@ HEALTH_METRICS: dict[str, str] = {
     # The pre-DCGM-3.3 name of the same field; custom counter files still use it.
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "clock_event_reasons",
     "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION": "recovery_action",
+    # Link counters (totals): activities/counter_rates.py turns two readings into rates.
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "pcie_replay_total",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "nvlink_crc_flit_total",
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": "nvlink_crc_data_total",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "nvlink_replay_total",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "nvlink_recovery_total",
     # Opt-in exporter family: occurrences of each XID in a sliding window, label ``xid``.
     XID_COUNT_METRIC: "xid_counts",
 }

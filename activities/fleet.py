@@ -26,6 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities import annotations as node_annotations
 from activities import metrics
+from activities.counter_rates import CounterRates
 from activities.events import record_node_event
 from activities.gpus import GPU_RESOURCE, declared_gpus
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
@@ -48,6 +49,7 @@ from activities.nodes import NodeActivities
 from activities.notices import (
     APPLICATION_XID,
     CIRCUIT_BREAKER_OPEN,
+    GPU_LINK_ERRORS,
     REMEDIATION_DEFERRED,
     TELEMETRY_UNAVAILABLE,
     Notice,
@@ -55,6 +57,7 @@ from activities.notices import (
     app_xid_notices,
     breaker_notices,
     deferred_notices,
+    link_notices,
     telemetry_notices,
 )
 from activities.notices import send as send_notices
@@ -69,8 +72,17 @@ from activities.parse_pool import (
 from activities.parse_pool import looks_intact as looks_intact  # re-exported: same check
 from activities.prometheus_source import PrometheusSource
 from activities.xid_sightings import Tracks, dump_tracks, new_warnings, observe, repeat_counts
+from policy.config import LinkPolicy
 from policy.models import NODE_ACTIONS, Action, GpuReading, NodeReadings, Verdict
-from policy.rules import evaluate_node, gpu_key, is_thermal_recovered
+from policy.rules import (
+    LINK_SIGNALS,
+    SIG_NVLINK_CRC,
+    SIG_NVLINK_ERRORS,
+    SIG_PCIE_REPLAY,
+    evaluate_node,
+    gpu_key,
+    is_thermal_recovered,
+)
 from workflows.models import (
     AdmissionReport,
     DetectorView,
@@ -93,6 +105,9 @@ from workflows.models import (
 )
 
 log = logging.getLogger(__name__)
+
+_LINK_KIND = {SIG_PCIE_REPLAY: "pcie_replay", SIG_NVLINK_CRC: "nvlink_crc",
+              SIG_NVLINK_ERRORS: "nvlink_errors"}
 
 
 
@@ -271,6 +286,7 @@ class FleetActivities:
         """A label selector for the GPU nodes (the original tool's ``-node-selector``); empty:
         every node with ``nvidia.com/gpu`` capacity."""
         self.notices = NoticeBook(repeat_after=NOTICE_REPEAT)
+        self.rates = CounterRates()
         self._last_listed: dict[tuple[int, int], set[str]] = {}
 
     # ------------------------------------------------------------ kubernetes side
@@ -428,11 +444,19 @@ class FleetActivities:
                 await pool.close()
         return readings, errors
 
-    async def read_many(self, names: list[str], nodes: list[GpuNode]) -> tuple[
+    async def read_many(self, names: list[str], nodes: list[GpuNode],
+                        links: LinkPolicy | None = None) -> tuple[
             dict[str, NodeReadings], dict[str, str]]:
         """Readings per node from the configured source, with the GPU count each node
-        declares; a node without any readings is in errors."""
+        declares; a node without any readings is in errors. With a link rule on (``links``),
+        scraped counters become rates against this process's previous reading of the node
+        (activities/counter_rates.py); the Prometheus source computes them itself."""
         readings, errors = await self._read_many(names, nodes)
+        if links is not None and (links.pcie_replay_enabled or links.nvlink_enabled) and \
+                self.exporter.mode != "prometheus":
+            now = time.monotonic()
+            readings = {n: self.rates.apply(r, now) for n, r in readings.items()}
+            self.rates.forget_older_than(now)
         declared = {n.name: declared_gpus(n.labels) for n in nodes}
         return {name: (r.model_copy(update={"declared_gpus": declared[name]})
                        if declared.get(name) is not None else r)
@@ -480,7 +504,7 @@ class FleetActivities:
         # A node whose annotations cannot be read is unreadable (that node only, with the
         # reason), never judged on half its state; its remediation, if any, goes on.
         names = [n.name for n in nodes if not n.unreadable]
-        readings, errors = await self.read_many(names, nodes)
+        readings, errors = await self.read_many(names, nodes, inp.policy.links)
         errors.update({n.name: f"{n.name}: {n.unreadable}" for n in nodes if n.unreadable})
         verdicts: list[Verdict] = []
         app_only: list[Verdict] = []
@@ -541,7 +565,8 @@ class FleetActivities:
             [(n.name, n.state.value) for n in listed],
             gone=self._last_listed.get((inp.shard, inp.shards), set()) - {n.name for n in listed})
         self._last_listed[(inp.shard, inp.shards)] = {n.name for n in listed}
-        await self._announce(inp, nodes, errors, app_only, xid_warnings)
+        await self._announce(inp, nodes, errors, app_only, xid_warnings,
+                             [*verdicts, *app_only])
         # Markers that disagree (a node writing its own state): shown, not announced as
         # telemetry trouble; the node already counts as out of service.
         notes = [f"{n.name}: {n.marker_note}" for n in listed
@@ -571,21 +596,30 @@ class FleetActivities:
         ))
 
     async def _announce(self, inp: ObserveInput, nodes: list[GpuNode], errors: dict[str, str],
-                        app_only: list[Verdict], xid_warnings: list[Notice]) -> None:
+                        app_only: list[Verdict], xid_warnings: list[Notice],
+                        judged: list[Verdict]) -> None:
         """Events for what the observation saw on nodes in service (a node in remediation
         is expected to go quiet while it reboots), rate-limited
         (activities/notices.py): ``TelemetryUnavailable`` for an exporter that could not be
         read, ``ApplicationXid`` for application XIDs, and ``xid_warnings`` (``UnknownXid``,
         ``XidAlert``, ``GPUDiagnosticNeeded``: each new once, so they go first and are counted
-        in ``gpu_remediate_xid_warnings_total`` even past the Event cap). Dry-run writes none
+        in ``gpu_remediate_xid_warnings_total`` even past the Event cap), ``GpuLinkErrors`` for
+        link rates over policy.links' thresholds (``judged``: every verdict with a finding;
+        counted in ``gpu_remediate_link_error_findings_total``). Dry-run writes none
         (it changes nothing in the cluster); an Event is never worth failing the observation."""
         names = [n.name for n in nodes]
         in_service = {n.name for n in nodes if n.state == NodeState.HEALTHY}
         unreadable = {n: errors[n] for n in names if n in errors and n in in_service}
         warned = app_xid_notices(v for v in app_only if v.node in in_service)
+        linked = link_notices(v for v in judged if v.node in in_service)
+        for v in judged:
+            for f in v.findings:
+                if f.signal in LINK_SIGNALS:
+                    metrics.LINK_FINDINGS.labels(_LINK_KIND[f.signal]).inc()
         # A condition gone (or a node taken into remediation) is forgotten: its return is news.
         self.notices.settle(TELEMETRY_UNAVAILABLE, unreadable, names)
         self.notices.settle(APPLICATION_XID, [n.node for n in warned], names)
+        self.notices.settle(GPU_LINK_ERRORS, [n.node for n in linked], names)
         # Off in the detector's dry-run (ObserveInput: no writes to nodes) and outside a
         # worker (`gpu-remediate plan` changes nothing).
         if not inp.track_xid_repeats or not activity.in_activity():
@@ -594,7 +628,8 @@ class FleetActivities:
             metrics.XID_WARNINGS.labels(w.reason).inc()
         try:
             sent = await send_notices(self.core, self.notices,
-                                      xid_warnings + telemetry_notices(unreadable) + warned,
+                                      xid_warnings + telemetry_notices(unreadable) + warned
+                                      + linked,
                                       time.time())
         except Exception as err:  # Events are best effort: never fail the observation
             log.warning("could not record node Events: %s", err)
@@ -678,7 +713,7 @@ class FleetActivities:
         acked = {**await asyncio.to_thread(self.acknowledged_xids, inp.node),
                  **inp.acknowledged}
         readings, errors = await self.read_many(
-            [inp.node], [GpuNode(inp.node, NodeState.HEALTHY, "", acked, {})])
+            [inp.node], [GpuNode(inp.node, NodeState.HEALTHY, "", acked, {})], inp.policy.links)
         r = readings.get(inp.node)
         if r is None:
             return NodeHealth(readable=False, thermal_recovered=False,

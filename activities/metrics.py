@@ -77,6 +77,10 @@ XID_WARNINGS = Counter(
     "XID findings that need a human, counted once when they appear, by reason: UnknownXid "
     "(not in the catalog), XidAlert (a bucket that asks a human), GPUDiagnosticNeeded (an app "
     "XID in too many bursts).", ["reason"])
+LINK_FINDINGS = Counter(
+    "gpu_remediate_link_error_findings_total",
+    "GPUs seen over a link threshold (policy.links), once per observation, by signal: "
+    "pcie_replay, nvlink_crc, nvlink_errors.", ["signal"])
 
 
 class NodeStates(Collector):

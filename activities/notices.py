@@ -22,6 +22,7 @@ from kubernetes import client
 
 from activities.events import record_node_event
 from policy.models import Action, Verdict
+from policy.rules import LINK_SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ TELEMETRY_UNAVAILABLE = "TelemetryUnavailable"
 APPLICATION_XID = "ApplicationXid"
 REMEDIATION_DEFERRED = "RemediationDeferred"
 CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
+GPU_LINK_ERRORS = "GpuLinkErrors"
 
 MAX_EVENTS_PER_TICK = 50
 """A fleet-wide outage (the exporter DaemonSet rolling) would otherwise write an Event per node
@@ -102,6 +104,24 @@ def app_xid_notices(verdicts: Iterable[Verdict]) -> list[Notice]:
         out.append(Notice(node=v.node, reason=APPLICATION_XID, fingerprint=listed,
                           message=f"application error {listed}: restart the application; "
                                   "the node stays in service"))
+    return out
+
+
+def link_notices(verdicts: Iterable[Verdict]) -> list[Notice]:
+    """``GpuLinkErrors`` for PCIe replay and NVLink error rates over policy.links' thresholds,
+    whatever the action (an alert has no other trace on the node). The fingerprint is the GPUs
+    and rules, not the rates, which change every reading."""
+    out = []
+    for v in verdicts:
+        found = sorted({(f.gpu, f.rule, f.value, f.action.value) for f in v.findings
+                        if f.signal in LINK_SIGNALS}, key=lambda t: (t[0], t[1]))
+        if not found:
+            continue
+        listed = "; ".join(f"GPU {gpu}: {rule} ({value:.3g}), {action}"
+                           for gpu, rule, value, action in found)
+        out.append(Notice(node=v.node, reason=GPU_LINK_ERRORS,
+                          fingerprint=",".join(f"{g}/{r}" for g, r, _, _ in found),
+                          message=f"link errors: {listed} (policy.links)"))
     return out
 
 

@@ -94,6 +94,18 @@ LAST_VALUE_METRICS: dict[str, str] = {
 }
 """Families read as their last value in the window, and the ``GpuReading`` field each fills."""
 
+RATE_METRICS: dict[str, tuple[tuple[str, ...], float, str]] = {
+    "pcie_replays_per_minute": (("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",), 60.0, "pcie"),
+    "nvlink_crc_errors_per_second": (("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+                                      "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"), 1.0,
+                                     "nvlink"),
+    "nvlink_errors_per_minute": (("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+                                  "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"), 60.0, "nvlink"),
+}
+"""Link rates (``GpuReading`` field -> counter families summed, per-seconds, which rule):
+``rate()`` over the window, queried only while that link rule is on (policy.links); the
+families of one field must all be exported."""
+
 _UUID_LABELS = ("UUID", "uuid", "gpu_uuid")
 _MODEL_LABELS = ("modelName", "model_name")
 _IDENTITY_LABELS = ("gpu", *_UUID_LABELS, *_MODEL_LABELS, "pci_bus_id")
@@ -620,6 +632,14 @@ class PrometheusSource:
         }
         for metric, name in LAST_VALUE_METRICS.items():
             out[f"last:{name}"] = (f"max by ({by}) (last_over_time({metric}[{window}]))", "vector")
+        links = self.policy.links
+        wanted = {"pcie": links.pcie_replay_enabled, "nvlink": links.nvlink_enabled}
+        for name, (families, per, rule) in RATE_METRICS.items():
+            if wanted[rule]:
+                # max by GPU first (duplicate series of one GPU must not add up), then the
+                # families added; a GPU missing one of them gets no rate (not evidence).
+                summed = " + ".join(f"max by ({by}) (rate({f}[{window}]))" for f in families)
+                out[f"last:{name}"] = (f"({summed}) * {per:g}", "vector")
         # Opt-in exporter family (occurrences per XID in its own sliding window): the last
         # value per XID, which the detector compares with the previous tick's.
         out["xid_count"] = (

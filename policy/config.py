@@ -192,6 +192,50 @@ class AppXidEscalation(_Strict):
         return self
 
 
+LINK_ACTIONS = (Action.ALERT, Action.DIAGNOSE, Action.RESET, Action.REBOOT, Action.QUARANTINE)
+"""What a link rule may ask for: heat and application actions do not fit a link fault."""
+
+
+class LinkPolicy(_Strict):
+    """PCIe replays and NVLink errors: link faults that raise no XID until they get worse.
+
+    Off by default: a few replays or CRC errors are normal on healthy links, a rate is only
+    known from two readings, and the NVLink error counters are not in dcgm-exporter's stock
+    counter file (add ``DCGM_FI_DEV_NVLINK_{CRC_FLIT,CRC_DATA,REPLAY,RECOVERY}_ERROR_COUNT_TOTAL``
+    to it). The thresholds are DCGM's own health-watch limits (dcgm's hardware limits header):
+    8 PCIe replays a minute, 100 NVLink CRC errors a second, any NVLink replay or recovery
+    error. The default action tells a human (a Warning Event and a metric): a reset does not
+    reseat a card or fix a cable.
+    """
+
+    pcie_replay_enabled: bool = Field(
+        default=False, description="Judge DCGM_FI_DEV_PCIE_REPLAY_COUNTER's rate.")
+    pcie_replays_per_minute: float = Field(
+        default=8.0, gt=0, description="PCIe replays per minute above which the link is bad.")
+    pcie_replay_action: Action = Field(
+        default=Action.ALERT, description="alert, diagnose, reset, reboot or quarantine.")
+    nvlink_enabled: bool = Field(
+        default=False, description="Judge the NVLink error counters' rates.")
+    nvlink_crc_errors_per_second: float = Field(
+        default=100.0, gt=0,
+        description="NVLink CRC (flow-control plus data) errors per second above which the "
+                    "GPU's links are bad.")
+    nvlink_errors_per_minute: float = Field(
+        default=0.0, ge=0,
+        description="NVLink replay plus recovery errors per minute above which the links are "
+                    "bad (0: any).")
+    nvlink_action: Action = Field(
+        default=Action.ALERT, description="alert, diagnose, reset, reboot or quarantine.")
+
+    @field_validator("pcie_replay_action", "nvlink_action")
+    @classmethod
+    def _link_action(cls, action: Action) -> Action:
+        if action not in LINK_ACTIONS:
+            raise ValueError(f"must be {', '.join(a.value for a in LINK_ACTIONS)}, "
+                             f"not {action.value!r}")
+        return action
+
+
 class PolicyConfig(_Strict):
     """The whole health policy. ``PolicyConfig()`` is the documented default policy."""
 
@@ -252,6 +296,10 @@ class PolicyConfig(_Strict):
     app_xid_escalation: AppXidEscalation = Field(
         default_factory=AppXidEscalation,
         description="Escalation of application XIDs that repeat on one GPU.",
+    )
+    links: LinkPolicy = Field(
+        default_factory=LinkPolicy,
+        description="PCIe replay and NVLink error rates (off by default).",
     )
 
     @field_validator("missing_gpu_action")

@@ -83,6 +83,20 @@ class GpuReading(BaseModel):
     """``DCGM_EXP_XID_ERRORS_COUNT`` (opt-in in dcgm-exporter): XID -> occurrences within the
     exporter's sliding window. Unlike the ``xid`` gauge it shows a repeat of the same XID.
     ``None``: the family is not exported; ``{}``: exported, no XID in the window."""
+    # Link counters as the exporter shows them (totals since the driver loaded). A total says
+    # nothing alone; the observer turns two readings into the rates below.
+    pcie_replay_total: float | None = None
+    nvlink_crc_flit_total: float | None = None
+    nvlink_crc_data_total: float | None = None
+    nvlink_replay_total: float | None = None
+    nvlink_recovery_total: float | None = None
+    pcie_replays_per_minute: float | None = None
+    """PCIe replays per minute between the previous reading and this one (or Prometheus's
+    ``rate()`` over its window); ``None`` without two readings or after a counter reset."""
+    nvlink_crc_errors_per_second: float | None = None
+    """NVLink flow-control plus data CRC errors per second, all links of the GPU."""
+    nvlink_errors_per_minute: float | None = None
+    """NVLink replay plus recovery errors per minute, all links of the GPU."""
 
 
 class NodeReadings(BaseModel):

@@ -32,6 +32,12 @@ SIG_ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 SIG_UNC_REMAPPED_ROWS = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
 SIG_CLOCK_EVENTS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
 SIG_RECOVERY_ACTION = "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"
+SIG_PCIE_REPLAY = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
+SIG_NVLINK_CRC = "DCGM_FI_DEV_NVLINK_CRC_ERROR_COUNT_TOTAL"
+"""Not an exporter family: the flow-control and data CRC families, summed."""
+SIG_NVLINK_ERRORS = "DCGM_FI_DEV_NVLINK_REPLAY_RECOVERY_ERROR_COUNT_TOTAL"
+"""Not an exporter family: the replay and recovery families, summed."""
+LINK_SIGNALS = frozenset({SIG_PCIE_REPLAY, SIG_NVLINK_CRC, SIG_NVLINK_ERRORS})
 
 SENTINEL_FLOOR = 9.2e18
 """Old exporters leaked DCGM's int64 "blank/not supported" sentinels (~9.22e18) as values."""
@@ -243,6 +249,8 @@ def _gpu_findings(
                     SIG_CLOCK_EVENTS, float(mask), f"clock-{name.replace('_', '-')}", Action.THERMAL
                 )
 
+    findings += _link_findings(gpu, config)
+
     code = usable(gpu.recovery_action)
     if config.follow_recovery_action and code is not None and code > 0:
         recovery = config.recovery_action(int(code))
@@ -257,6 +265,35 @@ def _gpu_findings(
             add(SIG_RECOVERY_ACTION, code, f"recovery-action-{recovery.slug}", recovery.action)
 
     return findings
+
+
+def _link_findings(gpu: GpuReading, config: PolicyConfig) -> list[Finding]:
+    """Link rates over their thresholds (policy.links); a rate is the observer's, from two
+    readings, so a single reading never judges a link."""
+    links = config.links
+    checks: list[tuple[bool, str, float | None, float, str, Action]] = [
+        (links.pcie_replay_enabled, SIG_PCIE_REPLAY, gpu.pcie_replays_per_minute,
+         links.pcie_replays_per_minute,
+         f"pcie-replays-over-{_fmt(links.pcie_replays_per_minute)}-per-minute",
+         links.pcie_replay_action),
+        (links.nvlink_enabled, SIG_NVLINK_CRC, gpu.nvlink_crc_errors_per_second,
+         links.nvlink_crc_errors_per_second,
+         f"nvlink-crc-errors-over-{_fmt(links.nvlink_crc_errors_per_second)}-per-second",
+         links.nvlink_action),
+        (links.nvlink_enabled, SIG_NVLINK_ERRORS, gpu.nvlink_errors_per_minute,
+         links.nvlink_errors_per_minute,
+         ("nvlink-replay-recovery-errors" if links.nvlink_errors_per_minute == 0 else
+          f"nvlink-replay-recovery-errors-over-{_fmt(links.nvlink_errors_per_minute)}"
+          "-per-minute"),
+         links.nvlink_action),
+    ]
+    out = []
+    for enabled, signal, raw, limit, rule, action in checks:
+        rate = usable(raw)
+        if enabled and rate is not None and rate > limit:
+            out.append(Finding(gpu=gpu.gpu, uuid=gpu.uuid, signal=signal, value=rate,
+                               rule=rule, action=action))
+    return out
 
 
 def _gpu_order(gpu: str) -> tuple[int, str]:

@@ -355,3 +355,19 @@ def test_parsers_agree_on_randomised_payloads() -> None:
         assert fast.bad_lines == ref.bad_lines == 0
         assert fast.samples == ref.samples
         assert fast.nodes == ref.nodes
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_link_counters_fill_their_totals_never_a_rate(parse: Callable[..., ParseResult]) -> None:
+    text = "\n".join([
+        f"DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{{h100(0, 'gpu-l')}}} 1234",
+        f"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{h100(0, 'gpu-l')}}} 5",
+        f"DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL{{{h100(0, 'gpu-l')}}} 6",
+        f"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL{{{h100(0, 'gpu-l')}}} 7",
+        f"DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL{{{h100(0, 'gpu-l')}}} 8",
+        # NVSwitch entities share family names: not a GPU.
+        'DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{nvswitch="0",Hostname="gpu-l"} 99', ""])
+    (g,) = by_node(parse(text))["gpu-l"]
+    assert (g.pcie_replay_total, g.nvlink_crc_flit_total, g.nvlink_crc_data_total,
+            g.nvlink_replay_total, g.nvlink_recovery_total) == (1234, 5, 6, 7, 8)
+    assert g.pcie_replays_per_minute is None, "one scrape is no rate"

@@ -3,16 +3,19 @@ per-node state metric, the error counter and last-observation time, and the node
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities import metrics
+from activities.counter_rates import CounterRates
 from activities.fleet import ExporterSettings, FleetActivities
 from activities.node_keys import A_WORKFLOW, STATE_LABEL
 from activities.notices import (
     APPLICATION_XID,
+    GPU_LINK_ERRORS,
     TELEMETRY_UNAVAILABLE,
     Notice,
     NoticeBook,
@@ -85,6 +88,31 @@ async def test_application_xid_gets_a_warning_event_once_per_new_xid(
     gpu_sim.client.inject_fault("gpu-node-03", 5, "xid", 31)
     await observe(fleet)
     assert len(cluster.events("gpu-node-03", APPLICATION_XID)) == 2
+
+
+async def test_pcie_replays_over_the_limit_get_a_warning_event_from_two_scrapes(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    """The simulated GPU replays 600 times a minute; the exporter shows a total, so the first
+    scrape judges nothing and the second (a second later here) measures the rate."""
+    fleet = FleetActivities(cluster.api, template(gpu_sim))
+    fleet.rates = CounterRates(min_interval=0.5)
+    policy = PolicyConfig.from_mapping({"links": {"pcie_replay_enabled": True}})
+    gpu_sim.client.inject_fault("gpu-node-02", 1, "pcie-replay", 600)
+    before = counter("gpu_remediate_link_error_findings_total", signal="pcie_replay")
+    env = ActivityEnvironment()
+    first = await env.run(fleet.observe_fleet, ObserveInput(policy=policy))
+    assert cluster.events("gpu-node-02", GPU_LINK_ERRORS) == []
+    await asyncio.sleep(1.5)
+    second = await env.run(fleet.observe_fleet, ObserveInput(policy=policy))
+    assert first.verdicts == second.verdicts == [], "an alert drains nothing"
+    (event,) = cluster.events("gpu-node-02", GPU_LINK_ERRORS)
+    assert event.type == "Warning" and "GPU 1: pcie-replays-over-8-per-minute" in event.message
+    assert counter("gpu_remediate_link_error_findings_total", signal="pcie_replay") == before + 1
+    # Off (the default), the same GPU is not judged at all.
+    await asyncio.sleep(1.0)
+    await observe(fleet)
+    assert len(cluster.events("gpu-node-02", GPU_LINK_ERRORS)) == 1
+    assert cluster.events("gpu-node-01", GPU_LINK_ERRORS) == []
 
 
 async def test_node_state_metric_has_one_series_per_node_and_forgets_deleted_nodes(

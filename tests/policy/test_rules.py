@@ -523,3 +523,49 @@ def test_fewer_gpus_than_declared_is_a_gpu_off_the_bus() -> None:
 def test_missing_gpu_action_cannot_be_a_reset() -> None:
     with pytest.raises(ValidationError, match="missing_gpu_action"):
         PolicyConfig(missing_gpu_action=Action.RESET)
+
+
+# --- link rates (policy.links): off by default, DCGM's health-watch limits when on -------------
+
+LINKS_ON = PolicyConfig.from_mapping({"links": {"pcie_replay_enabled": True,
+                                                "nvlink_enabled": True}})
+
+
+def test_link_rates_are_ignored_by_default() -> None:
+    bad = gpu(pcie_replays_per_minute=600.0, nvlink_crc_errors_per_second=1e4,
+              nvlink_errors_per_minute=50.0)
+    assert evaluate(bad).action == Action.NONE
+
+
+def test_link_rates_over_dcgms_limits_alert_when_on() -> None:
+    v = evaluate(gpu("0", pcie_replays_per_minute=9.0),
+                 gpu("1", nvlink_crc_errors_per_second=101.0),
+                 gpu("2", nvlink_errors_per_minute=0.5), config=LINKS_ON)
+    assert v.action == Action.ALERT, "a human looks: a reset does not reseat a card"
+    assert sorted((f.gpu, f.rule) for f in v.findings) == [
+        ("0", "pcie-replays-over-8-per-minute"),
+        ("1", "nvlink-crc-errors-over-100-per-second"),
+        ("2", "nvlink-replay-recovery-errors")]
+
+
+def test_link_rates_at_the_limit_or_unknown_are_not_evidence() -> None:
+    at_limit = gpu(pcie_replays_per_minute=8.0, nvlink_crc_errors_per_second=100.0,
+                   nvlink_errors_per_minute=0.0)
+    # Totals alone (a year-old node has replays) and sentinels say nothing.
+    totals_only = gpu("1", pcie_replay_total=1e6, nvlink_replay_total=1e3,
+                      pcie_replays_per_minute=SENTINEL)
+    assert evaluate(at_limit, totals_only, config=LINKS_ON).action == Action.NONE
+
+
+def test_link_actions_and_thresholds_are_configurable_and_checked() -> None:
+    config = PolicyConfig.from_mapping({"links": {
+        "pcie_replay_enabled": True, "pcie_replays_per_minute": 100,
+        "pcie_replay_action": "quarantine"}})
+    assert evaluate(gpu(pcie_replays_per_minute=50.0), config=config).action == Action.NONE
+    assert evaluate(gpu(pcie_replays_per_minute=150.0), config=config).action == \
+        Action.QUARANTINE
+    for bad, field in ((({"nvlink_action": "thermal"}), "links.nvlink_action"),
+                       ({"pcie_replays_per_minute": 0}, "links.pcie_replays_per_minute"),
+                       ({"nvlink_errors_per_minute": -1}, "links.nvlink_errors_per_minute")):
+        with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+            PolicyConfig.from_mapping({"links": bad})

@@ -34,6 +34,7 @@ NODES = [
     "spike",
     "down",
     "podnet-1",
+    "replays",
 ]
 """Nodes of the main simulator (``Hostname`` label); one or two per test."""
 LOWER_NODES = ["lower-1"]

@@ -172,6 +172,26 @@ async def test_row_remap_failure(stack: Stack) -> None:
     assert verdict.findings[0].rule == "row-remap-failure"
 
 
+async def test_pcie_replay_rate_comes_from_prometheus_rate(stack: Stack) -> None:
+    """The counter grows 600 a minute on GPU 1; the source asks Prometheus for the rate (only
+    while the rule is on), and the policy alerts on it, not on the total."""
+    node = "replays"
+    links = PolicyConfig.from_mapping({"links": {"pcie_replay_enabled": True}})
+    stack.sim.client.inject_fault(node, 1, "pcie-replay", 600)
+    off = await source(stack).read_detailed([node], thermal_hold=HOLD)
+    assert gpu(off, node, "1").pcie_replays_per_minute is None, "not queried while off"
+    result = await read_until(
+        source(stack, policy=links), [node],
+        lambda r: node in r.readings
+        and (gpu(r, node, "1").pcie_replays_per_minute or 0) > 300)
+    assert 300 < (gpu(result, node, "1").pcie_replays_per_minute or 0) < 1200
+    assert gpu(result, node, "0").pcie_replays_per_minute == 0.0
+    verdict = evaluate_node(result.readings[node], links)
+    assert verdict.action == Action.ALERT
+    assert [(f.gpu, f.rule) for f in verdict.findings] == [
+        ("1", "pcie-replays-over-8-per-minute")]
+
+
 async def test_temperature_held_for_the_hold_is_thermal(stack: Stack) -> None:
     node = "hot"
     stack.sim.client.inject_fault(node, 0, "gpu-temp", 95)
