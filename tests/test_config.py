@@ -30,6 +30,11 @@ def write(tmp_path: Path, text: str) -> Path:
     ("detector:\n  policy: {}\n", "detector.policy: set it at the top level"),
     ("- just\n- a list\n", "top level must be a mapping"),
     ("detector: [unclosed\n", "not valid YAML"),
+    # A key given twice: YAML would keep the second silently.
+    ("detector:\n  max_unavailable: 1\npolicy: {}\ndetector:\n  dry_run: true\n",
+     "key 'detector' is given twice (line 1 and line 4)"),
+    ("detector:\n  max_unavailable: 1\n  max_unavailable: 9\n",
+     "key 'max_unavailable' is given twice (line 2 and line 3)"),
 ])
 def test_bad_config_names_the_field(tmp_path: Path, text: str, field: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -188,3 +193,17 @@ def test_require_auth_refuses_to_connect_without_a_certificate_or_key(
     assert result.exit_code == 2, result.output
     assert "temporal.require_auth is set" in result.output
     assert "cannot reach" not in result.output
+
+
+def test_evaluate_refuses_a_policy_file_with_a_key_given_twice(tmp_path: Path) -> None:
+    from worker.evaluate import ConfigError as PolicyFileError
+    from worker.evaluate import load_policy_config
+
+    path = write(tmp_path, "xid_overrides: {13: none}\nxid_overrides: {31: none}\n")
+    with pytest.raises(PolicyFileError, match="given twice"):
+        load_policy_config(path)
+    same_line = write(tmp_path, "xid_overrides: {13: none, 13: reset}\n")
+    with pytest.raises(PolicyFileError, match="key 13 is given twice"):
+        load_policy_config(same_line)
+    ok = write(tmp_path, "xid_overrides: {13: none, 31: none}\n")
+    assert set(load_policy_config(ok).xid_overrides) == {13, 31}

@@ -31,6 +31,7 @@ from pydantic_settings import (
 from activities.job_templates import JobsConfig, TemplateRefused
 from policy.config import PolicyConfig
 from policy.fields import unknown_fields
+from worker.yamlfile import load_yaml
 from workflows.models import (
     TASK_QUEUE,
     DetectorSettings,
@@ -308,10 +309,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     if path is not None:
         source = str(path)
         try:
-            # libyaml's parser when present: the pure-Python one takes seconds to refuse a
-            # deeply nested file.
-            loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-            loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
+            loaded = load_yaml(path.read_text(encoding="utf-8")) or {}
         except OSError as err:
             raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
         except UnicodeDecodeError as err:

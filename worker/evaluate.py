@@ -39,6 +39,7 @@ from activities.exposition import (
 from policy.config import PolicyConfig
 from policy.models import GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_fleet
+from worker.yamlfile import load_yaml
 
 MAX_PAYLOAD_BYTES = FLEET_LIMITS.max_bytes
 """A fleet-wide federation payload is tens of MiB; more than this is not a metrics endpoint."""
@@ -74,7 +75,7 @@ def load_policy_config(path: Path) -> PolicyConfig:
     """Read the policy from a YAML file: a whole service config with a ``policy:`` key, or just
     the policy section."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
