@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sysconfig
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,8 +28,12 @@ def binary(name: str) -> str:
     return found
 
 
-@pytest_asyncio.fixture(scope="session")
+@pytest_asyncio.fixture(loop_scope="session")
 async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server of the test's own (it starts in a tenth of a second). Shared, one
+    test's leftovers stall the next: a task of a workflow whose worker stopped mid-task holds
+    the server's time-skipping lock, and a later test's four-hour timer then waits four real
+    hours (seen as a test run that hung at a random workflow test)."""
     env = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
         test_server_existing_path=binary("temporal-test-server"),
@@ -55,3 +59,17 @@ async def local_env() -> AsyncIterator[WorkflowEnvironment]:
     )
     yield env
     await env.shutdown()
+
+
+
+@pytest.fixture(autouse=True)
+def _the_state_machine_is_kept() -> Iterator[None]:
+    """The workflow tests' fake clusters record every state write that is not an edge of
+    workflows/transitions.py; any fails the test that made it."""
+    from tests.workflows import fakes
+
+    fakes.LIVE.clear()
+    yield
+    taken = [t for cluster in fakes.LIVE for t in cluster.illegal_transitions]
+    fakes.LIVE.clear()
+    assert not taken, f"state writes outside the state machine: {taken}"

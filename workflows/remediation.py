@@ -25,6 +25,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 with workflow.unsafe.imports_passed_through():
     from policy.models import SEVERITY, Action, Verdict
     from policy.rules import SIG_XID, gpu_key
+    from workflows import transitions
     from workflows.commands import abort_requester, checked_command
     from workflows.models import (
         DETECTOR_WORKFLOW_ID,
@@ -1266,6 +1267,15 @@ class RemediationWorkflow:
 
     def _set(self, state: NodeState, step: str) -> None:
         now = workflow.now()
+        if not transitions.allowed(self.view.state, state):
+            # A bug, not a reason to stop a remediation half-way: told and counted.
+            workflow.logger.warning("state %s -> %s (step %s) is not an edge of the state "
+                                    "machine (workflows/transitions.py)", self.view.state.value,
+                                    state.value, step)
+            workflow.metric_meter().create_counter(
+                "gpu_remediate_illegal_transitions",
+                "State changes outside the state machine's table.").add(
+                1, {"from": self.view.state.value, "to": state.value})
         if state != self.view.state:
             self.view.since = now
             workflow.upsert_search_attributes([REMEDIATION_STATE.value_set(state.value)])

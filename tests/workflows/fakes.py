@@ -28,6 +28,7 @@ from activities.visibility import (
     RunningRemediationsInput,
 )
 from policy.models import Action, Finding, Verdict
+from workflows import transitions
 from workflows.models import (
     OUT_OF_SERVICE_STATES,
     AdmissionReport,
@@ -100,6 +101,10 @@ class FakeNode:
     gpu_broken: bool = False
 
 
+LIVE: list[FakeCluster] = []
+"""The fake clusters of the running test (tests/conftest.py checks their state writes)."""
+
+
 @dataclass
 class FakeCluster:
     nodes: dict[str, FakeNode] = field(default_factory=dict)
@@ -124,6 +129,9 @@ class FakeCluster:
     # sampled at every observe_fleet call and after every node mutation.
     oos_samples: list[tuple[int, int]] = field(default_factory=list)
     claimed: list[str] = field(default_factory=list)
+    # State writes that are not edges of the state machine (workflows/transitions.py): every
+    # test with a fake worker fails on one (see worker_for).
+    illegal_transitions: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)
     # What read_node_health reports after validation, consumed in order (last repeats).
     health: list[NodeHealth] = field(default_factory=list)
@@ -151,6 +159,15 @@ class FakeCluster:
             return max((o + (c if cordoned_counts else 0) for o, c in self.oos_samples),
                        default=0)
 
+    def __post_init__(self) -> None:
+        LIVE.append(self)
+
+    def transition(self, node: str, old: NodeState, new: NodeState) -> None:
+        """Record a state write outside the state machine (the real activities only count
+        them; here it fails the test)."""
+        if not transitions.allowed(old, new):
+            self.illegal_transitions.append(f"{node}: {old.value} -> {new.value}")
+
     def release_gates(self) -> None:
         for gate in [*self.job_gates.values(), *self.claim_gates.values()]:
             gate.set()
@@ -175,6 +192,7 @@ class FakeCluster:
                     cluster.mutations.append(f"claim {inp.node}")
                     n.pre_cordoned = pre
                     n.cordoned = n.tainted = True
+                    cluster.transition(inp.node, n.state, inp.state)
                     n.state = inp.state
                     n.states_seen.append(inp.state.value)
                     cluster.claimed.append(inp.node)
@@ -189,6 +207,7 @@ class FakeCluster:
                 if not inp.dry_run:
                     cluster.mutations.append(f"state {inp.node} {inp.state.value}")
                     n = cluster.node(inp.node)
+                    cluster.transition(inp.node, n.state, inp.state)
                     n.state = inp.state
                     n.states_seen.append(inp.state.value)
                     cluster._sample()
@@ -207,6 +226,7 @@ class FakeCluster:
                              or h.started != inp.history.started] + [inp.history]
                 n.acked.update(inp.acknowledged_xids)
                 if inp.outcome == "quarantined":
+                    cluster.transition(inp.node, n.state, NodeState.QUARANTINED)
                     n.state = NodeState.QUARANTINED
                 else:
                     n.state = NodeState.HEALTHY
