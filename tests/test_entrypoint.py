@@ -29,3 +29,36 @@ def test_a_usage_error_keeps_click_status() -> None:
     result = run("no-such-command")
     assert result.returncode == 2
     assert "No such command" in result.stderr
+
+
+PROBE = """
+import sys
+sys.argv = ["gpu-remediate", *sys.argv[1:]]
+from worker.cli import app
+try:
+    app()
+except SystemExit:
+    pass
+loaded = sorted(m for m in sys.modules if m == "sim" or m.startswith("sim."))
+print("SIM-MODULES", loaded, file=sys.stderr)
+"""
+
+
+def sim_modules(*args: str) -> str:
+    result = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True,
+                            text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return result.stderr.rsplit("SIM-MODULES", 1)[-1].strip()
+
+
+def test_no_command_but_sim_loads_a_simulator() -> None:
+    assert sim_modules("--help") == "[]"
+    assert sim_modules("version") == "[]"
+    loaded = sim_modules("sim", "gpu", "--help")
+    assert "'sim.gpu.cli'" in loaded, "the sim command still mounts the simulators"
+
+
+def test_sim_help_and_its_commands_still_answer() -> None:
+    result = run("sim", "--help")
+    assert result.returncode == 0 and "cluster" in result.stdout and "node" in result.stdout
+    result = run("sim", "gpu", "no-such-command")
+    assert result.returncode == 2 and "No such command" in result.stderr

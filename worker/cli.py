@@ -23,9 +23,6 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 
 from policy.models import Action
-from sim.cluster.cli import cluster_app
-from sim.cluster.node_cli import node_app
-from sim.gpu.cli import gpu_app
 from worker import operator as ops
 from worker.config import ConfigError, Settings, TemporalConfig, load_settings
 from worker.logs import configure_logging
@@ -50,13 +47,17 @@ app = typer.Typer(
 )
 detector_app = typer.Typer(help="Start, stop, pause and inspect the detector.",
                            no_args_is_help=True)
-sim_app = typer.Typer(help="Simulators for laptops and tests: a GPU fleet and a cluster.",
-                      no_args_is_help=True)
-sim_app.add_typer(gpu_app, name="gpu")
-sim_app.add_typer(cluster_app, name="cluster")
-sim_app.add_typer(node_app, name="node")
 app.add_typer(detector_app, name="detector")
-app.add_typer(sim_app, name="sim")
+
+
+@app.command("sim", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sim(ctx: typer.Context) -> None:
+    """Simulators for laptops and tests: a GPU fleet and a cluster (`sim --help`)."""
+    # Loaded here, not at import: no other command (and not the worker) loads a simulator.
+    from sim.cli import sim_app
+
+    typer.main.get_command(sim_app).main(args=list(ctx.args), prog_name="gpu-remediate sim")
 
 # No markup or emoji codes in what is printed: node names, reasons, errors and exporter
 # labels are text from operators and nodes ("[/x]" made every plan and status crash). Styles

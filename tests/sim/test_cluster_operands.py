@@ -2,7 +2,7 @@
 DaemonSets switched per node by `nvidia.com/gpu.deploy.*` labels, operands holding the
 GPUs so `nvidia-smi -r` refuses, the device plugin driving allocatable and keeping an
 XID'd GPU unhealthy until it restarts, dcgmi needing a host engine, and pods/log.
-Simulator only (docs/simulators-cluster.md, reference/real-nodes.md)."""
+Simulator only (docs/simulators-cluster.md)."""
 
 from __future__ import annotations
 
