@@ -834,31 +834,25 @@ class FleetActivities:
         each node that waits (rate-limited: once per node and reason, again after
         ``NOTICE_REPEAT``), as the original tool did for a node waiting for the budget."""
         report_admission(report)
-        await self._breaker_notices(report)
+        # CircuitBreakerOpen on each node that tripped the breaker, once per trip: forgotten
+        # when it closes, so the next trip is told again.
+        await self._tell(CIRCUIT_BREAKER_OPEN, breaker_notices(
+            report.breaker_nodes if report.breaker_open else [], report.breaker_reason))
         try:
             waiting = await self._waiting_nodes(report)
-            notices = deferred_notices(waiting)
-            self.notices.settle(REMEDIATION_DEFERRED, [n.node for n in notices],
-                                self.notices.nodes(REMEDIATION_DEFERRED))
-            sent = await send_notices(self.core, self.notices, notices, time.time())
         except Exception as err:  # an Event is never worth failing the report
-            log.warning("could not record RemediationDeferred Events: %s", err)
+            log.warning("could not read the waiting nodes for RemediationDeferred: %s", err)
             return
-        for n in sent:
-            metrics.NODE_EVENTS.labels(n.reason).inc()
+        await self._tell(REMEDIATION_DEFERRED, deferred_notices(waiting))
 
-    async def _breaker_notices(self, report: AdmissionReport) -> None:
-        """A ``CircuitBreakerOpen`` Warning Event on each node that tripped the breaker (once
-        per node and trip, again after ``NOTICE_REPEAT``); forgotten when it closes, so the
-        next trip is told again."""
-        notices = [] if not report.breaker_open else breaker_notices(
-            report.breaker_nodes, report.breaker_reason)
-        self.notices.settle(CIRCUIT_BREAKER_OPEN, [n.node for n in notices],
-                            self.notices.nodes(CIRCUIT_BREAKER_OPEN))
+    async def _tell(self, reason: str, notices: list[Notice]) -> None:
+        """Announce the report's notices of one ``reason``; a node that no longer has it is
+        forgotten, so its return is news. Errors are logged, never raised."""
+        self.notices.settle(reason, [n.node for n in notices], self.notices.nodes(reason))
         try:
             sent = await send_notices(self.core, self.notices, notices, time.time())
         except Exception as err:  # an Event is never worth failing the report
-            log.warning("could not record CircuitBreakerOpen Events: %s", err)
+            log.warning("could not record %s Events: %s", reason, err)
             return
         for n in sent:
             metrics.NODE_EVENTS.labels(n.reason).inc()

@@ -1,16 +1,16 @@
 """What the simulated validation and reset containers print, modelled on the real tools.
 
-`dcgmi` is a client of `nv-hostengine` (reference/real-nodes.md "Validation"): in a pod
-with its own network namespace and the image's entrypoint overridden there is no host
-engine unless the command starts one (embedded) before dcgmi runs, or points dcgmi at one
-with `--host`. Without one, dcgmi prints its two connection errors and fails. With one,
-`dcgmi diag -r N -j` prints the DCGM 4.x JSON report: level 1 the Deployment category,
+`dcgmi` is a client of `nv-hostengine`: in a pod with its own network namespace and the
+image's entrypoint overridden there is no host engine unless the command starts one
+(embedded) before dcgmi runs, or points dcgmi at one with `--host`. Without one, dcgmi
+prints its two connection errors and fails. With one, `dcgmi diag -r N -j` prints the DCGM
+4.x JSON report: level 1 the Deployment category,
 level 2 adds Hardware (memory) and Integration (pcie), level 3 and up add Stress
 (targeted_stress, targeted_power, memory_bandwidth, diagnostic). A GPU the GPU simulator
 reports unhealthy fails the test that would catch its problem.
 
-`nvidia-smi -r` refuses while any other process holds the GPU (reference/real-nodes.md
-"GPU reset"); `reset_in_use` is its message, naming the pods that hold the GPUs.
+`nvidia-smi -r` refuses while any other process holds the GPU; `reset_in_use` is its message,
+naming the pods that hold the GPUs.
 """
 
 from __future__ import annotations

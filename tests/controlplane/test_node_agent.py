@@ -19,7 +19,6 @@ import pytest
 from kubernetes import client, config
 
 from sim.cluster.machines import NodeTiming
-from sim.cluster.testkit import wait_for
 from sim.cluster.threaded import ThreadedClusterSim
 from sim.scenario import Scenario
 from tests.controlplane.node_agent import (
@@ -29,6 +28,7 @@ from tests.controlplane.node_agent import (
     scenario_nodes,
     seed,
 )
+from tests.sim.testkit import wait_for
 
 SCENARIO = Scenario.model_validate({
     "name": "agent-test",

@@ -19,7 +19,8 @@ repo=$(cd "$here/../.." && pwd)
 stamp="$here/VERIFIED"
 cd "$repo"
 
-INPUTS=(tests/controlplane sim/cluster tests/sim/test_cluster_api.py tests/sim/test_cluster_tables.py
+INPUTS=(tests/controlplane sim/cluster tests/sim/testkit.py tests/sim/test_cluster_api.py
+        tests/sim/test_cluster_tables.py
         tests/sim/test_cluster_eviction.py activities deploy/base/rbac.yaml)
 
 inputs_hash() {

@@ -1,7 +1,7 @@
 """Contract tests for the Kubernetes API semantics the product relies on.
 
 Run against the simulator by default, or against a real cluster when
-GPU_REMEDIATE_CONTRACT_KUBECONFIG is set (see sim/cluster/testkit.py).
+GPU_REMEDIATE_CONTRACT_KUBECONFIG is set (see tests/sim/testkit.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config, watch
 
-from sim.cluster.testkit import Contract, real_cluster
+from tests.sim.testkit import Contract, real_cluster
 
 sim_only = pytest.mark.skipif(bool(real_cluster()), reason="needs the simulator")
 

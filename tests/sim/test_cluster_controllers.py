@@ -16,8 +16,8 @@ import urllib3
 from aiohttp import web
 from kubernetes import client
 
-from sim.cluster.testkit import Contract, real_cluster, wait_for
 from sim.scenario import Scenario
+from tests.sim.testkit import Contract, real_cluster, wait_for
 
 pytestmark = pytest.mark.skipif(bool(real_cluster()), reason="needs the simulator")
 

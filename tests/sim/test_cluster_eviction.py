@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from sim.cluster.testkit import Contract, real_cluster, wait_for
+from tests.sim.testkit import Contract, real_cluster, wait_for
 
 sim_only = pytest.mark.skipif(bool(real_cluster()), reason="needs the simulator's controllers")
 

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from sim.cluster.kubelet import SHUTDOWN_MESSAGE, UNKNOWN_MESSAGE
 from sim.cluster.machines import NodeTiming
 from sim.cluster.node_cli import node_app
-from sim.cluster.testkit import Contract, real_cluster, wait_for
 from sim.scenario import Scenario
+from tests.sim.testkit import Contract, real_cluster, wait_for
 
 pytestmark = pytest.mark.skipif(bool(real_cluster()), reason="needs the simulator")
 

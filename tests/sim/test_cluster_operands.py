@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 
 from sim.cluster.cli import cluster_app
 from sim.cluster.machines import NodeTiming
-from sim.cluster.testkit import Contract, real_cluster, wait_for
 from sim.gpu.server import RunningSimulator, start_gpu_simulator
 from sim.scenario import Scenario
+from tests.sim.testkit import Contract, real_cluster, wait_for
 
 pytestmark = pytest.mark.skipif(bool(real_cluster()), reason="needs the simulator")
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sim.cluster.tables import age, wants_table
-from sim.cluster.testkit import Contract
+from tests.sim.testkit import Contract
 
 KUBECTL_ACCEPT = ("application/json;as=Table;v=v1;g=meta.k8s.io,"
                   "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json")
