@@ -24,6 +24,7 @@ from activities import metrics
 from activities.events import record_node_event
 from activities.gpus import pod_gpu_request
 from activities.kube import REQUEST_TIMEOUT, raise_typed, status_message
+from workflows import errors
 from workflows.models import DrainInput, DrainResult
 
 log = logging.getLogger(__name__)
@@ -135,12 +136,12 @@ class DrainActivities:
         except ApiException as err:
             if err.status == 404:
                 raise ApplicationError(f"node {node} is gone (deleted while it was drained)",
-                                       type="NodeGone", non_retryable=True) from err
+                                       type=errors.NODE_GONE, non_retryable=True) from err
             raise_typed(err, f"read node {node}")
         if uid and obj.metadata and obj.metadata.uid != uid:
             raise ApplicationError(f"node {node} was replaced: uid {uid} at claim, now "
                                    f"{obj.metadata.uid}; its pods are not ours to evict",
-                                   type="NodeGone", non_retryable=True)
+                                   type=errors.NODE_GONE, non_retryable=True)
         for cond in (obj.status.conditions or []) if obj.status else []:
             if cond.type == "Ready":
                 return bool(cond.status == "True")

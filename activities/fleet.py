@@ -83,6 +83,7 @@ from policy.rules import (
     gpu_key,
     is_thermal_recovered,
 )
+from workflows import errors as error_types
 from workflows.models import (
     AdmissionReport,
     DetectorView,
@@ -681,8 +682,8 @@ class FleetActivities:
         node = GpuNode(req.node, _state(labels.get(STATE_LABEL), _tainted(n))[0],
                        _our_workflow(req.node, ann), {}, labels)
         if node.state == NodeState.HEALTHY or req.node not in await self.find_orphans([node]):
-            raise ApplicationError(f"{req.node} is not an orphan any more", type="NotOrphan",
-                                   non_retryable=True)
+            raise ApplicationError(f"{req.node} is not an orphan any more",
+                                   type=error_types.NOT_ORPHAN, non_retryable=True)
         now = datetime.now(UTC)
         # Node-written: a naive or absurd time must not keep the release from finishing.
         started = node_annotations.parse_timestamp(A_SINCE, ann.get(A_SINCE), now=now).value or now
@@ -824,7 +825,7 @@ class FleetActivities:
         else:
             state, why = "hot", health.verdict.summary
         if state == inp.now:
-            raise ApplicationError(f"still {state}: {why}", type="ThermalUnchanged",
+            raise ApplicationError(f"still {state}: {why}", type=error_types.THERMAL_UNCHANGED,
                                    category=ApplicationErrorCategory.BENIGN)
         return ThermalCheckResult(outcome="cool" if state == "cool" else "hot", message=why)
 

@@ -20,6 +20,7 @@ from activities.job_templates import JobsConfig, JobTemplate, TemplateRefused
 from activities.kube import REQUEST_TIMEOUT, raise_typed, status_message
 from activities.node_keys import A_RUN, JOB_LABEL, NODE_LABEL, label_value
 from policy.diag import DiagReport, DiagUnparseable, parse_dcgmi_json
+from workflows import errors
 from workflows.models import NodeJobInput, NodeJobResult
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class JobActivities:
         except TemplateRefused as err:
             metrics.JOBS.labels(inp.kind, "refused").inc()
             log.warning("refused %s Job for %s: %s", inp.kind, inp.node, err)
-            raise ApplicationError(str(err), type="JobTemplateRefused",
+            raise ApplicationError(str(err), type=errors.JOB_TEMPLATE_REFUSED,
                                    non_retryable=True) from err
 
     def _ensure(self, inp: NodeJobInput) -> None:
@@ -140,7 +141,7 @@ class JobActivities:
             raise ApplicationError(
                 f"Job {self.namespace}/{inp.name} already exists and belongs to run {owner}, "
                 f"not this one ({run_id}); delete it or release the node by hand",
-                type="JobConflict", non_retryable=True)
+                type=errors.JOB_CONFLICT, non_retryable=True)
 
     def _failure_message(self, inp: NodeJobInput, job: Any) -> str:
         cond = _condition(job, "Failed")
@@ -201,7 +202,7 @@ class JobActivities:
                 # attempt failed before its create): create it again under its own name.
                 self._ensure(inp)
                 raise ApplicationError(f"{inp.kind} Job {inp.name} (re)created",
-                                       type="JobRunning",
+                                       type=errors.JOB_RUNNING,
                                        category=ApplicationErrorCategory.BENIGN) from err
             raise_typed(err, f"read job {self.namespace}/{inp.name}")
         done = self._result(inp, job)
@@ -209,7 +210,7 @@ class JobActivities:
             return done
         active = getattr(job.status, "active", None) or 0
         raise ApplicationError(f"{inp.kind} Job {inp.name} running ({active} pod(s) active)",
-                               type="JobRunning", category=ApplicationErrorCategory.BENIGN)
+                               type=errors.JOB_RUNNING, category=ApplicationErrorCategory.BENIGN)
 
     def _planned(self, inp: NodeJobInput) -> NodeJobResult:
         t = self._template(inp)

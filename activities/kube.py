@@ -1,5 +1,4 @@
 """The Kubernetes client: one ApiClient per worker process, bounded calls, typed errors."""
-
 from __future__ import annotations
 
 import json
@@ -9,6 +8,8 @@ from typing import Any, NoReturn
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from temporalio.exceptions import ApplicationError
+
+from workflows import errors
 
 # (connect, read) seconds for every call: a hung API server must not hang an activity
 # past its heartbeat timeout.
@@ -47,17 +48,20 @@ def status_message(err: ApiException) -> str:
         return str(err.reason or err.status)
 
 
-def raise_typed(err: ApiException, what: str) -> NoReturn:
-    """Map an ApiException to an ApplicationError Temporal can reason about."""
+def raise_typed(err: ApiException, what: str, *, node_itself: bool = False) -> NoReturn:
+    """Map an ApiException to an ApplicationError Temporal can reason about (workflows/errors.py).
+    ``node_itself``: the request was for the remediated Node object, so a 404 means the node is
+    gone (``NodeGone``), not that some object is missing."""
     msg = f"{what}: {err.status} {status_message(err)}"
     if err.status == 404:
-        raise ApplicationError(msg, type="NotFound", non_retryable=True) from err
+        raise ApplicationError(msg, type=errors.NODE_GONE if node_itself else errors.NOT_FOUND,
+                               non_retryable=True) from err
     if err.status in (401, 403):
         # Missing RBAC does not fix itself by retrying fast; retry slowly so a fixed
         # ClusterRole resumes the remediation without operator action.
-        raise ApplicationError(msg, type="Forbidden") from err
+        raise ApplicationError(msg, type=errors.FORBIDDEN) from err
     if err.status == 422 or err.status == 400:
-        raise ApplicationError(msg, type="Invalid", non_retryable=True) from err
+        raise ApplicationError(msg, type=errors.INVALID, non_retryable=True) from err
     raise ApplicationError(msg, type=f"Http{err.status}") from err
 
 

@@ -28,9 +28,9 @@ from activities.fleet import FleetActivities, GpuNode
 from activities.gpus import GPU_RESOURCE, pod_gpu_request, quantity
 from activities.kube import REQUEST_TIMEOUT, raise_typed
 from activities.node_keys import JOB_LABEL
+from workflows import errors
 from workflows.models import GpusFree, GpusFreeInput, NodeState, ReturnInput, ReturnResult
 
-NODE_GONE = "NodeGone"
 NODE_NOT_BACK = "NodeNotBack"
 GPUS_NOT_FREE = "GpusNotFree"
 
@@ -117,7 +117,7 @@ class NodeReturnActivities:
             if err.status == 404:
                 raise ApplicationError(
                     f"node {name} is gone (deleted while it was rebooting)",
-                    type=NODE_GONE, non_retryable=True) from err
+                    type=errors.NODE_GONE, non_retryable=True) from err
             raise_typed(err, f"read node {name}")
         data: dict[str, Any] = json.loads(resp.data)  # type: ignore[attr-defined]
         return data
@@ -156,7 +156,7 @@ class NodeReturnActivities:
         if inp.uid and uid != inp.uid:
             raise ApplicationError(
                 f"node {inp.node} was replaced: uid {inp.uid} at claim, now {uid}",
-                type=NODE_GONE, non_retryable=True)
+                type=errors.NODE_GONE, non_retryable=True)
         gpus = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE))
         missing = []
         if gpus < inp.expected_gpus:
@@ -184,14 +184,14 @@ class NodeReturnActivities:
             raise ApplicationError(
                 f"node {inp.node} was replaced: uid {inp.uid} at claim, now {uid} (a new "
                 "machine under the same name, with none of our labels, taints or history)",
-                type=NODE_GONE, non_retryable=True)
+                type=errors.NODE_GONE, non_retryable=True)
         missing, result = missing_for_return(node, inp)
         if not missing and inp.check_exporter:
-            readings, errors = await self.fleet.read_many(
+            readings, unread = await self.fleet.read_many(
                 [inp.node], [GpuNode(inp.node, NodeState.HEALTHY, "", {}, {})])
             if inp.node not in readings:
                 missing.append("exporter not answering: "
-                               + errors.get(inp.node, "no readings for the node"))
+                               + unread.get(inp.node, "no readings for the node"))
         if missing:
             # "Not yet", polled by retry: benign, so each look logs no error and counts in
             # no failure metric (the workflow's schedule-to-close is the real limit).

@@ -47,6 +47,7 @@ from activities.node_keys import (
     TAINT_KEY,
 )
 from activities.xid_sightings import clear_sightings, dump_tracks, parse_tracks
+from workflows import errors
 from workflows.models import (
     ClaimInput,
     ClaimResult,
@@ -128,13 +129,13 @@ class NodeActivities:
             try:
                 node = self.core.read_node(name, _request_timeout=REQUEST_TIMEOUT)
             except ApiException as err:
-                raise_typed(err, f"read node {name}")
+                raise_typed(err, f"read node {name}", node_itself=True)
             if uid and node.metadata and node.metadata.uid != uid:
                 # The same name, another machine (re-provisioned, an autoscaler reusing the
                 # name): nothing of ours is on it and nothing of ours is written to it.
                 raise ApplicationError(
                     f"node {name} was replaced: uid {uid} at claim, now {node.metadata.uid}",
-                    type="NodeGone", non_retryable=True)
+                    type=errors.NODE_GONE, non_retryable=True)
             body = build(node)
             if body is None:
                 return node
@@ -147,8 +148,8 @@ class NodeActivities:
             except ApiException as err:
                 if err.status == 409:
                     continue
-                raise_typed(err, f"patch node {name}")
-        raise ApplicationError(f"node {name} kept changing under us", type="Conflict")
+                raise_typed(err, f"patch node {name}", node_itself=True)
+        raise ApplicationError(f"node {name} kept changing under us", type=errors.CONFLICT)
 
     @activity.defn
     def claim_node(self, inp: ClaimInput) -> ClaimResult:

@@ -36,6 +36,7 @@ from activities.events import record_node_event
 from activities.gpus import GPU_RESOURCE
 from activities.kube import REQUEST_TIMEOUT, raise_typed
 from activities.node_keys import PREFIX, TAINT_KEY
+from workflows import errors
 from workflows.operands import (
     DEPLOY_LABEL_PREFIX,
     DEVICE_PLUGIN,
@@ -57,10 +58,8 @@ log = logging.getLogger(__name__)
 # the restore. Node-writable like every annotation: read strictly (see parse_record).
 A_OPERANDS_PAUSED = f"{PREFIX}/operands-paused"
 
-NODE_GONE = "NodeGone"
 OPERANDS_RUNNING = "OperandsRunning"
 OPERANDS_NOT_READY = "OperandsNotReady"
-CONFLICT = "Conflict"
 
 REASON_PAUSED = "GpuOperandsPaused"
 REASON_RESTORED = "GpuOperandsRestored"
@@ -223,7 +222,7 @@ class OperandActivities:
                                        _request_timeout=REQUEST_TIMEOUT)
         except ApiException as err:
             if err.status == 404:
-                raise ApplicationError(f"node {name} is gone", type=NODE_GONE,
+                raise ApplicationError(f"node {name} is gone", type=errors.NODE_GONE,
                                        non_retryable=True) from err
             raise_typed(err, f"read node {name}")
         data: dict[str, Any] = json.loads(resp.data)  # type: ignore[attr-defined]
@@ -266,10 +265,10 @@ class OperandActivities:
                 if err.status == 409:
                     continue
                 if err.status == 404:
-                    raise ApplicationError(f"node {name} is gone", type=NODE_GONE,
+                    raise ApplicationError(f"node {name} is gone", type=errors.NODE_GONE,
                                            non_retryable=True) from err
                 raise_typed(err, f"patch node {name}")
-        raise ApplicationError(f"node {name} kept changing under us", type=CONFLICT)
+        raise ApplicationError(f"node {name} kept changing under us", type=errors.CONFLICT)
 
     # -------------------------------------------------------------- pause
 
@@ -470,7 +469,7 @@ class OperandActivities:
         uid = str(_meta(node).get("uid") or "")
         if inp.uid and uid != inp.uid:
             raise ApplicationError(f"node {inp.node} was replaced: uid {inp.uid} at claim, "
-                                   f"now {uid}", type=NODE_GONE, non_retryable=True)
+                                   f"now {uid}", type=errors.NODE_GONE, non_retryable=True)
         gpus = quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE))
         if gpus >= inp.expected_gpus:
             return DevicePluginRestart(evicted=[], allocatable_gpus=gpus, message=(

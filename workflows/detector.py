@@ -33,6 +33,7 @@ from temporalio.exceptions import (
 
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action, Verdict
+    from workflows import errors
     from workflows.admission import Admission
     from workflows.commands import checked_command
     from workflows.models import (
@@ -128,7 +129,7 @@ class DetectorWorkflow:
     @pause.validator
     def _check_pause(self, cmd: OperatorCommand) -> None:
         if self.state.paused:
-            raise ApplicationError(f"already paused ({self.state.paused_by})", type="Rejected")
+            raise ApplicationError(f"already paused ({self.state.paused_by})", type=errors.REJECTED)
 
     @workflow.update(description="Resume admissions and close a tripped circuit breaker. "
                                  "Payload: {\"operator\": ..., \"reason\": ...}.")
@@ -151,7 +152,7 @@ class DetectorWorkflow:
     def _check_resume(self, cmd: OperatorCommand) -> None:
         if not self.state.paused and not self.state.breaker_open:
             raise ApplicationError("not paused and the breaker is closed: nothing to resume",
-                                   type="Rejected")
+                                   type=errors.REJECTED)
 
     # pause and resume are also signals (the UI's "Send a Signal", automation), checked by
     # the same validators; a rejected or unknown signal is kept in the view and the log.
@@ -213,14 +214,14 @@ class DetectorWorkflow:
         if req.action not in NODE_ACTIONS:
             raise ApplicationError(
                 f"action {req.action.value} is not a node action; use one of "
-                f"{', '.join(a.value for a in NODE_ACTIONS)}", type="Rejected")
+                f"{', '.join(a.value for a in NODE_ACTIONS)}", type=errors.REJECTED)
         if any(m.node == req.node for m in self.state.manual):
-            raise ApplicationError(f"{req.node} is already queued", type="Rejected")
+            raise ApplicationError(f"{req.node} is already queued", type=errors.REJECTED)
         # Every slot holder (in_flight) is also in busy, which adds quarantined nodes.
         if req.node in self.busy:
             raise ApplicationError(f"{req.node} is already in remediation "
                                    f"({self.busy[req.node]})",
-                                   type="Rejected")
+                                   type=errors.REJECTED)
 
     @workflow.update(description="Release a node left in remediation by a workflow that is "
                                  "gone (terminated): remove our label and taint, uncordon if "
@@ -229,7 +230,7 @@ class DetectorWorkflow:
         await workflow.execute_activity(
             "release_orphan", req, start_to_close_timeout=timedelta(minutes=2),
             retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=[
-                "NotFound", "NotOrphan"]),
+                errors.NOT_FOUND, errors.NOT_ORPHAN]),
             summary=f"release orphan {req.node}")
         self.orphans = [n for n in self.orphans if n != req.node]
         self.wake = True
@@ -241,7 +242,7 @@ class DetectorWorkflow:
             raise ApplicationError(
                 f"{req.node} is not an orphan (orphans: {', '.join(self.orphans) or 'none'}); "
                 "a running remediation is released with `gpu-remediate release` or `abort`",
-                type="Rejected")
+                type=errors.REJECTED)
 
     @workflow.update(description="Replace the detector's settings (budget, interval, dry-run, "
                                  "policy, remediation) from the next tick on.")

@@ -25,7 +25,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 with workflow.unsafe.imports_passed_through():
     from policy.models import SEVERITY, Action, Verdict
     from policy.rules import SIG_XID, gpu_key
-    from workflows import transitions
+    from workflows import errors, transitions
     from workflows.commands import abort_requester, checked_command
     from workflows.models import (
         DETECTOR_WORKFLOW_ID,
@@ -75,7 +75,7 @@ with workflow.unsafe.imports_passed_through():
 NODE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=["NotFound", "Invalid"],
+    non_retryable_error_types=[errors.NOT_FOUND, errors.INVALID],
 )
 NODE_CALL = timedelta(minutes=2)
 # A heat cordon waiting for a drain slot asks the detector again this often.
@@ -83,20 +83,20 @@ SLOT_ASK_AGAIN = timedelta(minutes=2)
 # What an abort reads before giving the node back: a few quick tries, never a wait.
 ABORT_READ_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
                                maximum_interval=timedelta(seconds=2), maximum_attempts=3,
-                               non_retryable_error_types=["NotFound", "Invalid"])
+                               non_retryable_error_types=[errors.NOT_FOUND, errors.INVALID])
 # A drain round that keeps failing (not "blocked": failing) ends after this many tries,
 # in quarantine with the cause, instead of retrying for ever.
 DRAIN_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=40,
-    non_retryable_error_types=["NotFound", "Invalid", "NodeGone"],
+    non_retryable_error_types=[errors.NOT_FOUND, errors.INVALID, errors.NODE_GONE],
 )
 # Polling by retry: an activity that raises "not yet" every few seconds until the node
 # shows what we wait for (or the schedule-to-close timeout ends the wait).
 # Waits on the node (back from a reboot, operands gone or back, GPUs free) are one-look
 # activities retried every ``remediation.node_poll_interval`` (see _poll_retry).
-POLL_NOT_RETRIED = ["NodeGone", "Invalid", "NotFound"]
+POLL_NOT_RETRIED = [errors.NODE_GONE, errors.INVALID, errors.NOT_FOUND]
 TRANSITIONS_KEPT = 50
 PLAN_KEPT = 100
 REJECTIONS_KEPT = 20
@@ -213,7 +213,7 @@ class RemediationWorkflow:
         if self.decision is not None:
             who = self.decided_by.operator if self.decided_by else "the approval timeout"
             raise ApplicationError(f"{self.inp.node} was already {self.decision}d by {who}",
-                                   type="Rejected")
+                                   type=errors.REJECTED)
 
     @workflow.update(description="Quarantine the node now: it stays cordoned until released. "
                                  "Payload: {\"operator\": ..., \"reason\": ...}.")
@@ -225,12 +225,13 @@ class RemediationWorkflow:
         if self.view.step in ("healthy", "released", "aborted"):
             raise ApplicationError(
                 f"{self.inp.node} is being returned ({self.view.step}); quarantine it with "
-                "`gpu-remediate remediate --action quarantine` instead", type="Rejected")
+                "`gpu-remediate remediate --action quarantine` instead", type=errors.REJECTED)
         if self.view.state == NodeState.QUARANTINED:
-            raise ApplicationError(f"{self.inp.node} is already quarantined", type="Rejected")
+            raise ApplicationError(f"{self.inp.node} is already quarantined", type=errors.REJECTED)
         if self.quarantine_order is not None:
             raise ApplicationError(
-                f"quarantine already ordered by {self.quarantine_order.operator}", type="Rejected")
+                f"quarantine already ordered by {self.quarantine_order.operator}",
+                type=errors.REJECTED)
 
     def _do_quarantine(self, cmd: OperatorCommand) -> OperatorAck:
         self.quarantine_order = cmd
@@ -247,7 +248,7 @@ class RemediationWorkflow:
     def _check_release(self, cmd: OperatorCommand) -> None:
         self._require(NodeState.QUARANTINED, "release")
         if self.release_order is not None:
-            raise ApplicationError("a release is already in progress", type="Rejected")
+            raise ApplicationError("a release is already in progress", type=errors.REJECTED)
 
     def _do_release(self, cmd: OperatorCommand) -> OperatorAck:
         self.release_order = cmd
@@ -264,7 +265,7 @@ class RemediationWorkflow:
         if self.view.step != "external":
             raise ApplicationError(
                 f"{self.inp.node} is not waiting for an external repair (it is "
-                f"{self.view.state.value}, step {self.view.step})", type="Rejected")
+                f"{self.view.state.value}, step {self.view.step})", type=errors.REJECTED)
 
     def _do_repaired(self, cmd: OperatorCommand) -> OperatorAck:
         self.repaired_order = cmd
@@ -347,7 +348,7 @@ class RemediationWorkflow:
             raise ApplicationError(
                 f"cannot {verb} {self.inp.node}: it is {self.view.state.value} "
                 f"(step {self.view.step}), and {verb} applies only when {state.value}",
-                type="Rejected",
+                type=errors.REJECTED,
             )
 
     def _ack(self, message: str) -> OperatorAck:
@@ -605,7 +606,7 @@ class RemediationWorkflow:
                     ThermalCheckResult, timeout=timedelta(minutes=1), heartbeat=False,
                     retry=RetryPolicy(initial_interval=t.poll_interval, backoff_coefficient=1.0,
                                       maximum_interval=t.poll_interval,
-                                      non_retryable_error_types=["NotFound", "Invalid"]),
+                                      non_retryable_error_types=[errors.NOT_FOUND, errors.INVALID]),
                     schedule_to_close=wait, summary=f"watch {self.inp.node} temperature")
             except ActivityError as err:
                 if not _timed_out(err):
@@ -1152,8 +1153,8 @@ class RemediationWorkflow:
                 heartbeat=False, summary=f"{kind} job on {self.inp.node}",
                 retry=RetryPolicy(initial_interval=every, backoff_coefficient=1.0,
                                   maximum_interval=every,
-                                  non_retryable_error_types=["NotFound", "Invalid",
-                                                             "JobTemplateRefused"]),
+                                  non_retryable_error_types=[errors.NOT_FOUND, errors.INVALID,
+                                                             errors.JOB_TEMPLATE_REFUSED]),
                 schedule_to_close=s.job_timeout)
         except ActivityError as err:
             if not _timed_out(err):
@@ -1326,9 +1327,13 @@ class RemediationWorkflow:
                 # either way an abort was asked for, not a quarantine.
                 raise asyncio.CancelledError() from err
             cause = err.cause
+            # Activities raise NodeGone for the node itself. A node NotFound recognised by its
+            # message is what activities of earlier releases raised: histories that hold one
+            # must replay the same way, so it stays.
             if isinstance(cause, ApplicationError) and (
-                    cause.type == "NodeGone" or (cause.type == "NotFound"
-                                                 and f"node {self.inp.node}" in str(cause))):
+                    cause.type == errors.NODE_GONE or (
+                        cause.type == errors.NOT_FOUND
+                        and f"node {self.inp.node}" in str(cause))):
                 raise NodeGone() from err
             raise
         if check_cancel:

@@ -20,7 +20,6 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.fleet import ExporterSettings, FleetActivities
 from activities.node_return import (
-    NODE_GONE,
     NODE_NOT_BACK,
     NodeReturnActivities,
     missing_for_return,
@@ -29,6 +28,7 @@ from activities.nodes import NodeActivities
 from policy.models import Action
 from sim.cluster.machines import NodeTiming
 from tests.activities.conftest import Cluster, ThreadedGpuSim, _cluster, wait_for
+from workflows.errors import NODE_GONE
 from workflows.models import ClaimInput, NodeState, ReturnInput
 
 NODE = "gpu-node-04"  # runs no workload

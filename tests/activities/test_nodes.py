@@ -28,6 +28,7 @@ from activities.node_keys import (
 from activities.nodes import UNSCHEDULABLE_TAINT, NodeActivities
 from policy.models import Action
 from tests.activities.conftest import Cluster, wait_for
+from workflows import errors
 from workflows.models import ClaimInput, HistoryEntry, NodeState, ReleaseInput, StateInput
 
 NODE = "gpu-node-01"
@@ -152,11 +153,13 @@ def test_claim_dry_run_writes_nothing_to_nodes(
     assert cluster.events(NODE)[0].message.startswith("[dry-run]")
 
 
-def test_claim_of_a_missing_node_is_a_non_retryable_not_found(
+def test_claim_of_a_missing_node_is_a_non_retryable_node_gone(
         cluster: Cluster, acts: NodeActivities, env: ActivityEnvironment) -> None:
+    """The node's own 404 is its own type (workflows/errors.py), not a NotFound the workflow
+    would have to recognise by its message."""
     with pytest.raises(ApplicationError) as err:
         env.run(acts.claim_node, claim("no-such-node"))
-    assert err.value.type == "NotFound" and err.value.non_retryable
+    assert err.value.type == errors.NODE_GONE and err.value.non_retryable
 
 
 def test_claim_retries_through_a_storm_of_conflicts(

@@ -27,7 +27,6 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.operands import (
     A_OPERANDS_PAUSED,
-    NODE_GONE,
     OPERANDS_NOT_READY,
     OPERANDS_RUNNING,
     REASON_PAUSED,
@@ -40,6 +39,7 @@ from activities.operands import (
 )
 from sim.cluster.objects import READINESS_DELAY
 from tests.activities.conftest import Cluster, _cluster, wait_for
+from workflows.errors import NODE_GONE
 from workflows.operands import (
     DEFAULT_OPERANDS,
     OperandsInput,

@@ -47,3 +47,19 @@ def test_edges_that_skip_the_drain_or_the_validation_are_refused() -> None:
     assert not allowed(NodeState.CORDONED, NodeState.REPAIRING), "a hot node drains first"
     assert not allowed(NodeState.QUARANTINED, NodeState.DRAINING)
     assert why(NodeState.HEALTHY, NodeState.VALIDATING) == "not an edge of the state machine"
+
+
+def test_every_failure_type_raised_or_matched_is_in_the_table() -> None:
+    """workflows/errors.py names every ApplicationError type the code raises or matches: no
+    string literal types left in the product."""
+    import subprocess
+
+    from workflows.errors import ERROR_TYPES
+
+    root = ARCHITECTURE.parents[1]
+    found = subprocess.run(
+        ["git", "grep", "-n", "-E", r'(^|[^_a-z])type="[A-Z]|error_types=\[.*"[A-Z]',
+         "--", "activities", "workflows", "worker"],
+        cwd=root, capture_output=True, text=True).stdout
+    assert found == "", f"literal failure types:\n{found}"
+    assert all(why for why in ERROR_TYPES.values())

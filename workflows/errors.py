@@ -1,0 +1,43 @@
+"""The failure types: what activities and workflow handlers raise, and what the workflows match.
+
+A Temporal ``ApplicationError`` carries its type as a string across processes (and releases:
+a type already in a history must keep its spelling). Every type raised or matched here is
+one of these names, with what it means; code uses the names, never the strings.
+
+Pure: imported by workflows inside the sandbox and by activities.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+NODE_GONE: Final = "NodeGone"
+NOT_FOUND: Final = "NotFound"
+FORBIDDEN: Final = "Forbidden"
+INVALID: Final = "Invalid"
+CONFLICT: Final = "Conflict"
+REJECTED: Final = "Rejected"
+JOB_RUNNING: Final = "JobRunning"
+JOB_CONFLICT: Final = "JobConflict"
+JOB_TEMPLATE_REFUSED: Final = "JobTemplateRefused"
+THERMAL_UNCHANGED: Final = "ThermalUnchanged"
+NOT_ORPHAN: Final = "NotOrphan"
+
+ERROR_TYPES: Final[dict[str, str]] = {
+    NODE_GONE: "The node was deleted, or replaced by another machine under its name (another "
+               "metadata.uid): nothing more is written to it; the remediation ends.",
+    NOT_FOUND: "An object the activity needs does not exist (HTTP 404): not retried.",
+    FORBIDDEN: "HTTP 401/403: missing RBAC; retried slowly, so a fixed ClusterRole resumes.",
+    INVALID: "HTTP 400/422: the request is wrong, retrying cannot help.",
+    CONFLICT: "The object kept changing under a guarded write: retried.",
+    REJECTED: "An operator command (signal or update) refused, with why.",
+    JOB_RUNNING: "A node Job has not finished yet: the poll of a wait by retry (benign).",
+    JOB_CONFLICT: "A Job of that name exists and is not ours: not retried.",
+    JOB_TEMPLATE_REFUSED: "The Job template fails the worker's checks: not retried.",
+    THERMAL_UNCHANGED: "A heat watch saw no change yet: the poll of a wait by retry (benign).",
+    NOT_ORPHAN: "release-orphan found the node's remediation running again.",
+}
+"""Every failure type, and what it means (docs/operations.md quotes them in its runbook)."""
+
+NOT_RETRIED: Final = (NOT_FOUND, INVALID)
+"""Types no node call retries."""
