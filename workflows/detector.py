@@ -433,7 +433,7 @@ class DetectorWorkflow:
         report = AdmissionReport(budget=self.budget, in_use=len(adm.in_use),
                                  waiting=len(waiting), breaker_open=st.breaker_open,
                                  paused=st.paused, breaker_reason=st.breaker_reason,
-                                 breaker_nodes=st.breaker_nodes if st.breaker_open else [])
+                                 breaker_nodes=st.breaker_nodes)
         if report != self.last_report:
             try:
                 await workflow.execute_activity(

@@ -37,7 +37,7 @@ ERROR_TYPES: Final[dict[str, str]] = {
     THERMAL_UNCHANGED: "A heat watch saw no change yet: the poll of a wait by retry (benign).",
     NOT_ORPHAN: "release-orphan found the node's remediation running again.",
 }
-"""Every failure type, and what it means (docs/operations.md quotes them in its runbook)."""
+"""Every failure type, and what it means."""
 
 NOT_RETRIED: Final = (NOT_FOUND, INVALID)
-"""Types no node call retries."""
+"""Types no call to the cluster retries (each retry policy adds what else it must not)."""

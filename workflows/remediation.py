@@ -75,7 +75,7 @@ with workflow.unsafe.imports_passed_through():
 NODE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=[errors.NOT_FOUND, errors.INVALID],
+    non_retryable_error_types=[*errors.NOT_RETRIED],
 )
 NODE_CALL = timedelta(minutes=2)
 # A heat cordon waiting for a drain slot asks the detector again this often.
@@ -83,20 +83,20 @@ SLOT_ASK_AGAIN = timedelta(minutes=2)
 # What an abort reads before giving the node back: a few quick tries, never a wait.
 ABORT_READ_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
                                maximum_interval=timedelta(seconds=2), maximum_attempts=3,
-                               non_retryable_error_types=[errors.NOT_FOUND, errors.INVALID])
+                               non_retryable_error_types=[*errors.NOT_RETRIED])
 # A drain round that keeps failing (not "blocked": failing) ends after this many tries,
 # in quarantine with the cause, instead of retrying for ever.
 DRAIN_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=40,
-    non_retryable_error_types=[errors.NOT_FOUND, errors.INVALID, errors.NODE_GONE],
+    non_retryable_error_types=[*errors.NOT_RETRIED, errors.NODE_GONE],
 )
 # Polling by retry: an activity that raises "not yet" every few seconds until the node
 # shows what we wait for (or the schedule-to-close timeout ends the wait).
 # Waits on the node (back from a reboot, operands gone or back, GPUs free) are one-look
 # activities retried every ``remediation.node_poll_interval`` (see _poll_retry).
-POLL_NOT_RETRIED = [errors.NODE_GONE, errors.INVALID, errors.NOT_FOUND]
+POLL_NOT_RETRIED = [*errors.NOT_RETRIED, errors.NODE_GONE]
 TRANSITIONS_KEPT = 50
 PLAN_KEPT = 100
 REJECTIONS_KEPT = 20
@@ -606,7 +606,7 @@ class RemediationWorkflow:
                     ThermalCheckResult, timeout=timedelta(minutes=1), heartbeat=False,
                     retry=RetryPolicy(initial_interval=t.poll_interval, backoff_coefficient=1.0,
                                       maximum_interval=t.poll_interval,
-                                      non_retryable_error_types=[errors.NOT_FOUND, errors.INVALID]),
+                                      non_retryable_error_types=[*errors.NOT_RETRIED]),
                     schedule_to_close=wait, summary=f"watch {self.inp.node} temperature")
             except ActivityError as err:
                 if not _timed_out(err):
@@ -1153,7 +1153,7 @@ class RemediationWorkflow:
                 heartbeat=False, summary=f"{kind} job on {self.inp.node}",
                 retry=RetryPolicy(initial_interval=every, backoff_coefficient=1.0,
                                   maximum_interval=every,
-                                  non_retryable_error_types=[errors.NOT_FOUND, errors.INVALID,
+                                  non_retryable_error_types=[*errors.NOT_RETRIED,
                                                              errors.JOB_TEMPLATE_REFUSED]),
                 schedule_to_close=s.job_timeout)
         except ActivityError as err:

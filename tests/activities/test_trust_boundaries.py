@@ -320,3 +320,21 @@ async def test_a_big_body_read_here_by_the_pool_does_not_hold_the_event_loop() -
     await pool.close()
     assert pool.here == 1 and spent > 0.3
     assert max(gaps) < spent / 3, (max(gaps), spent)
+
+
+def test_a_node_naming_another_nodes_workflow_is_not_shown_as_running_it() -> None:
+    """The workflow-id annotation is node-writable: only this node's own remediation id is
+    taken from it, so `status` never points an operator at another node's workflow."""
+    from kubernetes import client
+
+    from activities.fleet import _gpu_node
+    from activities.node_keys import A_WORKFLOW
+    from workflows.models import remediation_workflow_id
+
+    def node(name: str, wid: str) -> client.V1Node:
+        return client.V1Node(metadata=client.V1ObjectMeta(
+            name=name, labels={STATE_LABEL: "draining"}, annotations={A_WORKFLOW: wid}))
+
+    own = remediation_workflow_id("gpu-node-01")
+    assert _gpu_node(node("gpu-node-01", own)).workflow_id == own
+    assert _gpu_node(node("gpu-node-02", own)).workflow_id == ""
