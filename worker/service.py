@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 from kubernetes.client import ApiClient
 from prometheus_client import start_http_server
+from temporalio.client import Client
 from temporalio.common import VersioningBehavior
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker, WorkerDeploymentConfig, WorkerDeploymentVersion
@@ -87,6 +88,12 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
             fleet.report_admission]
 
 
+def worker_activities(settings: Settings, client: Client) -> list[Callable[..., Any]]:
+    """Every activity the worker registers: the cluster's, and the visibility look-up a
+    fresh detector makes to learn which remediations already run."""
+    return [*build_activities(settings), VisibilityActivities(client).list_running_remediations]
+
+
 class Health:
     """Liveness: the worker loop runs. Readiness: connected and polling."""
 
@@ -157,9 +164,7 @@ async def run_worker(settings: Settings) -> None:
     health = Health()
     runner = await health.serve(w.bind, w.health_port) if w.health_port else None
     client = await connect(settings.temporal, runtime=runtime)
-    # A fresh detector asks Temporal which remediations already run (visibility).
-    activities = [*build_activities(settings),
-                  VisibilityActivities(client).list_running_remediations]
+    activities = worker_activities(settings, client)
     with ThreadPoolExecutor(max_workers=w.max_concurrent_activities) as pool:
         worker = Worker(
             client, task_queue=settings.temporal.task_queue,
