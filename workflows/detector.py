@@ -33,6 +33,7 @@ from temporalio.exceptions import (
 
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action, Verdict
+    from workflows import activity_refs as act
     from workflows import errors
     from workflows.admission import Admission
     from workflows.commands import checked_command
@@ -228,7 +229,7 @@ class DetectorWorkflow:
                                  "we cordoned it.")
     async def release_orphan(self, req: OrphanRelease) -> OperatorAck:
         await workflow.execute_activity(
-            "release_orphan", req, start_to_close_timeout=timedelta(minutes=2),
+            act.release_orphan, req, start_to_close_timeout=timedelta(minutes=2),
             retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=[
                 errors.NOT_FOUND, errors.NOT_ORPHAN]),
             summary=f"release orphan {req.node}")
@@ -301,9 +302,8 @@ class DetectorWorkflow:
 
     async def _running_remediations(self, summary: str) -> RunningRemediations:
         return await workflow.execute_activity(
-            "list_running_remediations",
+            act.list_running_remediations,
             RunningRemediationsInput(task_queue=workflow.info().task_queue),
-            result_type=RunningRemediations,
             start_to_close_timeout=timedelta(minutes=1),
             retry_policy=RetryPolicy(maximum_attempts=3),
             summary=summary)
@@ -363,10 +363,9 @@ class DetectorWorkflow:
         shards = max(1, -(-self.last_managed // s.observe_shard_size))
         try:
             parts = await asyncio.gather(*(workflow.execute_activity(
-                "observe_fleet", ObserveInput(policy=s.policy, pool_label=s.pool_label,
-                                              shard=i, shards=shards,
-                                              track_xid_repeats=not s.dry_run),
-                result_type=FleetObservation,
+                act.observe_fleet, ObserveInput(policy=s.policy, pool_label=s.pool_label,
+                                                shard=i, shards=shards,
+                                                track_xid_repeats=not s.dry_run),
                 task_queue=s.observe_task_queue,
                 start_to_close_timeout=s.observe_timeout,
                 heartbeat_timeout=s.observe_heartbeat_timeout,
@@ -437,7 +436,7 @@ class DetectorWorkflow:
         if report != self.last_report:
             try:
                 await workflow.execute_activity(
-                    "report_admission", report, task_queue=self.settings.observe_task_queue,
+                    act.report_admission, report, task_queue=self.settings.observe_task_queue,
                     start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=RetryPolicy(maximum_attempts=3),
                     summary="publish budget figures")

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
@@ -25,6 +25,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 with workflow.unsafe.imports_passed_through():
     from policy.models import SEVERITY, Action, Verdict
     from policy.rules import SIG_XID, gpu_key
+    from workflows import activity_refs as act
     from workflows import errors, transitions
     from workflows.commands import abort_requester, checked_command
     from workflows.models import (
@@ -34,12 +35,10 @@ with workflow.unsafe.imports_passed_through():
         ClaimInput,
         ClaimResult,
         DrainInput,
-        DrainResult,
         GpusFree,
         GpusFreeInput,
         HistoryEntry,
         NodeEventInput,
-        NodeHealth,
         NodeHealthInput,
         NodeJobInput,
         NodeJobResult,
@@ -53,21 +52,17 @@ with workflow.unsafe.imports_passed_through():
         RemediationResume,
         RemediationView,
         ReturnInput,
-        ReturnResult,
         SlotRequest,
         StateInput,
         ThermalCheckInput,
-        ThermalCheckResult,
         ThermalWatchInput,
         ThermalWatchResult,
         Transition,
     )
     from workflows.operands import (
         DevicePluginInput,
-        DevicePluginRestart,
         OperandsInput,
         OperandsPaused,
-        OperandsState,
         OperandsWaitInput,
     )
     from workflows.search_attributes import REMEDIATION_ACTION, REMEDIATION_STATE
@@ -104,6 +99,9 @@ REJECTIONS_KEPT = 20
 _NO_PAYLOAD = RawValue(Payload())
 # Operator commands that exist both as an update and as a signal of the same name.
 SIGNALS = ("approve", "reject", "quarantine", "release", "repaired")
+# An activity's argument and result (the call helpers are generic in both).
+A = TypeVar("A")
+R = TypeVar("R")
 
 
 class NodeGone(Exception):
@@ -333,7 +331,7 @@ class RemediationWorkflow:
             return
         try:
             await workflow.execute_activity(
-                "record_event",
+                act.record_event,
                 NodeEventInput(node=self.inp.node, reason="OperatorSignalRejected",
                                message=f"signal {name[:100]}" + (f" from {who}" if who else "")
                                        + f" rejected: {why}"),
@@ -493,11 +491,11 @@ class RemediationWorkflow:
         info = workflow.info()
         self.claim_started = True
         claim = await self._node_call(
-            "claim_node",
+            act.claim_node,
             ClaimInput(node=self.inp.node, state=state, reason=self.view.reason,
                        action=self.action, workflow_id=info.workflow_id, run_id=info.run_id,
                        now=workflow.now(), dry_run=self.inp.dry_run),
-            ClaimResult, summary=f"cordon and taint {self.inp.node}",
+            summary=f"cordon and taint {self.inp.node}",
         )
         self.claimed = True
         self.view.previously_cordoned = claim.previously_cordoned
@@ -555,10 +553,10 @@ class RemediationWorkflow:
                 result = await self._watch_by_retry(watch_for)
             else:
                 result = await self._call(
-                    "watch_thermal",
+                    act.watch_thermal,
                     ThermalWatchInput(node=self.inp.node, policy=self.inp.policy, hold=t.hold,
                                       poll_interval=t.poll_interval, give_up_after=watch_for),
-                    ThermalWatchResult, timeout=watch_for + timedelta(minutes=5),
+                    timeout=watch_for + timedelta(minutes=5),
                     heartbeat=max(self.inp.settings.heartbeat_timeout, t.poll_interval * 3),
                     summary=f"watch {self.inp.node} temperature",
                 )
@@ -600,10 +598,10 @@ class RemediationWorkflow:
                 return ThermalWatchResult(outcome="recovered" if state == "cool" else "hot",
                                           message=last)
             try:
-                look: ThermalCheckResult = await self._call(
-                    "check_thermal",
+                look = await self._call(
+                    act.check_thermal,
                     ThermalCheckInput(node=self.inp.node, policy=self.inp.policy, now=state),
-                    ThermalCheckResult, timeout=timedelta(minutes=1), heartbeat=False,
+                    timeout=timedelta(minutes=1), heartbeat=False,
                     retry=RetryPolicy(initial_interval=t.poll_interval, backoff_coefficient=1.0,
                                       maximum_interval=t.poll_interval,
                                       non_retryable_error_types=[*errors.NOT_RETRIED]),
@@ -670,10 +668,9 @@ class RemediationWorkflow:
         while True:
             report_after = self.report_after or d.report_after
             result = await self._call(
-                "drain_node",
+                act.drain_node,
                 DrainInput(node=self.inp.node, settings=d, force=self.drain_force,
                            report_after=report_after, dry_run=self.inp.dry_run, uid=self.uid),
-                DrainResult,
                 timeout=max(timedelta(minutes=10), report_after + timedelta(minutes=5)),
                 heartbeat=True, retry=DRAIN_RETRY,
                 summary=("force-delete" if self.drain_force else "evict")
@@ -809,12 +806,12 @@ class RemediationWorkflow:
         self._details(f"reboot requested ({job.message or 'Job created'}); waiting up to "
                       f"{timeout} for the node to come back")
         try:
-            back: ReturnResult = await self._call(
-                "check_node_returned",
+            back = await self._call(
+                act.check_node_returned,
                 ReturnInput(node=self.inp.node, uid=self.uid, old_boot_id=self.boot_id,
                             expected_gpus=self.gpus, reboot_requested_at=requested),
-                ReturnResult, timeout=timedelta(minutes=1), heartbeat=False,
-                retry=self._poll_retry(), schedule_to_close=timeout,
+                timeout=timedelta(minutes=1), heartbeat=False, retry=self._poll_retry(),
+                schedule_to_close=timeout,
                 summary=f"wait for {self.inp.node} to come back from its reboot")
         except ActivityError as err:
             why = f"did not return within {timeout} of its reboot: {_cause(err)}"
@@ -834,11 +831,11 @@ class RemediationWorkflow:
         op = self.inp.settings.gpu_operator
         if not op.operands:
             return await self._job("gpu-reset", attempt)
-        paused: OperandsPaused = await self._node_call(
-            "pause_gpu_operands",
+        paused = await self._node_call(
+            act.pause_gpu_operands,
             OperandsInput(node=self.inp.node, operands=op.operands, namespace=op.namespace,
                           dry_run=self.inp.dry_run),
-            OperandsPaused, summary=f"turn GPU Operator operands off on {self.inp.node}")
+            summary=f"turn GPU Operator operands off on {self.inp.node}")
         labels = sorted(paused.changed)
         self._plan(f"turn off GPU Operator operands ({', '.join(labels) or 'none on'}); "
                    "reset; restore them as found; wait until Ready with every GPU")
@@ -849,9 +846,9 @@ class RemediationWorkflow:
             self._details(f"waiting up to {op.stop_timeout} for the operands to leave "
                           f"({', '.join(labels)})")
             gone = await self._wait_for(
-                "check_operands_gone",
+                act.check_operands_gone,
                 OperandsWaitInput(node=self.inp.node, labels=labels, namespace=op.namespace),
-                OperandsState, op.stop_timeout, f"wait for operands to leave {self.inp.node}")
+                op.stop_timeout, f"wait for operands to leave {self.inp.node}")
             if isinstance(gone, str):
                 await self._restore_operands()
                 return NodeJobResult(succeeded=False, job_name="",
@@ -863,10 +860,10 @@ class RemediationWorkflow:
             self._details(f"reset {'done' if result.succeeded else 'failed'}; waiting up to "
                           f"{op.start_timeout} for the operands and {self.gpus} GPUs")
             back = await self._wait_for(
-                "check_operands_back",
+                act.check_operands_back,
                 OperandsWaitInput(node=self.inp.node, labels=labels, namespace=op.namespace,
                                   expected_gpus=self.gpus),
-                OperandsState, op.start_timeout, f"wait for operands on {self.inp.node}")
+                op.start_timeout, f"wait for operands on {self.inp.node}")
             if isinstance(back, str) and result.succeeded:
                 return NodeJobResult(succeeded=False, job_name=result.job_name,
                                      message=f"reset done, but the GPU Operator operands were "
@@ -881,7 +878,7 @@ class RemediationWorkflow:
         if paused is None:
             return
         try:
-            await self._node_call("restore_gpu_operands", paused, type(None),
+            await self._node_call(act.restore_gpu_operands, paused,
                                   summary=f"turn GPU Operator operands back on on "
                                           f"{self.inp.node}", check_cancel=not best_effort)
         except (ActivityError, NodeGone) as err:
@@ -897,12 +894,20 @@ class RemediationWorkflow:
         return RetryPolicy(initial_interval=every, backoff_coefficient=1.0,
                            maximum_interval=every, non_retryable_error_types=POLL_NOT_RETRIED)
 
-    async def _wait_for(self, activity_name: str, arg: Any, result_type: Any,
+    @overload
+    async def _wait_for(self, activity: Callable[[A], Awaitable[R]], arg: A,
+                        timeout: timedelta, summary: str) -> R | str: ...
+
+    @overload
+    async def _wait_for(self, activity: Callable[[A], R], arg: A,
+                        timeout: timedelta, summary: str) -> R | str: ...
+
+    async def _wait_for(self, activity: Callable[[Any], Any], arg: Any,
                         timeout: timedelta, summary: str) -> Any:
         """Poll a one-look activity by retry until it answers or ``timeout`` passes; on
         timeout, the last "not yet" as a string (the reason for the Event and history)."""
         try:
-            return await self._call(activity_name, arg, result_type,
+            return await self._call(activity, arg,
                                     timeout=timedelta(minutes=1), heartbeat=False,
                                     retry=self._poll_retry(), schedule_to_close=timeout,
                                     summary=summary)
@@ -930,12 +935,12 @@ class RemediationWorkflow:
         if not check.succeeded or self.inp.dry_run:
             return check
         self._plan("read the node's DCGM health again; return it only if no fault shows")
-        health: NodeHealth = await self._node_call(
-            "read_node_health",
+        health = await self._node_call(
+            act.read_node_health,
             NodeHealthInput(node=self.inp.node, policy=self.inp.policy,
                             acknowledged={**self._acknowledged_xids(),
                                           **(released_xids or {})}),
-            NodeHealth, summary=f"read {self.inp.node}'s DCGM health after validation")
+            summary=f"read {self.inp.node}'s DCGM health after validation")
         if not health.readable:
             return check.model_copy(update={
                 "succeeded": False,
@@ -971,16 +976,15 @@ class RemediationWorkflow:
         summary = f"read the XIDs {self.inp.node} shows at its release"
         if aborting:
             try:
-                health: NodeHealth = await self._call(
-                    "read_node_health", arg, NodeHealth, timeout=NODE_CALL, heartbeat=False,
+                health = await self._call(
+                    act.read_node_health, arg, timeout=NODE_CALL, heartbeat=False,
                     summary=summary, check_cancel=False, retry=ABORT_READ_RETRY)
             except ActivityError as err:
                 workflow.logger.warning("could not read %s's XIDs at the abort: %s",
                                         self.inp.node, _cause(err))
                 return {}
         else:
-            health = await self._node_call("read_node_health", arg, NodeHealth,
-                                           summary=summary)
+            health = await self._node_call(act.read_node_health, arg, summary=summary)
         shown = {gpu_key(f): int(f.value) for f in
                  (health.verdict.findings if health.readable and health.verdict else [])
                  if f.signal == SIG_XID and f.value}
@@ -1003,19 +1007,19 @@ class RemediationWorkflow:
         summary = f"wait for {self.gpus} free GPUs on {self.inp.node}"
         grace = s.gpu_operator.device_plugin_restart_after
         if grace is None or grace >= s.gpus_free_timeout or not s.gpu_operator.operands:
-            return await self._wait_for("check_gpus_free", look, GpusFree,
-                                        s.gpus_free_timeout, summary)
-        free = await self._wait_for("check_gpus_free", look, GpusFree, grace, summary)
+            return await self._wait_for(act.check_gpus_free, look, s.gpus_free_timeout,
+                                        summary)
+        free = await self._wait_for(act.check_gpus_free, look, grace, summary)
         if not isinstance(free, str):
             return free
-        restart: DevicePluginRestart = await self._node_call(
-            "restart_device_plugin",
+        restart = await self._node_call(
+            act.restart_device_plugin,
             DevicePluginInput(node=self.inp.node, uid=self.uid,
                               namespace=s.gpu_operator.namespace, expected_gpus=self.gpus),
-            DevicePluginRestart, summary=f"restart the device plugin on {self.inp.node}")
+            summary=f"restart the device plugin on {self.inp.node}")
         self._details(restart.message)
         left = s.gpus_free_timeout - grace
-        return await self._wait_for("check_gpus_free", look, GpusFree,
+        return await self._wait_for(act.check_gpus_free, look,
                                     min(left, grace) if restart.evicted else left, summary)
 
     async def _node_gone(self, gone: NodeGone) -> RemediationResult:
@@ -1041,10 +1045,10 @@ class RemediationWorkflow:
     async def _note_event(self, reason: str, message: str,
                           event_type: Literal["Normal", "Warning"] = "Normal") -> None:
         """An Event on the node that goes with no state change."""
-        await self._node_call("record_event",
+        await self._node_call(act.record_event,
                               NodeEventInput(node=self.inp.node, reason=reason, message=message,
                                              event_type=event_type),
-                              type(None), summary=f"event {reason}")
+                              summary=f"event {reason}")
 
     async def _quarantine(self, why: str, acked: dict[str, int] | None = None, *,
                           applied: bool = False) -> RemediationResult:
@@ -1106,10 +1110,10 @@ class RemediationWorkflow:
         started = workflow.now()
         while True:
             result = await self._call(
-                "drain_node",
+                act.drain_node,
                 DrainInput(node=self.inp.node, settings=d, report_after=d.report_after,
                            dry_run=self.inp.dry_run, uid=self.uid),
-                DrainResult, timeout=timedelta(minutes=10), heartbeat=True, retry=DRAIN_RETRY,
+                timeout=timedelta(minutes=10), heartbeat=True, retry=DRAIN_RETRY,
                 summary=f"evict what is left on {self.inp.node} before validation")
             self.view.pods_left = len(result.remaining)
             if result.outcome in ("drained", "planned"):
@@ -1140,7 +1144,7 @@ class RemediationWorkflow:
                            gpu_index=gpu_index, dry_run=self.inp.dry_run)
         if not workflow.patched("jobs-polled-by-retry"):
             return await self._call(
-                "run_node_job", job, NodeJobResult, timeout=s.job_timeout,
+                act.run_node_job, job, timeout=s.job_timeout,
                 heartbeat=True, summary=f"{kind} job on {self.inp.node}")
         # Polled by retry: each look is a short activity, the wait between looks is the
         # retry interval (no worker slot, no history events). The Job's own deadline fails
@@ -1148,8 +1152,8 @@ class RemediationWorkflow:
         self.job_in_progress = job
         every = s.job_poll_interval
         try:
-            result: NodeJobResult = await self._call(
-                "poll_node_job", job, NodeJobResult, timeout=timedelta(minutes=1),
+            result = await self._call(
+                act.poll_node_job, job, timeout=timedelta(minutes=1),
                 heartbeat=False, summary=f"{kind} job on {self.inp.node}",
                 retry=RetryPolicy(initial_interval=every, backoff_coefficient=1.0,
                                   maximum_interval=every,
@@ -1189,7 +1193,7 @@ class RemediationWorkflow:
                     "released": "remove taint and label; uncordon if we cordoned",
                     "aborted": "remove taint and label; uncordon if we cordoned"}[outcome])
         await self._node_call(
-            "release_node",
+            act.release_node,
             ReleaseInput(
                 node=self.inp.node, outcome=outcome,
                 uncordon=not self.view.previously_cordoned,
@@ -1203,7 +1207,7 @@ class RemediationWorkflow:
                 event_message=f"{outcome}: {why}", dry_run=self.inp.dry_run,
                 claim_unconfirmed=claim_unconfirmed, uid=self.uid, run_id=info.run_id,
             ),
-            type(None), summary=f"{outcome}: release {self.inp.node}", check_cancel=False,
+            summary=f"{outcome}: release {self.inp.node}", check_cancel=False,
         )
 
     async def _abort_cleanup(self) -> None:
@@ -1223,7 +1227,7 @@ class RemediationWorkflow:
             # Between looks at a polled Job no activity holds it: delete it here, so an
             # aborted validation does not keep every GPU of the node.
             try:
-                await self._node_call("delete_node_job", self.job_in_progress, type(None),
+                await self._node_call(act.delete_node_job, self.job_in_progress,
                                       summary=f"delete {self.job_in_progress.name}",
                                       check_cancel=False)
             except ActivityError as err:
@@ -1258,12 +1262,12 @@ class RemediationWorkflow:
         self._set(state, step)
         self._details(message)
         await self._node_call(
-            "set_node_state",
+            act.set_node_state,
             StateInput(node=self.inp.node, state=state, reason=self.view.reason, step=step,
                        now=workflow.now(), attempt=self.view.attempt, event_reason=event_reason,
                        event_message=message, event_type=event_type, dry_run=self.inp.dry_run,
                        uid=self.uid),
-            type(None), summary=f"{state.value}: {step}",
+            summary=f"{state.value}: {step}",
         )
 
     def _set(self, state: NodeState, step: str) -> None:
@@ -1300,12 +1304,36 @@ class RemediationWorkflow:
             text += ["", "**dry-run plan**", *(f"1. {p}" for p in v.plan)]
         workflow.set_current_details("\n".join(text))
 
-    async def _node_call(self, name: str, arg: Any, result_type: Any, *, summary: str,
+    # The call helpers take an activity reference (workflows/activity_refs.py): its name goes
+    # on the wire and its return annotation is the result type, so a call returns what the
+    # activity does. One variant for async activities, one for sync ones.
+
+    @overload
+    async def _node_call(self, activity: Callable[[A], Awaitable[R]], arg: A, *,
+                         summary: str, check_cancel: bool = True) -> R: ...
+
+    @overload
+    async def _node_call(self, activity: Callable[[A], R], arg: A, *,
+                         summary: str, check_cancel: bool = True) -> R: ...
+
+    async def _node_call(self, activity: Callable[[Any], Any], arg: Any, *, summary: str,
                          check_cancel: bool = True) -> Any:
-        return await self._call(name, arg, result_type, timeout=NODE_CALL, heartbeat=False,
+        return await self._call(activity, arg, timeout=NODE_CALL, heartbeat=False,
                                 summary=summary, check_cancel=check_cancel)
 
-    async def _call(self, name: str, arg: Any, result_type: Any, *, timeout: timedelta,
+    @overload
+    async def _call(self, activity: Callable[[A], Awaitable[R]], arg: A, *,
+                    timeout: timedelta, heartbeat: bool | timedelta, summary: str,
+                    check_cancel: bool = True, retry: RetryPolicy = NODE_RETRY,
+                    schedule_to_close: timedelta | None = None) -> R: ...
+
+    @overload
+    async def _call(self, activity: Callable[[A], R], arg: A, *,
+                    timeout: timedelta, heartbeat: bool | timedelta, summary: str,
+                    check_cancel: bool = True, retry: RetryPolicy = NODE_RETRY,
+                    schedule_to_close: timedelta | None = None) -> R: ...
+
+    async def _call(self, activity: Callable[[Any], Any], arg: Any, *, timeout: timedelta,
                     heartbeat: bool | timedelta, summary: str, check_cancel: bool = True,
                     retry: RetryPolicy = NODE_RETRY,
                     schedule_to_close: timedelta | None = None) -> Any:
@@ -1315,7 +1343,7 @@ class RemediationWorkflow:
             beat = self.inp.settings.heartbeat_timeout if heartbeat else None
         try:
             result = await workflow.execute_activity(
-                name, arg, result_type=result_type, start_to_close_timeout=timeout,
+                activity, arg, start_to_close_timeout=timeout,
                 schedule_to_close_timeout=schedule_to_close,
                 heartbeat_timeout=beat, retry_policy=retry,
                 cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,

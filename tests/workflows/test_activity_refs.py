@@ -1,13 +1,15 @@
 """The activity references the workflows call (workflows/activity_refs.py) are the
 activities the worker registers: same names, same parameter and result types, same kind
-(sync or async); every registered activity has one; and the fake cluster registers its
-activities under the same names."""
+(sync or async); every registered activity has one; no workflow names an activity by a
+string; and the fake cluster registers its activities under the same names."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -19,6 +21,11 @@ import worker.service
 from tests.workflows.fakes import FakeCluster
 from worker.config import Settings
 from workflows import activity_refs
+
+WORKFLOWS = Path(activity_refs.__file__).resolve().parent
+# Temporal's calls that take an activity: its first argument must be a reference.
+ACTIVITY_CALLS = {"execute_activity", "start_activity", "execute_local_activity",
+                  "start_local_activity"}
 
 
 def _by_name(fns: list[Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
@@ -72,6 +79,22 @@ def test_every_registered_activity_has_a_reference(
         registered: dict[str, Callable[..., Any]]) -> None:
     # Every activity the worker registers is there for a workflow to call.
     assert sorted(set(registered) - set(references())) == []
+
+
+def test_workflows_name_no_activity_by_a_string() -> None:
+    named: list[str] = []
+    for path in sorted(WORKFLOWS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else \
+                func.id if isinstance(func, ast.Name) else ""
+            first = node.args[0]
+            if called in ACTIVITY_CALLS and isinstance(first, ast.Constant) \
+                    and isinstance(first.value, str):
+                named.append(f"{path.name}:{node.lineno} {first.value}")
+    assert named == []
 
 
 def test_the_fake_cluster_registers_under_the_real_names() -> None:
