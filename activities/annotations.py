@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import TypeAdapter, ValidationError
 
 from activities.exposition import MAX_XID
-from workflows.models import HistoryEntry
+from workflows.messages import HistoryEntry
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ from activities.events import record_node_event
 from activities.gpus import pod_gpu_request
 from activities.kube import REQUEST_TIMEOUT, raise_typed, status_message
 from workflows import errors
-from workflows.models import DrainInput, DrainResult
+from workflows.messages import DrainInput, DrainResult
 
 log = logging.getLogger(__name__)
 

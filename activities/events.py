@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
 from activities.kube import REQUEST_TIMEOUT
-from workflows.models import NodeEventInput
+from workflows.messages import NodeEventInput
 
 log = logging.getLogger(__name__)
 

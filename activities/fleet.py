@@ -84,7 +84,8 @@ from policy.rules import (
     is_thermal_recovered,
 )
 from workflows import errors as error_types
-from workflows.models import (
+from workflows.ids import remediation_workflow_id, shard_of
+from workflows.messages import (
     AdmissionReport,
     DetectorView,
     FleetObservation,
@@ -92,7 +93,6 @@ from workflows.models import (
     NeighbourHold,
     NodeHealth,
     NodeHealthInput,
-    NodeState,
     NodeStatus,
     ObserveInput,
     OrphanRelease,
@@ -101,9 +101,8 @@ from workflows.models import (
     ThermalCheckResult,
     ThermalWatchInput,
     ThermalWatchResult,
-    remediation_workflow_id,
-    shard_of,
 )
+from workflows.transitions import NodeState
 
 log = logging.getLogger(__name__)
 

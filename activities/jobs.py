@@ -21,7 +21,7 @@ from activities.kube import REQUEST_TIMEOUT, raise_typed, status_message
 from activities.node_keys import A_RUN, JOB_LABEL, NODE_LABEL, label_value
 from policy.diag import DiagReport, DiagUnparseable, parse_dcgmi_json
 from workflows import errors
-from workflows.models import NodeJobInput, NodeJobResult
+from workflows.messages import NodeJobInput, NodeJobResult
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,8 @@ from activities.gpus import GPU_RESOURCE, pod_gpu_request, quantity
 from activities.kube import REQUEST_TIMEOUT, raise_typed
 from activities.node_keys import JOB_LABEL
 from workflows import errors
-from workflows.models import GpusFree, GpusFreeInput, NodeState, ReturnInput, ReturnResult
+from workflows.messages import GpusFree, GpusFreeInput, ReturnInput, ReturnResult
+from workflows.transitions import NodeState
 
 NODE_NOT_BACK = "NodeNotBack"
 GPUS_NOT_FREE = "GpusNotFree"

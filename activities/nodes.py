@@ -48,14 +48,8 @@ from activities.node_keys import (
 )
 from activities.xid_sightings import clear_sightings, dump_tracks, parse_tracks
 from workflows import errors
-from workflows.models import (
-    ClaimInput,
-    ClaimResult,
-    HistoryEntry,
-    NodeState,
-    ReleaseInput,
-    StateInput,
-)
+from workflows.messages import ClaimInput, ClaimResult, HistoryEntry, ReleaseInput, StateInput
+from workflows.transitions import NodeState
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ every node out of service.
 from __future__ import annotations
 
 from policy.models import SEVERITY, Verdict
-from workflows.models import FleetObservation
+from workflows.messages import FleetObservation
 
 MAX_OBSERVATION_BYTES = 1_000_000
 """Half Temporal's default limit: room for the envelope and for shards merged elsewhere."""

@@ -14,11 +14,7 @@ from temporalio import activity
 from temporalio.client import Client
 
 # The messages live with the others (the detector workflow imports them).
-from workflows.models import (
-    RunningRemediation,
-    RunningRemediations,
-    RunningRemediationsInput,
-)
+from workflows.messages import RunningRemediation, RunningRemediations, RunningRemediationsInput
 from workflows.search_attributes import GPU_NODE, REMEDIATION_STATE
 
 REMEDIATION_WORKFLOW = "RemediationWorkflow"

@@ -85,7 +85,8 @@ def one_run(retry_interval: float, tmp: Path) -> dict[str, Any]:
 
     from activities.drain import DrainActivities
     from sim.cluster import ThreadedClusterSim
-    from workflows.models import DrainInput, DrainSettings
+    from workflows.messages import DrainInput
+    from workflows.settings import DrainSettings
 
     scenario = write_scenario(tmp / "drain-scenario.yaml", 3)
     node, spares = "bench-0001", ["bench-0002", "bench-0003"]

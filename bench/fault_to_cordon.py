@@ -57,7 +57,7 @@ def main() -> None:
     from worker import operator
     from worker.config import TemporalConfig
     from worker.temporal_client import connect
-    from workflows.models import OperatorCommand
+    from workflows.messages import OperatorCommand
 
     data = Path(tempfile.mkdtemp(prefix="bench-fault-to-cordon-"))
     scenario = write_scenario(data / "scenario.yaml", args.injections)

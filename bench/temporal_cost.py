@@ -45,7 +45,7 @@ from bench._common import (
     worker_log_problems,
     write_scenario,
 )
-from workflows.models import AdmissionReport, FleetObservation, ObserveInput
+from workflows.messages import AdmissionReport, FleetObservation, ObserveInput
 
 TARGET_REMEDIATION_EVENTS = 120
 
@@ -83,8 +83,9 @@ async def stub_ticks(address: str, nodes: int, ticks: int) -> dict[str, Any]:
     from worker.config import TemporalConfig
     from worker.temporal_client import connect
     from workflows.detector import DetectorWorkflow
-    from workflows.models import DetectorInput, DetectorSettings, DetectorView
+    from workflows.messages import DetectorInput, DetectorView
     from workflows.remediation import RemediationWorkflow
+    from workflows.settings import DetectorSettings
 
     @activity.defn(name="observe_fleet")
     async def observe_fleet(_: ObserveInput) -> FleetObservation:
@@ -127,7 +128,8 @@ async def real_stack(stack: Any, ticks: int) -> dict[str, Any]:
     from sim.gpu.client import GpuSimClient
     from worker.config import TemporalConfig
     from worker.temporal_client import connect
-    from workflows.models import DETECTOR_WORKFLOW_ID, RemediationResult, remediation_workflow_id
+    from workflows.ids import DETECTOR_WORKFLOW_ID, remediation_workflow_id
+    from workflows.messages import RemediationResult
 
     client = await connect(TemporalConfig(address=stack.temporal_address))
     # Detector ticks with nothing flagged.

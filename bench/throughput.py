@@ -50,7 +50,8 @@ async def run(stack: Any, nodes: list[str], timeout: float) -> dict[str, Any]:
     from sim.gpu.client import GpuSimClient
     from worker.config import TemporalConfig
     from worker.temporal_client import connect
-    from workflows.models import RemediationResult, remediation_workflow_id
+    from workflows.ids import remediation_workflow_id
+    from workflows.messages import RemediationResult
 
     client = await connect(TemporalConfig(address=stack.temporal_address))
     gpu = GpuSimClient(stack.gpu_url)

@@ -96,7 +96,7 @@ def test_environment_beats_the_file_and_options_beat_both(
 def test_settings_in_a_workflow_input_ignore_fields_of_another_release() -> None:
     """A newer detector or CLI writes a field this worker does not know yet (or an older one
     wrote one it dropped): the remediation still decodes; only a config file is strict."""
-    from workflows.models import RemediationInput
+    from workflows.messages import RemediationInput
 
     inp = RemediationInput.model_validate({
         "node": "n1", "verdict": {"node": "n1", "action": "reboot"},
@@ -169,7 +169,8 @@ def test_an_added_template_can_be_chosen_for_its_step_and_builtins_stay(tmp_path
 def test_a_workflow_input_from_before_templates_decodes_and_names_the_defaults() -> None:
     """Runs in flight at the upgrade carry the Job's image and command in their settings:
     they decode, the content is dropped, and their steps use the worker's templates."""
-    from workflows.models import NodeJobInput, RemediationSettings
+    from workflows.messages import NodeJobInput
+    from workflows.settings import RemediationSettings
 
     old = RemediationSettings.model_validate({
         "job_namespace": "kube-system",

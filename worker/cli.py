@@ -28,8 +28,8 @@ from worker.config import ConfigError, Settings, TemporalConfig, load_settings
 from worker.logs import configure_logging
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow
-from workflows.models import (
-    DETECTOR_WORKFLOW_ID,
+from workflows.ids import DETECTOR_WORKFLOW_ID
+from workflows.messages import (
     DetectorInput,
     ManualRemediation,
     OperatorCommand,

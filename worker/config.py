@@ -32,12 +32,8 @@ from activities.job_templates import JobsConfig, TemplateRefused
 from policy.config import PolicyConfig
 from policy.fields import unknown_fields
 from worker.yamlfile import load_yaml
-from workflows.models import (
-    TASK_QUEUE,
-    DetectorSettings,
-    RemediationSettings,
-    observe_task_queue,
-)
+from workflows.ids import TASK_QUEUE, observe_task_queue
+from workflows.settings import DetectorSettings, RemediationSettings
 
 
 class _Section(BaseModel):

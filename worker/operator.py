@@ -19,14 +19,13 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.detector import DetectorWorkflow
-from workflows.models import (
-    DETECTOR_WORKFLOW_ID,
+from workflows.ids import DETECTOR_WORKFLOW_ID, remediation_workflow_id
+from workflows.messages import (
     DetectorView,
     ManualRemediation,
     OperatorAck,
     OperatorCommand,
     RemediationView,
-    remediation_workflow_id,
 )
 from workflows.remediation import RemediationWorkflow
 from workflows.search_attributes import REMEDIATION_STATE

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from policy.models import Verdict
 from worker.config import Settings
 from workflows.admission import Admission
-from workflows.models import DetectorState, DetectorView, FleetObservation, ObserveInput
+from workflows.messages import DetectorState, DetectorView, FleetObservation, ObserveInput
 
 # How long `plan` waits for Temporal to say whether a detector runs (a plan made before
 # anything is switched on has no Temporal to ask).

@@ -31,7 +31,7 @@ from activities.visibility import VisibilityActivities
 from worker.config import Settings, WorkerConfig
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow, PinnedDetectorWorkflow
-from workflows.models import observe_task_queue
+from workflows.ids import observe_task_queue
 from workflows.remediation import RemediationWorkflow
 
 log = logging.getLogger("gpu_remediate.worker")

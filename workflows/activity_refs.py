@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from workflows.models import (
+from workflows.messages import (
     AdmissionReport,
     ClaimInput,
     ClaimResult,

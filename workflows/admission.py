@@ -12,16 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from policy.models import SEVERITY, Action, Finding, Verdict
-from workflows.models import (
-    OUT_OF_SERVICE_STATES,
-    DetectorSettings,
-    DetectorState,
-    FleetObservation,
-    ManualRemediation,
-    NodeState,
-    PendingStart,
-    limit_for,
-)
+from workflows.messages import DetectorState, FleetObservation, ManualRemediation, PendingStart
+from workflows.settings import DetectorSettings, limit_for
+from workflows.transitions import OUT_OF_SERVICE_STATES, NodeState
 
 # A start not yet visible as a node label holds its slot this long at most.
 PENDING_GRACE = timedelta(minutes=5)

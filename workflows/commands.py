@@ -15,7 +15,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.models import OperatorCommand
+    from workflows.messages import OperatorCommand
 
 EXPECTED = '{"operator": "your name", "reason": "why"}'
 

@@ -37,16 +37,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows import errors
     from workflows.admission import Admission
     from workflows.commands import checked_command
-    from workflows.models import (
-        REQUEST_SLOT_SIGNAL,
-        SLOT_GRANTED_SIGNAL,
+    from workflows.ids import REQUEST_SLOT_SIGNAL, SLOT_GRANTED_SIGNAL, remediation_workflow_id
+    from workflows.messages import (
         AdmissionReport,
         DetectorInput,
-        DetectorSettings,
         DetectorView,
         FleetObservation,
         ManualRemediation,
-        NodeState,
         ObserveInput,
         OperatorAck,
         OperatorCommand,
@@ -58,9 +55,10 @@ with workflow.unsafe.imports_passed_through():
         RunningRemediationsInput,
         SlotRequest,
         merge_observations,
-        remediation_workflow_id,
     )
     from workflows.search_attributes import GPU_NODE, REMEDIATION_ACTION, REMEDIATION_STATE
+    from workflows.settings import DetectorSettings
+    from workflows.transitions import NodeState
 
 NODE_ACTIONS = (Action.THERMAL, Action.RESET, Action.REBOOT, Action.QUARANTINE)
 # A run that did not continue from another asks visibility for running remediations first;

@@ -11,7 +11,7 @@ No I/O imports: workflow code imports this module through the sandbox.
 
 from __future__ import annotations
 
-from workflows.models import _Message
+from workflows.messages import _Message
 
 DEFAULT_OPERANDS = ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery")
 DEPLOY_LABEL_PREFIX = "nvidia.com/gpu.deploy."

@@ -28,10 +28,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows import activity_refs as act
     from workflows import errors, transitions
     from workflows.commands import abort_requester, checked_command
-    from workflows.models import (
-        DETECTOR_WORKFLOW_ID,
-        REQUEST_SLOT_SIGNAL,
-        SLOT_GRANTED_SIGNAL,
+    from workflows.ids import DETECTOR_WORKFLOW_ID, REQUEST_SLOT_SIGNAL, SLOT_GRANTED_SIGNAL
+    from workflows.messages import (
         ClaimInput,
         ClaimResult,
         DrainInput,
@@ -42,7 +40,6 @@ with workflow.unsafe.imports_passed_through():
         NodeHealthInput,
         NodeJobInput,
         NodeJobResult,
-        NodeState,
         OperatorAck,
         OperatorCommand,
         RejectedCommand,
@@ -66,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
         OperandsWaitInput,
     )
     from workflows.search_attributes import REMEDIATION_ACTION, REMEDIATION_STATE
+    from workflows.transitions import NodeState
 
 NODE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),

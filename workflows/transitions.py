@@ -1,4 +1,5 @@
-"""The remediation's state machine as data: which state may follow which, and why.
+"""The remediation's state machine as data: its states, which state may follow which,
+and why.
 
 docs/architecture.md draws the same machine (a test checks that the diagram and this table
 have the same edges). The remediation workflow checks every state it enters against the
@@ -14,7 +15,26 @@ Pure: imported by the workflow inside the Temporal sandbox.
 
 from __future__ import annotations
 
-from workflows.models import NodeState
+from enum import StrEnum
+
+
+class NodeState(StrEnum):
+    """The node's remediation state, written to the node's state label."""
+
+    HEALTHY = "healthy"
+    AWAITING_APPROVAL = "awaiting-approval"
+    DRAINING = "draining"
+    REPAIRING = "repairing"
+    VALIDATING = "validating"
+    CORDONED = "cordoned"
+    QUARANTINED = "quarantined"
+
+
+# States that hold a budget slot. Cordoned is added per configuration.
+OUT_OF_SERVICE_STATES = frozenset(
+    {NodeState.AWAITING_APPROVAL, NodeState.DRAINING, NodeState.REPAIRING, NodeState.VALIDATING}
+)
+
 
 S = NodeState
 

@@ -13,7 +13,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from activities.fleet import ExporterSettings, FleetActivities
 from activities.notices import CIRCUIT_BREAKER_OPEN, REMEDIATION_DEFERRED
 from tests.activities.conftest import Cluster
-from workflows.models import AdmissionReport, DetectorView
+from workflows.messages import AdmissionReport, DetectorView
 
 
 @workflow.defn(name="DeferralProbe")

@@ -16,7 +16,8 @@ from activities import drain as drain_module
 from activities.drain import DrainActivities, clear_blocked
 from activities.nodes import NodeActivities
 from tests.activities.conftest import Cluster, Heartbeats, metric, wait_for
-from workflows.models import DrainInput, DrainSettings
+from workflows.messages import DrainInput
+from workflows.settings import DrainSettings
 
 NODE = "gpu-node-01"  # runs team-a/trainer (8 GPUs, PDB min_available 1), DaemonSets, mirror pod
 FAST = DrainSettings(retry_interval=timedelta(seconds=0.2))

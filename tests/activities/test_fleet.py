@@ -19,13 +19,8 @@ from activities.node_keys import (
 from policy.config import PolicyConfig
 from policy.models import Action
 from tests.activities.conftest import Cluster, ThreadedGpuSim
-from workflows.models import (
-    FleetObservation,
-    NodeHealthInput,
-    NodeState,
-    ObserveInput,
-    ThermalWatchInput,
-)
+from workflows.messages import FleetObservation, NodeHealthInput, ObserveInput, ThermalWatchInput
+from workflows.transitions import NodeState
 
 POLICY = PolicyConfig()
 EVERY_SIGHTING_RESETS = PolicyConfig.model_validate(
@@ -356,7 +351,7 @@ async def test_check_thermal_answers_only_when_the_state_changes(
     the node is as the workflow last saw it, the new state once it differs."""
     from temporalio.exceptions import ApplicationError
 
-    from workflows.models import ThermalCheckInput
+    from workflows.messages import ThermalCheckInput
 
     acts = FleetActivities(cluster.api, template(gpu_sim))
     env = ActivityEnvironment()
@@ -423,7 +418,8 @@ async def test_markers_that_disagree_count_the_node_out_of_service(
     from datetime import UTC, datetime
 
     from workflows.admission import Admission
-    from workflows.models import DetectorSettings, DetectorState
+    from workflows.messages import DetectorState
+    from workflows.settings import DetectorSettings
 
     adm = Admission(DetectorSettings(), DetectorState(), obs, datetime.now(UTC))
     assert adm.in_use == ["gpu-node-03"] and adm.queue == []
@@ -498,7 +494,8 @@ async def test_a_state_label_alone_holds_no_budget_slot(
     from activities.metrics import UNCLAIMED_LABELS
     from activities.node_keys import TAINT_KEY
     from workflows.admission import Admission
-    from workflows.models import DetectorSettings, DetectorState
+    from workflows.messages import DetectorState
+    from workflows.settings import DetectorSettings
 
     cluster.core.patch_node("gpu-node-03", {"metadata": {"labels": {STATE_LABEL: value}}})
     # The same label under our taint: a remediation that died keeps its slot (fail closed).

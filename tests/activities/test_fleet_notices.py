@@ -23,7 +23,8 @@ from activities.notices import (
 )
 from policy.config import PolicyConfig
 from tests.activities.conftest import Cluster, ThreadedGpuSim, metric
-from workflows.models import FleetObservation, NodeState, ObserveInput
+from workflows.messages import FleetObservation, ObserveInput
+from workflows.transitions import NodeState
 
 POLICY = PolicyConfig()
 

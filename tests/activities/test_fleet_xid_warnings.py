@@ -9,7 +9,7 @@ from activities.fleet import ExporterSettings, FleetActivities
 from policy.config import PolicyConfig
 from policy.models import Action
 from tests.activities.conftest import Cluster, ThreadedGpuSim, metric
-from workflows.models import FleetObservation, ObserveInput
+from workflows.messages import FleetObservation, ObserveInput
 
 POLICY = PolicyConfig()
 

@@ -8,7 +8,7 @@ import pytest
 
 from activities.job_templates import JobsConfig, JobTemplate
 from activities.jobs import job_manifest
-from workflows.models import NodeJobInput
+from workflows.messages import NodeJobInput
 
 TEMPLATES = JobsConfig().templates
 

@@ -19,7 +19,7 @@ from activities import jobs as jobs_module
 from activities.job_templates import JobsConfig, JobTemplate
 from activities.jobs import JobActivities
 from tests.activities.conftest import Cluster, Heartbeats, ThreadedGpuSim, _cluster, wait_for
-from workflows.models import NodeJobInput
+from workflows.messages import NodeJobInput
 
 Kind = Literal["validate", "gpu-reset", "reboot"]
 NS = "gpu-remediate-jobs"

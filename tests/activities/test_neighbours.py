@@ -12,7 +12,8 @@ from activities.neighbours import NEIGHBOURS, neighbour_hold
 from policy.config import PolicyConfig
 from tests.activities.conftest import Cluster, ThreadedGpuSim
 from workflows.admission import Admission
-from workflows.models import DetectorSettings, DetectorState, ObserveInput
+from workflows.messages import DetectorState, ObserveInput
+from workflows.settings import DetectorSettings
 
 
 @pytest.mark.parametrize(("labels", "annotations", "taints", "by"), [

@@ -29,7 +29,8 @@ from policy.models import Action
 from sim.cluster.machines import NodeTiming
 from tests.activities.conftest import Cluster, ThreadedGpuSim, _cluster, wait_for
 from workflows.errors import NODE_GONE
-from workflows.models import ClaimInput, NodeState, ReturnInput
+from workflows.messages import ClaimInput, ReturnInput
+from workflows.transitions import NodeState
 
 NODE = "gpu-node-04"  # runs no workload
 TIMING = NodeTiming(reboot_seconds=1.0, shutdown_seconds=0.2, device_plugin_seconds=1.5,

@@ -29,7 +29,8 @@ from activities.nodes import UNSCHEDULABLE_TAINT, NodeActivities
 from policy.models import Action
 from tests.activities.conftest import Cluster, wait_for
 from workflows import errors
-from workflows.models import ClaimInput, HistoryEntry, NodeState, ReleaseInput, StateInput
+from workflows.messages import ClaimInput, HistoryEntry, ReleaseInput, StateInput
+from workflows.transitions import NodeState
 
 NODE = "gpu-node-01"
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

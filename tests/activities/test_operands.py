@@ -513,7 +513,8 @@ async def test_under_our_claim_the_restore_lifts_our_taint_so_the_operands_can_s
     from activities.node_keys import TAINT_KEY
     from activities.nodes import NodeActivities
     from policy.models import Action
-    from workflows.models import ClaimInput, NodeState, StateInput
+    from workflows.messages import ClaimInput, StateInput
+    from workflows.transitions import NodeState
     k, acts = k_operator, acts_operator
     if not set(SIM_OPERATOR) <= set(daemonsets(k)):
         pytest.skip("the simulator does not ship the GPU Operator DaemonSets yet")

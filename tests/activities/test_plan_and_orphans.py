@@ -20,7 +20,8 @@ from activities.node_keys import (
 from tests.activities.conftest import Cluster, ThreadedGpuSim
 from worker.config import load_settings
 from worker.plan import make_plan
-from workflows.models import NodeState, ObserveInput, OrphanRelease
+from workflows.messages import ObserveInput, OrphanRelease
+from workflows.transitions import NodeState
 
 
 def settings_for(tmp_path: Path, cluster: Cluster, gpu: ThreadedGpuSim, extra: str = "") -> Path:

@@ -27,16 +27,16 @@ from policy.config import PolicyConfig
 from policy.models import Action, Finding, Verdict
 from tests.activities.conftest import Cluster, ThreadedGpuSim
 from tests.fuzz.hostile import CATEGORIES
-from workflows.models import (
+from workflows.messages import (
     ClaimInput,
     FleetObservation,
     HistoryEntry,
-    NodeState,
     NodeStatus,
     ObserveInput,
     ReleaseInput,
     merge_observations,
 )
+from workflows.transitions import NodeState
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -329,7 +329,7 @@ def test_a_node_naming_another_nodes_workflow_is_not_shown_as_running_it() -> No
 
     from activities.fleet import _gpu_node
     from activities.node_keys import A_WORKFLOW
-    from workflows.models import remediation_workflow_id
+    from workflows.ids import remediation_workflow_id
 
     def node(name: str, wid: str) -> client.V1Node:
         return client.V1Node(metadata=client.V1ObjectMeta(

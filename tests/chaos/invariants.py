@@ -25,7 +25,7 @@ from tests.e2e.kit import OUT_OF_SERVICE, Cluster
 from worker.config import TemporalConfig
 from worker.stack import LocalStack
 from worker.temporal_client import connect
-from workflows.models import remediation_workflow_id
+from workflows.ids import remediation_workflow_id
 
 
 @dataclass

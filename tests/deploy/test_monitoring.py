@@ -118,7 +118,7 @@ def test_the_required_alerts_exist() -> None:
 def test_a_remediation_stuck_in_any_state_alerts() -> None:
     """One GpuRemediateRemediationStuck rule per state a remediation can sit in, each with
     its own duration, on the per-node state series."""
-    from workflows.models import NodeState
+    from workflows.transitions import NodeState
 
     stuck = {r["labels"]["state"]: r for r in rules()
              if r["alert"] == "GpuRemediateRemediationStuck"}

@@ -21,14 +21,14 @@ from worker import operator
 from worker.config import TemporalConfig
 from worker.stack import LocalStack, _tail
 from worker.temporal_client import connect
-from workflows.models import (
+from workflows.ids import remediation_workflow_id
+from workflows.messages import (
     DetectorView,
     OperatorAck,
     OperatorCommand,
     ReleaseInput,
     RemediationResult,
     RemediationView,
-    remediation_workflow_id,
 )
 
 T = TypeVar("T")

@@ -15,7 +15,8 @@ from tests.e2e.conftest import core_api
 from worker.config import TemporalConfig
 from worker.stack import LocalStack
 from worker.temporal_client import connect
-from workflows.models import RemediationResult, remediation_workflow_id
+from workflows.ids import remediation_workflow_id
+from workflows.messages import RemediationResult
 
 pytestmark = pytest.mark.e2e
 

@@ -18,15 +18,9 @@ from rich.console import Console
 
 from tests.fuzz.strategies import budget, corpus, json_values
 from worker import cli
-from workflows.models import (
-    MAX_OPERATOR_CHARS,
-    MAX_REASON_CHARS,
-    Action,
-    DetectorView,
-    NodeState,
-    OperatorCommand,
-    RemediationView,
-)
+from workflows.ids import MAX_OPERATOR_CHARS, MAX_REASON_CHARS
+from workflows.messages import Action, DetectorView, OperatorCommand, RemediationView
+from workflows.transitions import NodeState
 
 texts = st.one_of(st.text(max_size=60), st.sampled_from(
     ["[/x]", "[bold]", "[link=http://x]y[/link]", ":smile:", "[/]", "\x1b[31m", "]["]),

@@ -93,24 +93,26 @@ from policy.models import Action, Finding, Verdict
 from tests.conftest import binary
 from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
 from workflows.detector import DetectorWorkflow
-from workflows.models import (
-    ApprovalSettings,
+from workflows.messages import (
     DetectorInput,
-    DetectorSettings,
     DrainResult,
-    DrainSettings,
     HistoryEntry,
     NodeJobInput,
     NodeJobResult,
-    NodeState,
     OperatorCommand,
     RemediationInput,
-    RemediationSettings,
-    ThermalSettings,
     ThermalWatchResult,
 )
 from workflows.remediation import RemediationWorkflow
 from workflows.search_attributes import ALL as SEARCH_ATTRIBUTES
+from workflows.settings import (
+    ApprovalSettings,
+    DetectorSettings,
+    DrainSettings,
+    RemediationSettings,
+    ThermalSettings,
+)
+from workflows.transitions import NodeState
 
 HERE = Path(__file__).parent
 FAST = RemediationSettings(drain=DrainSettings(retry_interval=timedelta(seconds=1)))

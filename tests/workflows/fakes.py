@@ -29,8 +29,8 @@ from activities.visibility import (
 )
 from policy.models import Action, Finding, Verdict
 from workflows import transitions
-from workflows.models import (
-    OUT_OF_SERVICE_STATES,
+from workflows.ids import remediation_workflow_id, shard_of
+from workflows.messages import (
     AdmissionReport,
     ClaimInput,
     ClaimResult,
@@ -45,7 +45,6 @@ from workflows.models import (
     NodeHealthInput,
     NodeJobInput,
     NodeJobResult,
-    NodeState,
     NodeStatus,
     ObserveInput,
     ReleaseInput,
@@ -56,8 +55,6 @@ from workflows.models import (
     ThermalCheckResult,
     ThermalWatchInput,
     ThermalWatchResult,
-    remediation_workflow_id,
-    shard_of,
 )
 from workflows.operands import (
     DEFAULT_OPERANDS,
@@ -69,6 +66,7 @@ from workflows.operands import (
     OperandsWaitInput,
     deploy_label,
 )
+from workflows.transitions import OUT_OF_SERVICE_STATES, NodeState
 
 
 @dataclass

@@ -31,19 +31,16 @@ from temporalio.worker import Worker
 
 from policy.models import Action
 from tests.workflows.fakes import FakeCluster, until, xid_verdict
-from workflows.models import (
-    ApprovalSettings,
+from workflows.messages import (
     DrainResult,
-    DrainSettings,
     NodeHealth,
-    NodeState,
     RemediationInput,
-    RemediationSettings,
     RemediationView,
-    ThermalSettings,
     ThermalWatchResult,
 )
 from workflows.remediation import RemediationWorkflow
+from workflows.settings import ApprovalSettings, DrainSettings, RemediationSettings, ThermalSettings
+from workflows.transitions import NodeState
 
 Mode = Literal["cancelled", "completes", "retrying", "gate"]
 

@@ -7,14 +7,9 @@ from datetime import UTC, datetime, timedelta
 from policy.models import Action
 from tests.workflows.fakes import xid_verdict
 from workflows.admission import Admission
-from workflows.models import (
-    DetectorSettings,
-    DetectorState,
-    FleetObservation,
-    NodeState,
-    NodeStatus,
-    PendingStart,
-)
+from workflows.messages import DetectorState, FleetObservation, NodeStatus, PendingStart
+from workflows.settings import DetectorSettings
+from workflows.transitions import NodeState
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -189,7 +184,8 @@ def test_flags_older_than_the_window_are_forgotten() -> None:
 
 
 def test_shards_split_the_fleet_disjointly_and_merge_back() -> None:
-    from workflows.models import merge_observations, shard_of
+    from workflows.ids import shard_of
+    from workflows.messages import merge_observations
 
     names = [f"gpu-node-{i:05d}" for i in range(1, 1001)]
     buckets = [[n for n in names if shard_of(n, 3) == s] for s in range(3)]
@@ -206,7 +202,7 @@ def test_shards_split_the_fleet_disjointly_and_merge_back() -> None:
 
 
 def test_an_operators_request_is_not_held_back_by_the_quarantine_cap() -> None:
-    from workflows.models import ManualRemediation
+    from workflows.messages import ManualRemediation
 
     state = DetectorState(manual=[ManualRemediation(node="n3", action=Action.RESET,
                                                     operator="bob", reason="NaNs")])

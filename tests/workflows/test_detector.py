@@ -38,21 +38,18 @@ from policy.models import Action
 from tests.conftest import binary
 from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
 from workflows.detector import DetectorWorkflow
-from workflows.models import (
+from workflows.messages import (
     DetectorInput,
-    DetectorSettings,
     DetectorState,
     DetectorView,
-    DrainSettings,
     ManualRemediation,
-    NodeState,
     OperatorCommand,
-    RemediationSettings,
-    ThermalSettings,
     ThermalWatchResult,
 )
 from workflows.remediation import RemediationWorkflow
 from workflows.search_attributes import ALL as SEARCH_ATTRIBUTES
+from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings, ThermalSettings
+from workflows.transitions import NodeState
 
 TICK = timedelta(milliseconds=500)
 

@@ -9,15 +9,10 @@ from temporalio.client import WorkflowHandle
 
 from tests.workflows.fakes import FakeCluster, xid_verdict
 from tests.workflows.test_remediation import end_in_hold, running
-from workflows.models import (
-    DrainResult,
-    DrainSettings,
-    NodeState,
-    RemediationInput,
-    RemediationResult,
-    RemediationSettings,
-)
+from workflows.messages import DrainResult, RemediationInput, RemediationResult
 from workflows.remediation import RemediationWorkflow
+from workflows.settings import DrainSettings, RemediationSettings
+from workflows.transitions import NodeState
 
 BLOCKED = DrainResult(outcome="blocked", remaining=["team-a/trainer-1"],
                       blocking_pdb="team-a/trainer-pdb")

@@ -13,8 +13,10 @@ from temporalio.worker import Worker
 from tests.workflows.fakes import FakeCluster, until, xid_verdict
 from worker.service import TICK_ACTIVITIES
 from workflows.detector import DetectorWorkflow
-from workflows.models import DetectorInput, DetectorSettings, observe_task_queue
+from workflows.ids import observe_task_queue
+from workflows.messages import DetectorInput
 from workflows.remediation import RemediationWorkflow
+from workflows.settings import DetectorSettings
 
 
 async def test_observation_never_waits_behind_remediation_activities(local_env) -> None:

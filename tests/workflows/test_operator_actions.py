@@ -26,21 +26,23 @@ from temporalio.exceptions import ApplicationError
 from policy.models import Action
 from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
 from workflows.detector import DetectorWorkflow
-from workflows.models import (
-    ApprovalSettings,
+from workflows.messages import (
     DetectorInput,
-    DetectorSettings,
     DrainResult,
-    DrainSettings,
-    NodeState,
     OperatorCommand,
     RemediationInput,
     RemediationResult,
-    RemediationSettings,
     RemediationView,
 )
 from workflows.remediation import RemediationWorkflow
 from workflows.search_attributes import GPU_NODE, REMEDIATION_ACTION, REMEDIATION_STATE
+from workflows.settings import (
+    ApprovalSettings,
+    DetectorSettings,
+    DrainSettings,
+    RemediationSettings,
+)
+from workflows.transitions import NodeState
 
 FAST_DRAIN = DrainSettings(retry_interval=timedelta(milliseconds=200))
 SUPERVISED = RemediationSettings(
@@ -223,7 +225,7 @@ async def test_a_release_acknowledges_the_xids_the_node_shows_then(local_env):
     for ever. The release reads what shows, acknowledges it for the check after the
     validation and records it, so the detector does not remediate it again."""
     from policy.models import Finding, Verdict
-    from workflows.models import NodeHealth
+    from workflows.messages import NodeHealth
     node = node_name("rel-xid")
     stale = Verdict(node=node, action=Action.RESET, findings=[Finding(
         gpu="3", uuid="GPU-stale-3", signal="DCGM_FI_DEV_XID_ERRORS", value=48, rule="xid",

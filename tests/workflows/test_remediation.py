@@ -17,20 +17,17 @@ from temporalio.worker import Worker
 from policy.models import Action
 from tests.workflows.fakes import FakeCluster, xid_verdict
 from workflows.detector import DetectorWorkflow
-from workflows.models import (
-    ApprovalSettings,
+from workflows.messages import (
     DrainResult,
-    DrainSettings,
     HistoryEntry,
-    NodeState,
     OperatorCommand,
     RemediationInput,
     RemediationResult,
-    RemediationSettings,
-    ThermalSettings,
     ThermalWatchResult,
 )
 from workflows.remediation import RemediationWorkflow
+from workflows.settings import ApprovalSettings, DrainSettings, RemediationSettings, ThermalSettings
+from workflows.transitions import NodeState
 
 
 @asynccontextmanager

@@ -16,15 +16,11 @@ from temporalio.client import WorkflowFailureError
 from policy.models import Action, Finding, Verdict
 from tests.workflows.fakes import FakeCluster, xid_verdict
 from tests.workflows.test_remediation import _until, end_in_hold, remediate, running
-from workflows.models import (
-    GpuOperatorSettings,
-    NodeHealth,
-    NodeState,
-    RemediationInput,
-    RemediationSettings,
-)
+from workflows.messages import NodeHealth, RemediationInput
 from workflows.operands import deploy_label
 from workflows.remediation import RemediationWorkflow
+from workflows.settings import GpuOperatorSettings, RemediationSettings
+from workflows.transitions import NodeState
 
 RESET = Action.RESET
 

@@ -23,7 +23,8 @@ from tests.workflows.test_operator_actions import (
     view,
 )
 from workflows.detector import DetectorWorkflow
-from workflows.models import DetectorSettings, NodeState, RemediationSettings
+from workflows.settings import DetectorSettings, RemediationSettings
+from workflows.transitions import NodeState
 
 OP = {"operator": "alice", "reason": "checked the node"}
 
@@ -132,7 +133,7 @@ async def test_detector_pause_signal_and_a_rejected_resume(local_env) -> None:
 async def test_abort_of_a_finished_remediation_is_a_no_op_and_of_none_an_error(
         local_env) -> None:
     from worker.operator import OperatorError, abort
-    from workflows.models import OperatorCommand
+    from workflows.messages import OperatorCommand
 
     who = OperatorCommand(operator="alice", reason="test")
     cluster, node = FakeCluster(), node_name("abort-done")

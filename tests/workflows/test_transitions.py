@@ -6,8 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from workflows.models import NodeState
-from workflows.transitions import TRANSITIONS, allowed, why
+from workflows.transitions import TRANSITIONS, NodeState, allowed, why
 
 ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 EDGE = re.compile(r"^\s*(\w+) --> (\w+): (.+)$")

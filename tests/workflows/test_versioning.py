@@ -22,8 +22,9 @@ from tests.workflows.fakes import FakeCluster, until
 from worker.config import WorkerConfig
 from worker.service import deployment_config, detector_workflow
 from workflows.detector import DetectorWorkflow
-from workflows.models import DetectorInput, DetectorSettings, DetectorState
+from workflows.messages import DetectorInput, DetectorState
 from workflows.remediation import RemediationWorkflow
+from workflows.settings import DetectorSettings
 
 
 @asynccontextmanager

@@ -1,0 +1,38 @@
+"""Names and limits the workflows, activities, worker and CLI agree on: the task queues,
+the workflow IDs, the signal names, and how long an operator's name and reason may be.
+
+Pure: no pydantic, no I/O; workflow code imports this module through the sandbox.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+TASK_QUEUE = "gpu-remediate"
+DETECTOR_WORKFLOW_ID = "gpu-remediate-detector"
+
+MAX_REASON_CHARS = 1024
+"""An operator's reason is cut to this many characters (ending in "…"): it is written into
+node annotations, Events and the history annotation, and the API server refuses a node whose
+annotations together pass 256 KiB. Cut rather than refused, so that a recorded command still
+decodes on replay."""
+MAX_OPERATOR_CHARS = 253
+
+
+def observe_task_queue(task_queue: str) -> str:
+    """The fleet observation's own task queue, polled by a worker of its own in every
+    worker process, so a tick never waits for a slot behind remediation activities."""
+    return f"{task_queue}-observe"
+
+
+def remediation_workflow_id(node: str) -> str:
+    return f"remediation-{node}"
+
+
+REQUEST_SLOT_SIGNAL = "request_slot"
+SLOT_GRANTED_SIGNAL = "slot_granted"
+
+
+def shard_of(node: str, shards: int) -> int:
+    """A stable shard for a node name (no hash randomisation: workers must agree)."""
+    return zlib.crc32(node.encode()) % shards if shards > 1 else 0
