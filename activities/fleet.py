@@ -102,7 +102,7 @@ from workflows.messages import (
     ThermalWatchInput,
     ThermalWatchResult,
 )
-from workflows.transitions import NodeState
+from workflows.transitions import NodeState, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -688,9 +688,9 @@ class FleetActivities:
         started = node_annotations.parse_timestamp(A_SINCE, ann.get(A_SINCE), now=now).value or now
         why = f"orphan released by {req.operator}" + (f": {req.reason}" if req.reason else "")
         await asyncio.to_thread(self.nodes.release_node, ReleaseInput(
-            node=req.node, outcome="released", uncordon=ann.get(A_PRECORDONED) != "true",
+            node=req.node, outcome=Outcome.RELEASED, uncordon=ann.get(A_PRECORDONED) != "true",
             history=HistoryEntry(started=started, finished=now, action=ann.get(A_ACTION, "?"),
-                                 reason=ann.get(A_REASON, ""), outcome=f"released: {why}",
+                                 reason=ann.get(A_REASON, ""), outcome=f"{Outcome.RELEASED}: {why}",
                                  workflow_id=node.workflow_id, by=req.operator),
             event_reason="OrphanReleased", event_message=why))
 

@@ -49,7 +49,7 @@ from activities.node_keys import (
 from activities.xid_sightings import clear_sightings, dump_tracks, parse_tracks
 from workflows import errors
 from workflows.messages import ClaimInput, ClaimResult, HistoryEntry, ReleaseInput, StateInput
-from workflows.transitions import NodeState
+from workflows.transitions import NodeState, Outcome, Step
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class NodeActivities:
                         **marks,
                         A_REASON: inp.reason,
                         A_ACTION: inp.action.value,
-                        A_STEP: "claim",
+                        A_STEP: Step.CLAIM.value,
                         A_WORKFLOW: inp.workflow_id,
                         A_RUN: inp.run_id,
                         A_SINCE: ann.get(A_SINCE) if mine and ann.get(A_SINCE) else now,
@@ -222,7 +222,7 @@ class NodeActivities:
                 _observe_state_time(node, inp.now)
                 body: dict[str, Any] = {"metadata": {
                     "labels": {STATE_LABEL: inp.state.value},
-                    "annotations": {A_STEP: inp.step, A_REASON: inp.reason,
+                    "annotations": {A_STEP: inp.step.value, A_REASON: inp.reason,
                                     A_ATTEMPT: str(inp.attempt),
                                     A_TRANSITION: inp.now.isoformat()},
                 }}
@@ -288,9 +288,9 @@ class NodeActivities:
                         annotations[A_XID_SIGHTINGS] = dump_tracks(
                             clear_sightings(tracks, inp.acknowledged_xids))
                 spec: dict[str, Any] = {}
-                if inp.outcome == "quarantined":
+                if inp.outcome == Outcome.QUARANTINED:
                     state = NodeState.QUARANTINED.value
-                    annotations[A_STEP] = "quarantined"
+                    annotations[A_STEP] = Step.QUARANTINED.value
                     # Every quarantine write re-applies the hold: a node that uncordoned
                     # itself (a kubelet may) or lost our taint is held again.
                     spec["unschedulable"] = True
@@ -326,13 +326,13 @@ class NodeActivities:
         # A drain given up (deadline policy "release", a quarantine order, an abort) never
         # reached "drained": without this its blocked gauge would read 1 forever.
         clear_blocked(inp.node)
-        metrics.REMEDIATIONS_FINISHED.labels(inp.outcome, str(inp.dry_run).lower()).inc()
-        if inp.outcome == "healthy" and not inp.dry_run and inp.history.finished:
+        metrics.REMEDIATIONS_FINISHED.labels(inp.outcome.value, str(inp.dry_run).lower()).inc()
+        if inp.outcome == Outcome.HEALTHY and not inp.dry_run and inp.history.finished:
             metrics.TIME_TO_SERVICE.observe(
                 (inp.history.finished - inp.history.started).total_seconds())
         record_node_event(
             self.core, inp.node, reason=inp.event_reason,
             message=("[dry-run] " if inp.dry_run else "") + inp.event_message
             + (f" (left cordoned: an admin set {EXCLUDE_LABEL}=true)" if kept else ""),
-            event_type="Warning" if inp.outcome == "quarantined" else "Normal",
+            event_type="Warning" if inp.outcome == Outcome.QUARANTINED else "Normal",
         )

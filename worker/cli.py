@@ -434,7 +434,7 @@ def _status_table(views: list[RemediationView | dict[str, str]]) -> Table:
         if isinstance(v, dict):
             table.add_row(v["node"], v["state"], "?", "(no worker answering)", "", "", "", "", "")
             continue
-        table.add_row(v.node, v.state.value, v.action.value, v.step,
+        table.add_row(v.node, v.state.value, v.action.value, v.step.value,
                       f"{v.since:%H:%M:%S}" if v.since else "", str(v.attempt),
                       str(v.pods_left), v.blocking_pdb, v.reason[:60])
     return table
@@ -473,7 +473,7 @@ def status(
         out.print(_status_table([view]))
         _print_ui_link(config, node)
         for t in view.transitions:
-            out.print(f"  {t.at:%Y-%m-%d %H:%M:%S}  {t.state.value:<18} {t.step}")
+            out.print(f"  {t.at:%Y-%m-%d %H:%M:%S}  {t.state.value:<18} {t.step.value}")
         if view.plan:
             out.print("plan:")
             for line in view.plan:

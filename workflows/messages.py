@@ -22,7 +22,7 @@ from policy.config import PolicyConfig
 from policy.models import Action, Verdict
 from workflows.ids import MAX_OPERATOR_CHARS, MAX_REASON_CHARS
 from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
-from workflows.transitions import NodeState
+from workflows.transitions import NodeState, Outcome, Step
 
 
 def _cut(limit: int) -> AfterValidator:
@@ -84,13 +84,13 @@ class HistoryEntry(_Message):
         if self.repaired is not None:
             return self.repaired
         return self.action in ("reset", "reboot") and \
-            self.outcome.split(":", 1)[0] in ("healthy", "quarantined")
+            self.outcome.split(":", 1)[0] in (Outcome.HEALTHY, Outcome.QUARANTINED)
 
 
 class Transition(_Message):
     at: datetime
     state: NodeState
-    step: str
+    step: Step
     note: str = ""
 
 
@@ -99,7 +99,7 @@ class RemediationView(_Message):
 
     node: str
     state: NodeState
-    step: str
+    step: Step
     action: Action
     reason: str
     dry_run: bool
@@ -121,7 +121,7 @@ class RemediationView(_Message):
 
 class RemediationResult(_Message):
     node: str
-    outcome: NodeState | Literal["released", "aborted"]
+    outcome: Outcome
     attempts: int
     message: str
 
@@ -210,7 +210,7 @@ class StateInput(_Message):
     node: str
     state: NodeState
     reason: str
-    step: str
+    step: Step
     now: datetime
     attempt: int = 0
     event_reason: str
@@ -223,7 +223,7 @@ class StateInput(_Message):
 
 class ReleaseInput(_Message):
     node: str
-    outcome: Literal["healthy", "quarantined", "released", "aborted"]
+    outcome: Outcome
     uncordon: bool
     history: HistoryEntry
     acknowledged_xids: dict[str, int] = Field(default_factory=dict)

@@ -63,7 +63,7 @@ with workflow.unsafe.imports_passed_through():
         OperandsWaitInput,
     )
     from workflows.search_attributes import REMEDIATION_ACTION, REMEDIATION_STATE
-    from workflows.transitions import NodeState
+    from workflows.transitions import NodeState, Outcome, Step
 
 NODE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -129,7 +129,7 @@ class RemediationWorkflow:
             self.view = r.view.model_copy(update={"runs": r.view.runs + 1})
         else:
             self.view = RemediationView(
-                node=inp.node, state=NodeState.HEALTHY, step="starting", action=self.action,
+                node=inp.node, state=NodeState.HEALTHY, step=Step.STARTING, action=self.action,
                 reason=inp.reason or inp.verdict.summary, dry_run=inp.dry_run,
             )
         self.decision: Literal["approve", "reject"] | None = None
@@ -218,7 +218,7 @@ class RemediationWorkflow:
 
     @quarantine.validator
     def _check_quarantine(self, cmd: OperatorCommand) -> None:
-        if self.view.step in ("healthy", "released", "aborted"):
+        if self.view.step in (Step.HEALTHY, Step.RELEASED, Step.ABORTED):
             raise ApplicationError(
                 f"{self.inp.node} is being returned ({self.view.step}); quarantine it with "
                 "`gpu-remediate remediate --action quarantine` instead", type=errors.REJECTED)
@@ -258,7 +258,7 @@ class RemediationWorkflow:
 
     @repaired.validator
     def _check_repaired(self, cmd: OperatorCommand) -> None:
-        if self.view.step != "external":
+        if self.view.step != Step.EXTERNAL:
             raise ApplicationError(
                 f"{self.inp.node} is not waiting for an external repair (it is "
                 f"{self.view.state.value}, step {self.view.step})", type=errors.REJECTED)
@@ -360,7 +360,7 @@ class RemediationWorkflow:
             try:
                 result = await (self._resume(inp.resume) if inp.resume else self._remediate())
             except _GiveUp as give_up:
-                result = await self._finish("released", str(give_up))
+                result = await self._finish(Outcome.RELEASED, str(give_up))
             except NodeGone as gone:
                 result = await self._node_gone(gone)
             except ActivityError as err:
@@ -407,7 +407,7 @@ class RemediationWorkflow:
                 # Claimed for a repair that needs no approval; the rule made it a
                 # quarantine, which does: the gate is the quarantine's, not the verdict's.
                 first = NodeState.AWAITING_APPROVAL
-                await self._enter(NodeState.AWAITING_APPROVAL, "repeat-offender",
+                await self._enter(NodeState.AWAITING_APPROVAL, Step.REPEAT_OFFENDER,
                                   "RemediationAwaitingApproval",
                                   f"{why}: quarantine waits for an operator's approval")
         if self.action == Action.THERMAL and not self._quarantine_due():
@@ -423,13 +423,14 @@ class RemediationWorkflow:
                     # Nobody decided: the fault is not acknowledged, so the detector asks
                     # again at its next tick rather than return an XID 79 to service unseen.
                     return await self._finish(
-                        "released", f"approval timed out after {s.approval.timeout}: not "
+                        Outcome.RELEASED, f"approval timed out after {s.approval.timeout}: not "
                                     "remediated; the node is flagged again while its fault "
                                     "shows")
                 # Acknowledge the XIDs: the exporter keeps showing the last one, and
                 # without this the detector claims the node again at its next tick,
                 # undoing the operator's decision. A new XID still triggers.
-                return await self._finish("released", f"rejected by {self.decided_by.operator}",
+                return await self._finish(Outcome.RELEASED,
+                                          f"rejected by {self.decided_by.operator}",
                                           self._acknowledged_xids())
         await self._drain()
         return await self._after_drain()
@@ -497,7 +498,7 @@ class RemediationWorkflow:
         )
         self.claimed = True
         self.view.previously_cordoned = claim.previously_cordoned
-        self._set(state, "claimed")
+        self._set(state, Step.CLAIMED)
         self._plan(f"cordon {self.inp.node} and add taint; label {state.value}"
                    + (" (already cordoned by someone else: will stay cordoned)"
                       if claim.previously_cordoned else ""))
@@ -526,7 +527,7 @@ class RemediationWorkflow:
             return True
         if self.decision == "approve":
             who = self.decided_by.operator if self.decided_by else "approval timeout"
-            await self._enter(NodeState.DRAINING, "approved", "RemediationApproved",
+            await self._enter(NodeState.DRAINING, Step.APPROVED, "RemediationApproved",
                               f"approved by {who}")
             return True
         return False
@@ -539,7 +540,8 @@ class RemediationWorkflow:
             self._plan("thermal: cordon only, no drain; watch temperature "
                        f"until cool for {t.hold}")
             if self.inp.dry_run:
-                return await self._finish("healthy", "dry-run: would wait for the node to cool")
+                return await self._finish(Outcome.HEALTHY,
+                                         "dry-run: would wait for the node to cool")
         hot_since = self.hot_since
         while True:
             elapsed = workflow.now() - hot_since
@@ -561,7 +563,7 @@ class RemediationWorkflow:
             if self._quarantine_due():
                 return None
             if result.outcome == "recovered":
-                return await self._finish("healthy", f"cooled down: {result.message}")
+                return await self._finish(Outcome.HEALTHY, f"cooled down: {result.message}")
             if result.outcome == "fault" and result.verdict is not None:
                 self._escalate(result.verdict, "a hardware fault appeared while cordoned")
                 return None
@@ -572,7 +574,7 @@ class RemediationWorkflow:
                 else:
                     self.quarantine_order = OperatorCommand(operator="policy", reason=why)
                 await self._wait_for_slot()
-                await self._enter(NodeState.DRAINING, "thermal-escalation", "ThermalEscalation",
+                await self._enter(NodeState.DRAINING, Step.THERMAL_ESCALATION, "ThermalEscalation",
                                   f"still hot after {t.escalate_after}; draining",
                                   event_type="Warning")
                 return None
@@ -635,7 +637,7 @@ class RemediationWorkflow:
             return
         parent = workflow.info().parent
         detector = parent.workflow_id if parent else DETECTOR_WORKFLOW_ID
-        self._set(NodeState.CORDONED, "waiting-for-a-drain-slot")
+        self._set(NodeState.CORDONED, Step.WAITING_FOR_A_DRAIN_SLOT)
         self._plan("wait for a drain slot from the detector (the heat cordon took none)")
         while not self.slot_granted:
             why = self.view.reason
@@ -656,11 +658,11 @@ class RemediationWorkflow:
         if self.drain_started is None:
             await self._wait_for_slot()
             if self.view.state != NodeState.DRAINING:
-                await self._enter(NodeState.DRAINING, "drain", "DrainStarted",
+                await self._enter(NodeState.DRAINING, Step.DRAIN, "DrainStarted",
                                   f"draining {self.inp.node}")
             else:
                 # Claim or approval already wrote Draining to the node: only the view moves on.
-                self._set(NodeState.DRAINING, "drain")
+                self._set(NodeState.DRAINING, Step.DRAIN)
             self.drain_started = workflow.now()
         started = self.drain_started
         while True:
@@ -696,7 +698,7 @@ class RemediationWorkflow:
                 return
             if workflow.now() - started >= d.deadline:
                 if d.deadline_policy == "force" and not self.drain_force:
-                    await self._enter(NodeState.DRAINING, "drain-force", "DrainForced",
+                    await self._enter(NodeState.DRAINING, Step.DRAIN_FORCE, "DrainForced",
                                       f"drain deadline {d.deadline} passed; deleting "
                                       f"{len(result.remaining)} pods with their grace period",
                                       event_type="Warning")
@@ -705,8 +707,8 @@ class RemediationWorkflow:
                     raise _GiveUp(f"drain deadline {d.deadline} passed with "
                                   f"{len(result.remaining)} pods left ({held}); released "
                                   "the node")
-                elif d.deadline_policy == "wait" and self.view.step != "drain-overdue":
-                    await self._enter(NodeState.DRAINING, "drain-overdue", "DrainOverdue",
+                elif d.deadline_policy == "wait" and self.view.step != Step.DRAIN_OVERDUE:
+                    await self._enter(NodeState.DRAINING, Step.DRAIN_OVERDUE, "DrainOverdue",
                                       f"drain deadline {d.deadline} passed with "
                                       f"{len(result.remaining)} pods left ({held}); waiting",
                                       event_type="Warning")
@@ -741,14 +743,14 @@ class RemediationWorkflow:
                     return await self._quarantine(f"{kind} failed: {repair.message}", acked)
             if self._quarantine_due():
                 return await self._quarantine(self._quarantine_reason(), acked)
-            await self._enter(NodeState.VALIDATING, "validate", "ValidationStarted",
+            await self._enter(NodeState.VALIDATING, Step.VALIDATE, "ValidationStarted",
                               f"attempt {attempt}: validation Job on all {self.gpus} GPUs")
             check = await self._validate(attempt)
             if self._quarantine_due():
                 # An operator's order outranks a passing validation.
                 return await self._quarantine(self._quarantine_reason(), acked)
             if check.succeeded:
-                return await self._finish("healthy", f"validated: {check.message}", acked)
+                return await self._finish(Outcome.HEALTHY, f"validated: {check.message}", acked)
             self._plan(f"validation failed (attempt {attempt}): {check.message}")
             if kind == "gpu-reset":
                 kind = "reboot"  # the next round escalates
@@ -761,14 +763,14 @@ class RemediationWorkflow:
         s = self.inp.settings
         method = s.reset_method if kind == "gpu-reset" else s.reboot_method
         if method != "external":
-            await self._enter(NodeState.REPAIRING, kind, "RepairStarted",
+            await self._enter(NodeState.REPAIRING, Step(kind), "RepairStarted",
                               f"attempt {attempt}/{s.max_repair_attempts}: {kind}")
             if kind == "reboot" and workflow.patched("reboot-confirmed-by-the-node"):
                 return await self._reboot(attempt)
             if kind == "gpu-reset" and workflow.patched("reset-beside-gpu-operator"):
                 return await self._reset(attempt)
             return await self._job(kind, attempt)
-        await self._enter(NodeState.REPAIRING, "external", "ExternalRepairRequested",
+        await self._enter(NodeState.REPAIRING, Step.EXTERNAL, "ExternalRepairRequested",
                           f"attempt {attempt}: {kind} handed off; waiting for `gpu-remediate "
                           f"repaired {self.inp.node}`", event_type="Warning")
         self._plan(f"wait for an external {kind} and the `repaired` update")
@@ -815,7 +817,7 @@ class RemediationWorkflow:
             why = f"did not return within {timeout} of its reboot: {_cause(err)}"
             await self._note_event("NodeDidNotReturn", f"{self.inp.node} {why}", "Warning")
             return NodeJobResult(succeeded=False, job_name=job.job_name, message=why)
-        self._set(NodeState.REPAIRING, "rebooted")
+        self._set(NodeState.REPAIRING, Step.REBOOTED)
         self._details(back.message)
         await self._note_event("NodeRebooted", back.message)
         return NodeJobResult(succeeded=True, job_name=job.job_name, message=back.message)
@@ -1028,7 +1030,7 @@ class RemediationWorkflow:
         cause = _cause(gone.__cause__) if gone.__cause__ else "node deleted"
         why = (f"node gone during remediation ({cause}); remediation {self.view.step} "
                f"attempt {self.view.attempt} ended, the new node is left untouched")
-        self._set(self.view.state, "node-gone")
+        self._set(self.view.state, Step.NODE_GONE)
         self._details(why)
         if workflow.patched("node-gone-event"):
             try:
@@ -1037,7 +1039,7 @@ class RemediationWorkflow:
             except (ActivityError, NodeGone) as err:
                 workflow.logger.warning("NodeGone Event for %s not recorded: %s",
                                         self.inp.node, err)
-        return RemediationResult(node=self.inp.node, outcome="released",
+        return RemediationResult(node=self.inp.node, outcome=Outcome.RELEASED,
                                  attempts=self.view.attempt, message=why)
 
     async def _note_event(self, reason: str, message: str,
@@ -1057,13 +1059,13 @@ class RemediationWorkflow:
         acked = acked or {}
         while True:
             if not applied:
-                self._set(NodeState.QUARANTINED, "quarantined")
-                await self._release_call("quarantined", why, acked)
+                self._set(NodeState.QUARANTINED, Step.QUARANTINED)
+                await self._release_call(Outcome.QUARANTINED, why, acked)
                 self._details(f"quarantined: {why}. Release with `gpu-remediate release "
                               f"{self.inp.node}` after the repair.")
                 if self.inp.dry_run:
                     return RemediationResult(node=self.inp.node,
-                                             outcome=NodeState.QUARANTINED,
+                                             outcome=Outcome.QUARANTINED,
                                              attempts=self.view.attempt, message=why)
                 if self.release_order is None:
                     await self._continue_as_new_if_due("quarantine", now=True, why=why,
@@ -1076,7 +1078,7 @@ class RemediationWorkflow:
             # The node stays labelled quarantined while it is validated: quarantined nodes
             # hold no budget slot, and an operator's release must not take one that the
             # detector has not admitted. It is cordoned, so nothing new lands on it.
-            await self._enter(NodeState.QUARANTINED, "release-validate", "ReleaseRequested",
+            await self._enter(NodeState.QUARANTINED, Step.RELEASE_VALIDATE, "ReleaseRequested",
                               f"release by {order.operator}: {order.reason}; validating")
             # Patched: a release that was already validated (and recorded) before this change
             # replays without the drain; every release from the upgrade on drains first,
@@ -1094,7 +1096,7 @@ class RemediationWorkflow:
                 self.quarantine_order = None
                 self.policy_quarantine = None
                 return await self._finish(
-                    "healthy", f"released by {order.operator} and validated",
+                    Outcome.HEALTHY, f"released by {order.operator} and validated",
                     {**acked, **released})
             why = f"release by {order.operator} failed validation: {check.message}"
 
@@ -1167,29 +1169,28 @@ class RemediationWorkflow:
         self.job_in_progress = None
         return result
 
-    async def _finish(self, outcome: Literal["healthy", "released"], why: str,
+    async def _finish(self, outcome: Literal[Outcome.HEALTHY, Outcome.RELEASED], why: str,
                       acked: dict[str, int] | None = None) -> RemediationResult:
-        self._set(NodeState.HEALTHY, outcome)
+        self._set(NodeState.HEALTHY, Step(outcome))
         await self._release_call(outcome, why, acked or {})
         self.released = True
         self._check_cancelled()
         self._details(f"{outcome}: {why}")
-        return RemediationResult(node=self.inp.node,
-                                 outcome=NodeState.HEALTHY if outcome == "healthy" else outcome,
+        return RemediationResult(node=self.inp.node, outcome=outcome,
                                  attempts=self.view.attempt, message=why)
 
-    async def _release_call(self, outcome: Literal["healthy", "quarantined", "released",
-                                                   "aborted"],
-                            why: str, acked: dict[str, int], *,
+    async def _release_call(self, outcome: Outcome, why: str, acked: dict[str, int], *,
                             claim_unconfirmed: bool = False) -> None:
         info = workflow.info()
-        reasons = {"healthy": "RemediationSucceeded", "quarantined": "NodeQuarantined",
-                   "released": "RemediationReleased", "aborted": "RemediationAborted"}
-        self._plan({"healthy": "uncordon" if not self.view.previously_cordoned
+        reasons = {Outcome.HEALTHY: "RemediationSucceeded",
+                   Outcome.QUARANTINED: "NodeQuarantined",
+                   Outcome.RELEASED: "RemediationReleased",
+                   Outcome.ABORTED: "RemediationAborted"}
+        self._plan({Outcome.HEALTHY: "uncordon" if not self.view.previously_cordoned
                     else "leave cordoned (an admin cordoned it before us)",
-                    "quarantined": "keep cordoned and tainted: quarantined",
-                    "released": "remove taint and label; uncordon if we cordoned",
-                    "aborted": "remove taint and label; uncordon if we cordoned"}[outcome])
+                    Outcome.QUARANTINED: "keep cordoned and tainted: quarantined",
+                    Outcome.RELEASED: "remove taint and label; uncordon if we cordoned",
+                    Outcome.ABORTED: "remove taint and label; uncordon if we cordoned"}[outcome])
         await self._node_call(
             act.release_node,
             ReleaseInput(
@@ -1219,7 +1220,7 @@ class RemediationWorkflow:
         if not self.claim_started or self.released:
             return
         why = self._abort_reason()
-        self._set(NodeState.HEALTHY, "aborted")
+        self._set(NodeState.HEALTHY, Step.ABORTED)
         self._details(why)
         if self.job_in_progress is not None:
             # Between looks at a polled Job no activity holds it: delete it here, so an
@@ -1238,7 +1239,8 @@ class RemediationWorkflow:
         if self.claimed:
             acked |= await self._xids_shown_at_release({}, aborting=True)
         try:
-            await self._release_call("aborted", why, acked, claim_unconfirmed=not self.claimed)
+            await self._release_call(Outcome.ABORTED, why, acked,
+                                    claim_unconfirmed=not self.claimed)
         except NodeGone:
             return
         self.released = True
@@ -1255,7 +1257,7 @@ class RemediationWorkflow:
         if not self.aborting and workflow.cancellation_reason() is not None:
             raise asyncio.CancelledError()
 
-    async def _enter(self, state: NodeState, step: str, event_reason: str, message: str,
+    async def _enter(self, state: NodeState, step: Step, event_reason: str, message: str,
                      event_type: Literal["Normal", "Warning"] = "Normal") -> None:
         self._set(state, step)
         self._details(message)
@@ -1268,7 +1270,7 @@ class RemediationWorkflow:
             summary=f"{state.value}: {step}",
         )
 
-    def _set(self, state: NodeState, step: str) -> None:
+    def _set(self, state: NodeState, step: Step) -> None:
         now = workflow.now()
         if not transitions.allowed(self.view.state, state):
             # A bug, not a reason to stop a remediation half-way: told and counted.

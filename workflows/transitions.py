@@ -36,6 +36,46 @@ OUT_OF_SERVICE_STATES = frozenset(
 )
 
 
+class Step(StrEnum):
+    """Where a remediation is within its state: the view's step, each transition's, and the
+    node's step annotation. Values are on nodes and in recorded histories: never renamed."""
+
+    STARTING = "starting"
+    CLAIM = "claim"  # the node's annotation, written by the claim itself
+    CLAIMED = "claimed"
+    REPEAT_OFFENDER = "repeat-offender"
+    APPROVED = "approved"
+    WAITING_FOR_A_DRAIN_SLOT = "waiting-for-a-drain-slot"
+    THERMAL_ESCALATION = "thermal-escalation"
+    DRAIN = "drain"
+    DRAIN_FORCE = "drain-force"
+    DRAIN_OVERDUE = "drain-overdue"
+    GPU_RESET = "gpu-reset"
+    REBOOT = "reboot"
+    REBOOTED = "rebooted"
+    EXTERNAL = "external"
+    VALIDATE = "validate"
+    QUARANTINED = "quarantined"
+    RELEASE_VALIDATE = "release-validate"
+    NODE_GONE = "node-gone"
+    # The last step of a remediation that gave the node back: its outcome.
+    HEALTHY = "healthy"
+    RELEASED = "released"
+    ABORTED = "aborted"
+
+
+class Outcome(StrEnum):
+    """How a remediation ended (its result, the release of the node, the Event and the
+    history entry): healthy (repaired or cooled down, back in service), quarantined (held
+    for a human), released (given back unrepaired: rejected, approval timed out, drain
+    deadline, node gone, orphan released) or aborted (cancelled by an operator)."""
+
+    HEALTHY = "healthy"
+    QUARANTINED = "quarantined"
+    RELEASED = "released"
+    ABORTED = "aborted"
+
+
 S = NodeState
 
 TRANSITIONS: dict[NodeState, dict[NodeState, str]] = {

@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from rich.console import Console
 
+from policy.models import Action
 from tests.fuzz.strategies import budget, corpus, json_values
 from worker import cli
 from workflows.ids import MAX_OPERATOR_CHARS, MAX_REASON_CHARS
-from workflows.messages import Action, DetectorView, OperatorCommand, RemediationView
-from workflows.transitions import NodeState
+from workflows.messages import DetectorView, OperatorCommand, RemediationView
+from workflows.transitions import NodeState, Step
 
 texts = st.one_of(st.text(max_size=60), st.sampled_from(
     ["[/x]", "[bold]", "[link=http://x]y[/link]", ":smile:", "[/]", "\x1b[31m", "]["]),
@@ -55,8 +56,9 @@ def test_operator_payloads_decode_or_are_refused(text: str) -> None:
 @budget(300)
 @given(node=texts, reason=texts, error=texts)
 def test_any_text_renders_literally(node: str, reason: str, error: str) -> None:
-    view = RemediationView(node=node, state=NodeState.DRAINING, step=error, action=Action.REBOOT,
-                           reason=reason, dry_run=False, since=datetime(2026, 1, 1, tzinfo=UTC))
+    view = RemediationView(node=node, state=NodeState.DRAINING, step=Step.DRAIN,
+                           action=Action.REBOOT, reason=reason, dry_run=False,
+                           since=datetime(2026, 1, 1, tzinfo=UTC))
     printed = rendered(cli.out, lambda: cli.out.print(cli._status_table([view]), width=400))
     assert "reboot" in printed
     printed = rendered(cli.err, lambda: cli.fail(error))
