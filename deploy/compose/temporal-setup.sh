@@ -15,4 +15,4 @@ until temporal operator cluster health --address "$TEMPORAL_ADDRESS" | grep -q S
 done
 temporal operator namespace describe --address "$TEMPORAL_ADDRESS" --namespace "$ns" >/dev/null 2>&1 \
   || temporal operator namespace create --address "$TEMPORAL_ADDRESS" --namespace "$ns" --retention 72h
-exec sh /scripts/search-attributes.sh register
+exec sh "${SEARCH_ATTRIBUTES_SCRIPT:-/scripts/search-attributes.sh}" register

@@ -265,3 +265,24 @@ def test_the_temporal_ui_can_send_updates(services: dict[str, dict[str, Any]]) -
     assert repo == "temporalio/ui"
     version = tuple(int(part) for part in tag.split("."))
     assert version >= UI_WITH_SEND_UPDATE, f"temporalio/ui:{tag} has no Send an Update"
+
+
+def test_temporal_images_are_the_release_the_production_tier_runs(
+        services: dict[str, dict[str, Any]]) -> None:
+    """The production tier (tests/production) builds go.temporal.io/server at the version
+    its go.mod pins and runs it with this file's configuration and scripts: the compose
+    server, its schema job and every admin-tools image shipped (kustomize base, Helm
+    values) are that release."""
+    gomod = (ROOT / "tests" / "production" / "go.mod").read_text()
+    pinned = next(line.split()[1] for line in gomod.splitlines()
+                  if line.strip().startswith("go.temporal.io/server v"))
+    release = pinned.removeprefix("v")
+    for name in ("temporal", "temporal-schema", "temporal-setup"):
+        assert services[name]["image"].rsplit(":", 1)[1] == release, name
+    shipped = [DEPLOY / "base" / "search-attributes-job.yaml",
+               DEPLOY / "base" / "detector-start-job.yaml",
+               DEPLOY / "helm" / "gpu-remediate" / "values.yaml"]
+    for path in shipped:
+        tags = [line.split("temporalio/admin-tools:", 1)[1].split()[0]
+                for line in path.read_text().splitlines() if "temporalio/admin-tools:" in line]
+        assert tags == [release] * len(tags) and tags, f"{path}: {tags} != {release}"
