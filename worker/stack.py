@@ -101,14 +101,15 @@ class LocalStack:
 
     # ------------------------------------------------------------ processes
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Part:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None,
+               cwd: Path | None = None) -> Part:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{name}.log"
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env={**os.environ, **(env or {})},
+                start_new_session=True, env={**os.environ, **(env or {})}, cwd=cwd,
             )
         part = Part(name, proc, log)
         self.parts.append(part)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from kubernetes import client, config
@@ -11,10 +12,14 @@ from kubernetes import client, config
 from worker.stack import LocalStack, Ports
 
 HERE = Path(__file__).parent
+S = TypeVar("S", bound=LocalStack)
 
 
-def make_stack(tmp: Path, scenario: str, **overrides: object) -> LocalStack:
-    return LocalStack(
+def make_stack(tmp: Path, scenario: str, *, kind: type[S] = LocalStack,  # type: ignore[assignment]
+               **overrides: object) -> S:
+    """A stack (``kind``: LocalStack, or the production tier's ProductionStack) with the
+    end-to-end tests' short timings."""
+    return kind(
         data_dir=tmp, scenario=scenario, ports=Ports.ephemeral(), headless=True,
         persistent=True, job_seconds=1.0, reboot_seconds=2.0,
         overrides={"detector.interval": "PT1S", "remediation.drain.retry_interval": "PT1S",
