@@ -13,9 +13,11 @@ from typing import Any
 from aiohttp import web
 from kubernetes.client import ApiClient
 from prometheus_client import start_http_server
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.common import VersioningBehavior
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.service import RPCError
 from temporalio.worker import Worker, WorkerDeploymentConfig, WorkerDeploymentVersion
 
 from activities.drain import DrainActivities
@@ -28,7 +30,7 @@ from activities.nodes import NodeActivities
 from activities.operands import OperandActivities
 from activities.prometheus_source import PrometheusSource
 from activities.visibility import VisibilityActivities
-from worker.config import Settings, WorkerConfig
+from worker.config import Settings, TemporalConfig, WorkerConfig
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow, PinnedDetectorWorkflow
 from workflows.ids import observe_task_queue
@@ -119,6 +121,41 @@ class Health:
         return runner
 
 
+NOT_POLLING_WARN_AFTER = 10.0
+NOT_POLLING_WARN_EVERY = 30.0
+
+
+async def _report_start(worker: Worker, client: Client, settings: Settings) -> None:
+    """Say when the worker polls, and until then, why it does not: the server answers but
+    cannot serve the namespace (its database is down, the namespace is missing). The SDK
+    retries by itself; /readyz answers 503 meanwhile."""
+    t = settings.temporal
+    loop = asyncio.get_running_loop()
+    start, warn_at = loop.time(), NOT_POLLING_WARN_AFTER
+    while not worker.is_running:
+        await asyncio.sleep(0.25)
+        waited = loop.time() - start
+        if waited >= warn_at:
+            warn_at += NOT_POLLING_WARN_EVERY
+            log.warning("not polling yet after %.0fs: Temporal at %s cannot serve namespace "
+                        "%s (%s); retrying, /readyz answers 503 until it can",
+                        waited, t.address, t.namespace, await _namespace_problem(client, t))
+    log.info("worker polling task queue %s on %s (namespace %s)", t.task_queue, t.address,
+             t.namespace)
+
+
+async def _namespace_problem(client: Client, t: TemporalConfig) -> str:
+    try:
+        await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=t.namespace), retry=False,
+            timeout=timedelta(seconds=5))
+    except RPCError as err:
+        return f"{err.status.name}: {err.message}"
+    except Exception as err:  # whatever it is, the warning is still written
+        return f"{type(err).__name__}: {err}"
+    return "the namespace answers now"
+
+
 async def _run_both(worker: Worker, observer: Worker) -> None:
     """Both workers until either stops (the other is then shut down too)."""
     tasks = [asyncio.create_task(worker.run()), asyncio.create_task(observer.run())]
@@ -199,11 +236,10 @@ async def run_worker(settings: Settings) -> None:
             loop.add_signal_handler(sig, _stop, sig.name)
         run = asyncio.create_task(_run_both(worker, observer))
         health.ready = True
-        log.info("worker polling task queue %s on %s (namespace %s)",
-                 settings.temporal.task_queue, settings.temporal.address,
-                 settings.temporal.namespace)
+        started = asyncio.create_task(_report_start(worker, client, settings))
         stop_wait = asyncio.create_task(stopping.wait())
         await asyncio.wait({run, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        started.cancel()
         health.ready = False
         if not run.done():
             await asyncio.gather(worker.shutdown(), observer.shutdown())

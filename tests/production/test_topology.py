@@ -243,7 +243,11 @@ def test_a_worker_started_while_postgresql_is_down_waits_unready(prod: Productio
         prod.pg.start()
     prod.wait_ready(replica, timeout=120)
     log = replica.part.log.read_text()
-    assert "retry" in log.lower(), log[-2000:]
+    # Our own line, with the server's reason, before the one that says it polls.
+    warning = next((line for line in log.splitlines() if "not polling yet" in line), "")
+    assert "cannot serve namespace default" in warning, log[-3000:]
+    assert "/readyz answers 503" in warning and "database" in warning.lower(), warning
+    assert log.index("not polling yet") < log.index("worker polling task queue"), log[-3000:]
 
 
 def test_no_worker_logged_a_nondeterminism_error(prod: ProductionStack) -> None:

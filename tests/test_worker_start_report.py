@@ -1,0 +1,59 @@
+"""The worker says when it polls, and until then why it does not (the production tier
+shows it with PostgreSQL down: tests/production/test_topology.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from temporalio.service import RPCError, RPCStatusCode
+
+from worker import service
+from worker.config import Settings
+
+
+class _Service:
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+        self.asked = 0
+
+    async def describe_namespace(self, *_: Any, **__: Any) -> None:
+        self.asked += 1
+        if self.fail:
+            raise RPCError("GetNamespace operation failed. Error no usable database "
+                           "connection found", RPCStatusCode.UNAVAILABLE, b"")
+
+
+async def test_not_polling_is_explained_until_the_worker_runs(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(service, "NOT_POLLING_WARN_AFTER", 0.5)
+    monkeypatch.setattr(service, "NOT_POLLING_WARN_EVERY", 1.0)
+    worker = SimpleNamespace(is_running=False)
+    client = SimpleNamespace(workflow_service=_Service(fail=True))
+    caplog.set_level(logging.INFO, logger="gpu_remediate.worker")
+    task = asyncio.create_task(service._report_start(
+        worker, client, Settings.model_validate({})))  # type: ignore[arg-type]
+    await asyncio.sleep(2.2)
+    worker.is_running = True
+    await asyncio.wait_for(task, 5)
+    lines = [r.getMessage() for r in caplog.records]
+    warnings = [m for m in lines if m.startswith("not polling yet")]
+    assert len(warnings) == 2, lines
+    assert "cannot serve namespace default" in warnings[0]
+    assert "UNAVAILABLE: GetNamespace operation failed" in warnings[0]
+    assert "/readyz answers 503" in warnings[0]
+    assert lines[-1].startswith("worker polling task queue gpu-remediate")
+
+
+async def test_a_worker_that_polls_at_once_says_only_that(
+        caplog: pytest.LogCaptureFixture) -> None:
+    worker = SimpleNamespace(is_running=True)
+    client = SimpleNamespace(workflow_service=_Service(fail=False))
+    caplog.set_level(logging.INFO, logger="gpu_remediate.worker")
+    await service._report_start(worker, client, Settings.model_validate({}))  # type: ignore[arg-type]
+    assert [r.getMessage() for r in caplog.records] == [
+        "worker polling task queue gpu-remediate on localhost:7233 (namespace default)"]
+    assert client.workflow_service.asked == 0
