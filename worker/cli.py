@@ -425,6 +425,17 @@ def remediate(
 # ---------------------------------------------------------------- status
 
 
+def _quarantine_orders(v: RemediationView) -> list[str]:
+    """Who ordered a quarantine and why: an operator's order and the policy's, apart."""
+    lines = []
+    if (order := v.quarantine_ordered_by) is not None:
+        lines.append(f"quarantine ordered by operator {order.operator}"
+                     + (f": {order.reason}" if order.reason else ""))
+    if v.quarantine_policy_reason is not None:
+        lines.append(f"quarantine ordered by the policy: {v.quarantine_policy_reason}")
+    return lines
+
+
 def _status_table(views: list[RemediationView | dict[str, str]]) -> Table:
     table = Table(title="remediations in flight")
     for col in ("node", "state", "action", "step", "since", "attempt", "pods left",
@@ -471,6 +482,8 @@ def status(
             print(view.model_dump_json(indent=2))
             return
         out.print(_status_table([view]))
+        for line in _quarantine_orders(view):
+            out.print(line, soft_wrap=True, highlight=False)
         _print_ui_link(config, node)
         for t in view.transitions:
             out.print(f"  {t.at:%Y-%m-%d %H:%M:%S}  {t.state.value:<18} {t.step.value}")
@@ -485,7 +498,12 @@ def status(
                           for v in views], indent=2))
         return
     if not watch:
-        out.print(_status_table(with_client(config, ops.remediation_views)))
+        views = with_client(config, ops.remediation_views)
+        out.print(_status_table(views))
+        for v in views:
+            if not isinstance(v, dict):
+                for line in _quarantine_orders(v):
+                    out.print(f"{v.node}: {line}", soft_wrap=True, highlight=False)
         return
     settings = settings_from(config)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from policy.models import SEVERITY, Action, Finding, Verdict
+from workflows.ids import DETECTOR_REQUESTER
 from workflows.messages import DetectorState, FleetObservation, ManualRemediation, PendingStart
 from workflows.settings import DetectorSettings, limit_for
 from workflows.transitions import OUT_OF_SERVICE_STATES, NodeState
@@ -142,7 +143,7 @@ class Admission:
         for v in sorted(verdicts.values(),
                         key=lambda v: (-SEVERITY[v.action], st.first_seen[v.node], v.node)):
             if v.node not in manual_nodes:
-                self.queue.append(Candidate(v, "detector", v.summary))
+                self.queue.append(Candidate(v, DETECTOR_REQUESTER, v.summary))
 
     def _count_quarantines(self, quarantined: set[str]) -> None:
         """The outcome breaker: remediations that ended in quarantine (seen as nodes newly
@@ -209,7 +210,8 @@ class Admission:
             return "paused"
         if st.breaker_open:
             return "breaker open"
-        if c.verdict.action == Action.THERMAL and c.who == "detector" and self.thermal_outside:
+        if c.verdict.action == Action.THERMAL and c.who == DETECTOR_REQUESTER \
+                and self.thermal_outside:
             hot = self.now - st.first_seen.get(c.node, self.now)
             if hot < s.thermal_debounce:
                 return (f"hot for {int(hot.total_seconds())}s of the "
@@ -226,7 +228,7 @@ class Admission:
             limit = s.pool_budget_for(pool, self.obs.pool_sizes.get(pool, 0))
             if limit is not None and self.pool_in_use(pool) >= limit:
                 return f"pool {pool or '(none)'} full ({self.pool_in_use(pool)}/{limit})"
-        if s.max_quarantined is not None and c.who == "detector":
+        if s.max_quarantined is not None and c.who == DETECTOR_REQUESTER:
             # Any remediation may end in quarantine (a failed repair or validation), so
             # the cap holds back every automatic start, not only quarantine orders. An
             # operator's own `remediate` request is their decision, made seeing the count.

@@ -10,6 +10,9 @@ import zlib
 
 TASK_QUEUE = "gpu-remediate"
 DETECTOR_WORKFLOW_ID = "gpu-remediate-detector"
+DETECTOR_REQUESTER = "detector"
+"""Who requested a remediation the detector started for its policy's verdict (a remediation's
+``requested_by``); any other requester is the operator of a manual remediation."""
 
 MAX_REASON_CHARS = 1024
 """An operator's reason is cut to this many characters (ending in "…"): it is written into

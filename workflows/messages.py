@@ -20,7 +20,7 @@ from pydantic import (
 
 from policy.config import PolicyConfig
 from policy.models import Action, Verdict
-from workflows.ids import MAX_OPERATOR_CHARS, MAX_REASON_CHARS
+from workflows.ids import DETECTOR_REQUESTER, MAX_OPERATOR_CHARS, MAX_REASON_CHARS
 from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
 from workflows.transitions import NodeState, Outcome, Step
 
@@ -53,7 +53,7 @@ class RemediationInput(_Message):
     settings: RemediationSettings = Field(default_factory=RemediationSettings)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     dry_run: bool = False
-    requested_by: str = "detector"
+    requested_by: str = DETECTOR_REQUESTER
     reason: str = ""
     resume: RemediationResume | None = Field(
         default=None, description="Set by continue-as-new: the loop to pick up and its state."
@@ -117,6 +117,17 @@ class RemediationView(_Message):
                     "signal cannot return an error, so this is where its rejection shows.",
     )
     runs: int = Field(default=1, description="Runs of this remediation (continue-as-new).")
+    quarantine_ordered_by: OperatorCommand | None = Field(
+        default=None,
+        description="The operator who ordered this node quarantined, and why: the quarantine "
+                    "update or signal, or a manual remediation with action quarantine. null: "
+                    "no operator did.")
+    quarantine_policy_reason: str | None = Field(
+        default=None,
+        description="Why the policy ordered this node quarantined: a verdict whose action is "
+                    "quarantine, a repeat offender, heat that outlasted escalate_after. null: "
+                    "the policy did not. Neither set on a quarantined node: a repair or its "
+                    "validation failed (the step and the history entry say which).")
 
 
 class RemediationResult(_Message):

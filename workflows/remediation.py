@@ -28,7 +28,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows import activity_refs as act
     from workflows import errors, transitions
     from workflows.commands import abort_requester, checked_command
-    from workflows.ids import DETECTOR_WORKFLOW_ID, REQUEST_SLOT_SIGNAL, SLOT_GRANTED_SIGNAL
+    from workflows.ids import (
+        DETECTOR_REQUESTER,
+        DETECTOR_WORKFLOW_ID,
+        REQUEST_SLOT_SIGNAL,
+        SLOT_GRANTED_SIGNAL,
+    )
     from workflows.messages import (
         ClaimInput,
         ClaimResult,
@@ -165,6 +170,25 @@ class RemediationWorkflow:
         # granted (signal slot_granted); one admitted in a slot has it from the start.
         self.slot_granted = self.inp.holds_slot
         self.uid = r.uid if r else ""
+        if r is None or (self.view.quarantine_ordered_by is None
+                         and self.view.quarantine_policy_reason is None):
+            # Also a run continued from a release whose view did not show them yet.
+            self._show_quarantine_orders()
+
+    def _show_quarantine_orders(self) -> None:
+        """Who ordered a quarantine, in the view: an operator's order and the policy's apart
+        (an operator's quarantine command, or a manual remediation with action quarantine;
+        the policy's verdict, a repeat offender, heat that stays)."""
+        v, inp = self.view, self.inp
+        v.quarantine_ordered_by = self.quarantine_order
+        v.quarantine_policy_reason = self.policy_quarantine
+        if inp.verdict.action != Action.QUARANTINE:
+            return
+        if inp.requested_by == DETECTOR_REQUESTER:
+            v.quarantine_policy_reason = v.quarantine_policy_reason or v.reason
+        elif inp.requested_by and v.quarantine_ordered_by is None:
+            v.quarantine_ordered_by = OperatorCommand(operator=inp.requested_by,
+                                                      reason=inp.reason)
 
     # ------------------------------------------------------------ queries and updates
 
@@ -230,7 +254,7 @@ class RemediationWorkflow:
                 type=errors.REJECTED)
 
     def _do_quarantine(self, cmd: OperatorCommand) -> OperatorAck:
-        self.quarantine_order = cmd
+        self.quarantine_order = self.view.quarantine_ordered_by = cmd
         return self._ack(f"quarantine ordered by {cmd.operator}; takes effect at the end of "
                          f"the current step ({self.view.step})")
 
@@ -398,6 +422,7 @@ class RemediationWorkflow:
                        f"{window_start:%Y-%m-%d}; quarantine")
             why = f"repeat offender: {len(recent)} repairs within " \
                   f"{s.repeat_offender_window}"
+            self.view.quarantine_policy_reason = why
             if workflow.patched("policy-quarantine-awaits-approval"):
                 self.policy_quarantine = why
             else:
@@ -569,6 +594,7 @@ class RemediationWorkflow:
                 return None
             if t.escalate_after is not None and workflow.now() - hot_since >= t.escalate_after:
                 why = f"still hot after {t.escalate_after}: {result.message}; check cooling"
+                self.view.quarantine_policy_reason = why
                 if workflow.patched("policy-quarantine-awaits-approval"):
                     self.policy_quarantine = why
                 else:
@@ -625,6 +651,8 @@ class RemediationWorkflow:
         self.action = verdict.action
         self.view.action = verdict.action
         self.view.reason = f"{verdict.summary} ({why})"
+        if verdict.action == Action.QUARANTINE:
+            self.view.quarantine_policy_reason = self.view.reason
         workflow.upsert_search_attributes([REMEDIATION_ACTION.value_set(self.action.value)])
 
     async def _wait_for_slot(self) -> None:
@@ -1093,8 +1121,8 @@ class RemediationWorkflow:
                 check = await self._validate(self.view.attempt, released)
             self.release_order = None
             if check.succeeded:
-                self.quarantine_order = None
-                self.policy_quarantine = None
+                self.quarantine_order = self.view.quarantine_ordered_by = None
+                self.policy_quarantine = self.view.quarantine_policy_reason = None
                 return await self._finish(
                     Outcome.HEALTHY, f"released by {order.operator} and validated",
                     {**acked, **released})

@@ -194,6 +194,30 @@ async def test_quarantine_from_draining_stops_the_drain_and_runs_no_repair(local
         await handle.terminate("test over")
 
 
+async def test_the_view_shows_an_operators_quarantine_order_apart_from_the_policys(local_env):
+    """An operator's order is shown as theirs, not as the policy's, in the hold run that
+    continues the quarantine; the release that returns the node clears it."""
+    cluster, node = FakeCluster(drain_results=[BLOCKED]), node_name("quar-who")
+    async with worker_for(local_env.client, cluster) as queue:
+        handle = await _quarantined_from_draining(local_env.client, cluster, queue, node)
+        shown: list[RemediationView] = []
+
+        async def held() -> bool:
+            try:
+                v = await view(handle)
+            except Exception:  # the quarantine is handing over to its hold run
+                return False
+            shown[:] = [v]
+            return v.runs >= 2
+        await until(held, 10, "the quarantine hold")
+        assert shown[0].quarantine_ordered_by == cmd("carol", "fan failure")
+        assert shown[0].quarantine_policy_reason is None
+        await handle.execute_update(RemediationWorkflow.release, cmd("erin", "fan fixed"))
+        assert (await result_within(handle)).outcome == NodeState.HEALTHY
+        after = await view(handle)
+    assert after.quarantine_ordered_by is None and after.quarantine_policy_reason is None
+
+
 async def test_release_when_not_quarantined_is_rejected(local_env):
     cluster, node = FakeCluster(drain_results=[BLOCKED]), node_name("rel-no")
     async with worker_for(local_env.client, cluster) as queue:

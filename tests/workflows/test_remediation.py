@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,7 @@ from workflows.messages import (
     OperatorCommand,
     RemediationInput,
     RemediationResult,
+    RemediationView,
     ThermalWatchResult,
 )
 from workflows.remediation import RemediationWorkflow
@@ -303,7 +305,48 @@ async def test_thermal_that_stays_hot_escalates_to_drain_and_quarantine(time_ski
                      and cluster.nodes["n13"].state == NodeState.QUARANTINED)
         assert any(c[0] == "drain_node" for c in cluster.calls)
         assert "still hot" in cluster.nodes["n13"].history[-1].outcome
+        view = await held_view(handle)
+        assert view.quarantine_policy_reason is not None, view
+        assert view.quarantine_policy_reason.startswith("still hot after 0:30:00")
+        assert view.quarantine_ordered_by is None
         await end_in_hold(handle)
+
+
+async def test_the_view_tells_the_policys_quarantine_from_an_operators(time_skipping_env):
+    """Who ordered a quarantine shows in the view (and `gpu-remediate status`) as two
+    fields: the policy's (its quarantine verdict, the repeat-offender rule) and an
+    operator's (here a manual remediation with action quarantine), never one for the
+    other; the hold run that continues the quarantine keeps them."""
+    cluster = FakeCluster()
+    now = await time_skipping_env.get_current_time()
+    cluster.node("n30").history = [
+        HistoryEntry(started=now - timedelta(days=d), action="reboot", reason="xid 79",
+                     outcome="healthy", workflow_id=f"old-{d}") for d in (1, 2, 3)]
+    inputs = {
+        "n30": RemediationInput(node="n30", verdict=xid_verdict("n30")),
+        "n31": RemediationInput(node="n31", verdict=xid_verdict("n31", 79, Action.QUARANTINE)),
+        "n32": RemediationInput(node="n32", verdict=xid_verdict("n32", 79, Action.QUARANTINE),
+                                requested_by="alice", reason="fan rattles"),
+    }
+    views: dict[str, RemediationView] = {}
+    async with running(time_skipping_env.client, cluster) as queue:
+        for node, inp in inputs.items():
+            handle = await time_skipping_env.client.start_workflow(
+                RemediationWorkflow.run, inp, id=f"remediation-{node}-{uuid.uuid4()}",
+                task_queue=queue)
+            await _until(lambda n=node: cluster.nodes.get(n) is not None
+                         and cluster.nodes[n].state == NodeState.QUARANTINED)
+            views[node] = await held_view(handle)
+            await end_in_hold(handle)
+    repeat, verdict, manual = views["n30"], views["n31"], views["n32"]
+    assert repeat.quarantine_ordered_by is None
+    assert repeat.quarantine_policy_reason == "repeat offender: 3 repairs within 7 days, 0:00:00"
+    assert verdict.quarantine_ordered_by is None
+    assert verdict.quarantine_policy_reason == verdict.reason
+    assert verdict.quarantine_policy_reason
+    assert manual.quarantine_policy_reason is None
+    assert manual.quarantine_ordered_by == OperatorCommand(operator="alice",
+                                                           reason="fan rattles")
 
 
 async def test_hardware_fault_while_cordoned_for_heat_escalates_to_repair(time_skipping_env):
@@ -349,6 +392,20 @@ async def end_in_hold(handle) -> None:
     while not await held() and loop.time() < end:
         await asyncio.sleep(0.05)
     await handle.terminate("test over")
+
+
+async def held_view(handle) -> RemediationView:
+    """The view of a quarantined remediation once its hold run has taken over (a query in
+    the middle of the hand-over can fail)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 10
+    while loop.time() < end:
+        with contextlib.suppress(Exception):
+            view = await handle.query(RemediationWorkflow.view_state)
+            if view.runs >= 2:
+                return view
+        await asyncio.sleep(0.05)
+    raise AssertionError("the quarantine hold did not take over")
 
 
 async def _until(check, timeout: float = 20.0) -> None:

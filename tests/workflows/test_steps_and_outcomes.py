@@ -51,6 +51,9 @@ BEFORE = {
     "quarantined": '{"node":"n1","outcome":"quarantined","attempts":2,"message":"m"}',
     "healthy": '{"node":"n1","outcome":"healthy","attempts":1,"message":"m"}',
 }
+# Fields added since (with defaults): left out of the comparison, absent from what an earlier
+# worker wrote.
+ADDED = {"view": {"quarantine_ordered_by", "quarantine_policy_reason"}}
 
 
 def samples() -> dict[str, BaseModel]:
@@ -79,13 +82,14 @@ def samples() -> dict[str, BaseModel]:
 
 @pytest.mark.parametrize("name", sorted(BEFORE))
 def test_a_payload_is_byte_for_byte_what_the_strings_made(name: str) -> None:
-    model = samples()[name]
-    assert model.model_dump_json() == BEFORE[name]
+    model, added = samples()[name], ADDED.get(name, set())
+    assert model.model_dump_json(exclude=added) == BEFORE[name]
     payload = pydantic_data_converter.payload_converter.to_payloads([model])[0]
-    assert json.loads(payload.data) == json.loads(BEFORE[name])
+    assert {k: v for k, v in json.loads(payload.data).items() if k not in added} == \
+        json.loads(BEFORE[name])
     # What an earlier worker wrote decodes to the enums and encodes back the same.
     again = type(model).model_validate_json(BEFORE[name])
-    assert again == model and again.model_dump_json() == BEFORE[name]
+    assert again == model and again.model_dump_json(exclude=added) == BEFORE[name]
 
 
 def test_the_values_are_the_strings_that_travel() -> None:
