@@ -16,6 +16,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, CancelledError
 
 from activities import metrics
+from activities.gpus import GPU_RESOURCE
 from activities.job_templates import JobsConfig, JobTemplate, TemplateRefused
 from activities.kube import REQUEST_TIMEOUT, raise_typed, status_message
 from activities.node_keys import A_RUN, JOB_LABEL, NODE_LABEL, label_value
@@ -53,7 +54,7 @@ def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
     if inp.gpu_index is not None:
         container["env"].append({"name": "GPU_INDEX", "value": inp.gpu_index})
     if inp.kind == "validate" and inp.gpus > 0:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(inp.gpus)}}
+        container["resources"] = {"limits": {GPU_RESOURCE: str(inp.gpus)}}
     pod_spec: dict[str, Any] = {
         "nodeName": inp.node,
         "restartPolicy": "Never",
