@@ -24,7 +24,8 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from activities.fleet import FleetActivities, GpuNode
+from activities.fleet import FleetActivities
+from activities.fleet_nodes import GpuNode
 from activities.gpus import GPU_RESOURCE, pod_gpu_request, quantity
 from activities.kube import REQUEST_TIMEOUT, raise_typed
 from activities.node_keys import JOB_LABEL

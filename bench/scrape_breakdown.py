@@ -129,8 +129,9 @@ def main() -> None:
         parse_exposition,
         select_health_lines_bytes,
     )
-    from activities.fleet import ExporterSettings, FleetActivities
+    from activities.fleet import FleetActivities
     from activities.parse_pool import looks_intact, read_body
+    from activities.scrape import ExporterSettings
     from policy.config import PolicyConfig
     from policy.models import GpuReading, NodeReadings
     from policy.rules import evaluate_node

@@ -22,13 +22,14 @@ from temporalio.worker import Worker, WorkerDeploymentConfig, WorkerDeploymentVe
 
 from activities.drain import DrainActivities
 from activities.events import EventActivities, set_event_namespace
-from activities.fleet import ExporterSettings, FleetActivities
+from activities.fleet import FleetActivities
 from activities.jobs import JobActivities
 from activities.kube import KubeSettings, make_api_client
 from activities.node_return import NodeReturnActivities
 from activities.nodes import NodeActivities
 from activities.operands import OperandActivities
 from activities.prometheus_source import PrometheusSource
+from activities.scrape import ExporterSettings
 from activities.visibility import VisibilityActivities
 from worker.config import Settings, TemporalConfig, WorkerConfig
 from worker.temporal_client import connect

@@ -98,6 +98,8 @@ def delete_node_job(inp: NodeJobInput) -> None:
 
 
 # ------------------------------------------------------------ the fleet (activities/fleet.py)
+# FleetActivities: observe_fleet in fleet.py, release_orphan in orphans.py, read_node_health,
+# watch_thermal and check_thermal in thermal.py, report_admission in admission_report.py.
 
 @activity.defn(name="observe_fleet")
 async def observe_fleet(inp: ObserveInput) -> FleetObservation:

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.fleet import ExporterSettings, FleetActivities
+from activities.fleet import FleetActivities
 from activities.node_keys import (
     A_ACK_XIDS,
     A_WORKFLOW,
@@ -16,6 +16,7 @@ from activities.node_keys import (
     EXCLUDE_LABEL,
     STATE_LABEL,
 )
+from activities.scrape import ExporterSettings
 from policy.config import PolicyConfig
 from policy.models import Action
 from tests.activities.conftest import Cluster, ThreadedGpuSim
@@ -464,7 +465,7 @@ async def test_a_node_naming_a_running_workflow_of_its_own_choice_is_still_an_or
     """Labelled draining with workflow-id=gpu-remediate-detector (which always runs), a
     node held the only budget slot forever. Only remediation-<node> of the remediation
     workflow type backs a node's markers."""
-    from activities.fleet import GpuNode
+    from activities.fleet_nodes import GpuNode
 
     fleet = FleetActivities(cluster.api, template(gpu_sim))
     node = GpuNode("gpu-node-01", NodeState.DRAINING, "gpu-remediate-detector", {}, {})

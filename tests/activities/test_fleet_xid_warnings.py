@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from temporalio.testing import ActivityEnvironment
 
-from activities.fleet import ExporterSettings, FleetActivities
+from activities.fleet import FleetActivities
+from activities.scrape import ExporterSettings
 from policy.config import PolicyConfig
 from policy.models import Action
 from tests.activities.conftest import Cluster, ThreadedGpuSim, metric

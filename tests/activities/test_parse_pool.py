@@ -23,7 +23,7 @@ from aiohttp import web
 from kubernetes import client
 from temporalio.testing import ActivityEnvironment
 
-import activities.fleet as fleet_module
+import activities.scrape as fleet_module
 from activities.exposition import (
     _BODY_RE,
     NODE_LIMITS,
@@ -42,8 +42,9 @@ from activities.exposition import (
     select_health_lines,
     select_health_lines_bytes,
 )
-from activities.fleet import ExporterSettings, FleetActivities, looks_intact
+from activities.fleet import FleetActivities
 from activities.parse_pool import BodyError, ParsePool, read_body
+from activities.scrape import ExporterSettings, looks_intact
 from policy.models import GpuReading
 from sim.gpu.exposition import garble, render_fleet, render_node
 from sim.gpu.fleet import Fleet

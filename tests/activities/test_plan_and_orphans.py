@@ -8,7 +8,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.fleet import ExporterSettings, FleetActivities, GpuNode
+from activities.fleet import FleetActivities
+from activities.fleet_nodes import GpuNode
 from activities.node_keys import (
     A_ACK_XIDS,
     A_ORPHAN,
@@ -17,6 +18,7 @@ from activities.node_keys import (
     STATE_LABEL,
     TAINT_KEY,
 )
+from activities.scrape import ExporterSettings
 from tests.activities.conftest import Cluster, ThreadedGpuSim
 from worker.config import load_settings
 from worker.plan import make_plan

@@ -18,11 +18,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment
 
 from activities import annotations as node_annotations
-from activities.fleet import ExporterSettings, FleetActivities
+from activities.fleet import FleetActivities
 from activities.node_keys import A_ACK_XIDS, A_HISTORY, A_TRANSITION, A_XID_SIGHTINGS, STATE_LABEL
 from activities.nodes import NodeActivities
 from activities.observation_budget import MAX_OBSERVATION_BYTES, bound_observation
 from activities.parse_pool import BodyError, ParsePool
+from activities.scrape import ExporterSettings
 from policy.config import PolicyConfig
 from policy.models import Action, Finding, Verdict
 from tests.activities.conftest import Cluster, ThreadedGpuSim
@@ -327,7 +328,7 @@ def test_a_node_naming_another_nodes_workflow_is_not_shown_as_running_it() -> No
     taken from it, so `status` never points an operator at another node's workflow."""
     from kubernetes import client
 
-    from activities.fleet import _gpu_node
+    from activities.fleet_nodes import _gpu_node
     from activities.node_keys import A_WORKFLOW
     from workflows.ids import remediation_workflow_id
 

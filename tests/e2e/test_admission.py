@@ -189,7 +189,7 @@ def test_unreadable_exporters_never_make_a_node_unhealthy(breaker_stack: LocalSt
 
 
 # Regression: garbled payloads used to be parsed line by line, so a hot GPU's clock
-# reasons in the surviving prefix cordoned the node (fixed in activities/fleet.scrape).
+# reasons in the surviving prefix cordoned the node (fixed in activities/scrape.py).
 def test_garbled_exporter_with_hot_gpu_causes_no_action(breaker_stack: LocalStack) -> None:
     k8s, gpu = Cluster(breaker_stack), GpuSimClient(breaker_stack.gpu_url)
     node = "gpu-node-10"

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from activities import annotations as node_annotations
 from activities.exposition import MAX_XID
-from activities.fleet import _gpu_node
+from activities.fleet_nodes import _gpu_node
 from activities.node_keys import A_ACK_XIDS, A_HISTORY, A_TRANSITION, A_XID_SIGHTINGS
 from activities.nodes import _observe_state_time, parse_acknowledged, parse_history
 from activities.xid_sightings import parse_tracks

@@ -1,0 +1,112 @@
+"""Orphans: nodes labelled in remediation whose remediation workflow is not running.
+
+They keep their budget slot (fail closed); the first time one is seen it is marked with an
+annotation and a Warning Event, and ``release_orphan`` releases it once an operator asks
+and it still is one. ``OrphanActivities`` is a part of ``FleetActivities``
+(activities/fleet.py), which sets up the state it reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities import annotations as node_annotations
+from activities import metrics
+from activities.events import record_node_event
+from activities.fleet_nodes import GpuNode, _our_workflow, _state, _tainted
+from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
+from activities.node_keys import A_ACTION, A_ORPHAN, A_PRECORDONED, A_REASON, A_SINCE, STATE_LABEL
+from activities.nodes import NodeActivities
+from workflows import errors as error_types
+from workflows.ids import remediation_workflow_id
+from workflows.messages import HistoryEntry, OrphanRelease, ReleaseInput
+from workflows.transitions import NodeState, Outcome
+
+log = logging.getLogger(__name__)
+
+
+class OrphanActivities:
+    """FleetActivities' orphans: found in each observation, released on request."""
+
+    core: client.CoreV1Api
+    nodes: NodeActivities
+
+    async def find_orphans(self, labelled: list[GpuNode]) -> list[str]:
+        """Labelled nodes whose remediation is not running (terminated, failed, gone).
+
+        They keep their slot (fail closed); the first time one is seen it gets an
+        annotation and a Warning Event so an operator can release it.
+        """
+        try:
+            client = activity.client()
+        except RuntimeError:
+            return []  # not running in a worker (offline tools)
+        orphans = []
+        for node in labelled:
+            # The one ID a remediation of this node runs under, never the ID the node's
+            # annotation names (a node can write it: naming the detector, which always
+            # runs, would hold a budget slot forever).
+            wid = remediation_workflow_id(node.name)
+            try:
+                desc = await client.get_workflow_handle(wid).describe()
+                running = (desc.status == WorkflowExecutionStatus.RUNNING
+                           and desc.workflow_type == "RemediationWorkflow")
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    continue  # cannot tell: never call a node an orphan on no data
+                running = False
+            if running:
+                continue
+            orphans.append(node.name)
+            if not node.orphan_marked:
+                await asyncio.to_thread(self._mark_orphan, node.name, wid)
+        metrics.ORPHANS.set(len(orphans))
+        return sorted(orphans)
+
+    @activity.defn
+    async def release_orphan(self, req: OrphanRelease) -> None:
+        """Release a node whose remediation workflow is gone, after checking it still is."""
+        try:
+            n = await asyncio.to_thread(self.core.read_node, req.node,
+                                        _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            raise_typed(err, f"read node {req.node}")
+        labels, ann = meta_dict(n, "labels"), meta_dict(n, "annotations")
+        node = GpuNode(req.node, _state(labels.get(STATE_LABEL), _tainted(n))[0],
+                       _our_workflow(req.node, ann), {}, labels)
+        if node.state == NodeState.HEALTHY or req.node not in await self.find_orphans([node]):
+            raise ApplicationError(f"{req.node} is not an orphan any more",
+                                   type=error_types.NOT_ORPHAN, non_retryable=True)
+        now = datetime.now(UTC)
+        # Node-written: a naive or absurd time must not keep the release from finishing.
+        started = node_annotations.parse_timestamp(A_SINCE, ann.get(A_SINCE), now=now).value or now
+        why = f"orphan released by {req.operator}" + (f": {req.reason}" if req.reason else "")
+        await asyncio.to_thread(self.nodes.release_node, ReleaseInput(
+            node=req.node, outcome=Outcome.RELEASED, uncordon=ann.get(A_PRECORDONED) != "true",
+            history=HistoryEntry(started=started, finished=now, action=ann.get(A_ACTION, "?"),
+                                 reason=ann.get(A_REASON, ""), outcome=f"{Outcome.RELEASED}: {why}",
+                                 workflow_id=node.workflow_id, by=req.operator),
+            event_reason="OrphanReleased", event_message=why))
+
+    def _mark_orphan(self, node: str, workflow_id: str) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        try:
+            self.core.patch_node(node, {"metadata": {"annotations": {A_ORPHAN: now}}},
+                                 _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            log.warning("could not mark %s orphaned: %s", node, err.status)
+            return
+        record_node_event(self.core, node, reason="RemediationOrphaned", event_type="Warning",
+                          message=f"labelled in remediation but workflow {workflow_id} is not "
+                                  "running; it keeps its budget slot until released "
+                                  f"(gpu-remediate release-orphan {node})")
