@@ -5,7 +5,7 @@ with the invariant checker sampling throughout.
 CI runs the short default. A long soak, its summary appended to a JSON file:
 
     GPU_REMEDIATE_SOAK_SECONDS=600 GPU_REMEDIATE_SOAK_NODES=200 GPU_REMEDIATE_SOAK_SEED=11 \\
-        GPU_REMEDIATE_SOAK_REPORT=bench/results/soak.json \\
+        GPU_REMEDIATE_SOAK_REPORT=tools/bench/results/soak.json \\
         .venv/bin/pytest tests/chaos/test_soak.py -s
 """
 

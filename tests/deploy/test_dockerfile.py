@@ -124,5 +124,5 @@ def test_dockerignore_keeps_what_the_build_copies() -> None:
             assert (ROOT / src).exists(), src
     for package in ("policy", "activities", "workflows", "worker", "sim"):
         assert f"{package}/" in sources, f"the image misses the {package} package"
-    for private in (".venv", ".git", "tests", "bench", "docs/install.md"):
+    for private in (".venv", ".git", "tests", "tools", "docs/install.md"):
         assert _ignored(private, patterns), f"{private} would be sent to the build"

@@ -16,7 +16,7 @@ one warm-up tick it measures ``--ticks`` ticks from the detector's history and t
 - CPU seconds per tick of each worker process, the simulators and the Temporal server and
   PostgreSQL (from /proc), and each worker's peak RSS.
 
-The results are appended to bench/results/production_scale.json (git-ignored).
+The results are appended to tools/bench/results/production_scale.json (git-ignored).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from worker.stack import Ports
 from worker.temporal_client import connect
 from workflows.ids import DETECTOR_WORKFLOW_ID
 
-RESULTS = REPO / "bench" / "results" / "production_scale.json"
+RESULTS = REPO / "tools" / "bench" / "results" / "production_scale.json"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 

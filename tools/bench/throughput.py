@@ -1,6 +1,6 @@
 """Many remediations at once on one worker, against the simulators.
 
-Run: ``.venv/bin/python bench/throughput.py [--nodes 200] [--interval 2]``
+Run: ``.venv/bin/python -m tools.bench.throughput [--nodes 200] [--interval 2]``
 
 Starts the real local stack on a scenario with ``--nodes`` nodes, each carrying one GPU pod of
 a ReplicaSet (no PDB: with every node cordoned a PDB could never be satisfied), with budget
@@ -23,15 +23,12 @@ import asyncio
 import collections
 import json
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import (
+from tools.bench._common import (
     make_stack,
     percentile,
     proc_cpu_seconds,

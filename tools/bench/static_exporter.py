@@ -1,6 +1,6 @@
 """A tiny static dcgm-exporter fleet for benchmarks: pre-rendered per-node bodies.
 
-Run: ``.venv/bin/python bench/static_exporter.py --nodes 10000 --gpus 8 --port 0``
+Run: ``.venv/bin/python -m tools.bench.static_exporter --nodes 10000 --gpus 8 --port 0``
 
 At start it renders every node of ``Fleet.synthetic(nodes, gpus)`` once with the GPU
 simulator's renderer and keeps the encoded bodies; ``GET /nodes/<node>/metrics`` then only
@@ -14,11 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import socket
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiohttp import web
 

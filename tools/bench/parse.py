@@ -1,6 +1,6 @@
 """Throughput of the two exposition parsers on a fleet-sized dcgm-exporter payload.
 
-Run: ``.venv/bin/python bench/parse.py [--nodes 1000] [--gpus 8] [--repeat 3]``
+Run: ``.venv/bin/python -m tools.bench.parse [--nodes 1000] [--gpus 8] [--repeat 3]``
 
 Two measurements, each for the fast parser and for the ``prometheus_client``-based reference
 on the same payload:
@@ -11,7 +11,7 @@ on the same payload:
   identical, or the benchmark fails. Target: the fast path >= 3x the reference.
 
 Figures are the median of ``--repeat`` runs after one warm-up run. Results are appended to
-``bench/results/parse.json``.
+``tools/bench/results/parse.json``.
 
 The payload mimics dcgm-exporter 4.x with its stock counter file (25 families, HELP/TYPE per
 family, exporter label order, pod labels on allocated GPUs, six-decimal doubles), concatenated
@@ -22,19 +22,15 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TypeVar
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from activities.exposition import ParseResult, parse_exposition, parse_exposition_reference
-from bench._common import median, save, table
 from policy.config import PolicyConfig
 from policy.models import Verdict
 from policy.rules import evaluate_node
+from tools.bench._common import median, save, table
 
 TARGET_RATIO = 3.0
 T = TypeVar("T")

@@ -1,6 +1,6 @@
 """Fault injection -> node cordoned, with the real stack.
 
-Run: ``.venv/bin/python bench/fault_to_cordon.py [--injections 20] [--interval 5]``
+Run: ``.venv/bin/python -m tools.bench.fault_to_cordon [--injections 20] [--interval 5]``
 
 Starts the real local stack (Temporal dev server, GPU simulator, cluster simulator and the
 worker as processes, ephemeral ports; ``worker.stack.LocalStack``) on a scenario with one
@@ -24,14 +24,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import (
+from tools.bench._common import (
     make_stack,
     median,
     percentile,

@@ -1,7 +1,7 @@
 """Shared helpers for the benchmarks: machine description, results files, subprocesses.
 
-Every benchmark appends one JSON document per run to ``bench/results/<name>.json`` (a JSON
-list; the folder is git-ignored) with the machine it ran on, so figures from different
+Every benchmark appends one JSON document per run to ``tools/bench/results/<name>.json``
+(a JSON list; the folder is git-ignored) with the machine it ran on, so figures from different
 machines or days are never compared by accident.
 """
 
@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# The repository root: the benchmarks run as `python -m tools.bench.<name>` from there, and
+# so do the processes they start.
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "tools" / "bench" / "results"
 
 # Fixed ports of a developer's `gpu-remediate up` and of the other engineers' runs.
 RESERVED_PORTS = {7233, 8233, 9400, 6443, 8080, 9464, 9465}
@@ -57,7 +57,7 @@ def machine() -> dict[str, Any]:
 
 
 def save(name: str, results: dict[str, Any]) -> Path:
-    """Append one run to bench/results/<name>.json."""
+    """Append one run to tools/bench/results/<name>.json."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     runs: list[Any] = []

@@ -1,8 +1,8 @@
 """Where a fleet observation's time goes, per node: HTTP client, body checks, parse, evaluate.
 
-Run: ``.venv/bin/python bench/scrape_breakdown.py [--nodes 2000] [--repeat 3] [--httpx]``
+Run: ``.venv/bin/python -m tools.bench.scrape_breakdown [--nodes 2000] [--repeat 3] [--httpx]``
 
-Starts ``bench/static_exporter.py`` (pre-rendered bodies, stock metric set) and measures,
+Starts ``tools/bench/static_exporter.py`` (pre-rendered bodies, stock metric set) and measures,
 in this process:
 
 1. the product's ``FleetActivities.scrape_many`` end to end (aiohttp, concurrency 64), with
@@ -36,9 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import ROOT, free_port, median, save, spawn, stop, table, wait_until
+from tools.bench._common import free_port, median, save, spawn, stop, table, wait_until
 
 
 async def httpx_bodies(urls: list[str], concurrency: int) -> int:
@@ -138,7 +136,7 @@ def main() -> None:
 
     port = free_port()
     logs = Path(tempfile.mkdtemp(prefix="bench-breakdown-"))
-    server = spawn([sys.executable, str(ROOT / "bench" / "static_exporter.py"), "--port",
+    server = spawn([sys.executable, "-m", "tools.bench.static_exporter", "--port",
                     str(port), "--nodes", str(args.nodes), "--gpus", str(args.gpus)],
                    logs / "static.log")
     n = args.nodes

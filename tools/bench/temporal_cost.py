@@ -1,12 +1,12 @@
 """Temporal history cost: events per detector tick (1,000 vs 10,000 nodes) and per remediation.
 
-Run: ``.venv/bin/python bench/temporal_cost.py [--ticks 8] [--nodes 1000 10000]``
+Run: ``.venv/bin/python -m tools.bench.temporal_cost [--ticks 8] [--nodes 1000 10000]``
 
 Three measurements against one real Temporal dev server:
 
 1. **Detector tick, stubbed observation, at fleet scale.** A cluster simulator with 10,000
    nodes and a 10,000-node scrape per tick is too slow for a benchmark (see
-   ``bench/detector_tick.py``), so an in-process worker on its own task queue registers the
+   ``tools/bench/detector_tick.py``), so an in-process worker on its own task queue registers the
    real ``DetectorWorkflow`` with a stub ``observe_fleet`` activity returning a
    ``FleetObservation`` with ``managed_nodes = readable_nodes = N`` and the same three
    flagged verdicts for every N (budget ``max_unavailable: 0``, so they wait and no child
@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import sys
+import itertools
 import tempfile
 import time
 import uuid
@@ -33,11 +33,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import itertools
-
-from bench._common import (
+from tools.bench._common import (
     make_stack,
     median,
     save,

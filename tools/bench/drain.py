@@ -1,6 +1,6 @@
 """Drain one node carrying 110 pods (several ReplicaSets with PDBs) with DrainActivities.drain_node.
 
-Run: ``.venv/bin/python bench/drain.py [--repeat 3] [--retry-interval 5]``
+Run: ``.venv/bin/python -m tools.bench.drain [--repeat 3] [--retry-interval 5]``
 
 Per run, a fresh cluster simulator (in-process, ``ThreadedClusterSim``) with three nodes:
 ``bench-0001`` (the one drained) and two spares. With the spares cordoned, six ReplicaSets are
@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import free_port, median, save, table, wait_until, write_scenario
+from tools.bench._common import free_port, median, save, table, wait_until, write_scenario
 
 REPLICAS = 18
 PDBS: list[dict[str, Any] | None] = [

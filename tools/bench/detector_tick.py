@@ -1,6 +1,6 @@
 """One fleet observation at fleet scale: scrape every exporter over HTTP, parse, evaluate.
 
-Run: ``.venv/bin/python bench/detector_tick.py [--nodes 1000 10000] [--repeat 3]
+Run: ``.venv/bin/python -m tools.bench.detector_tick [--nodes 1000 10000] [--repeat 3]
 [--servers sim static] [--extra-fields] [--parse-helper-from N]``
 
 For each fleet size and each server kind it starts the exporter fleet in a separate
@@ -18,7 +18,7 @@ none ran), and the CPU the server process spent meanwhile. Server kinds:
 
 - ``sim``: the GPU simulator in fleet mode (``sim gpu serve --nodes N``), which renders
   every body on request; on a 2-core machine it competes with the scraper for CPU.
-- ``static``: ``bench/static_exporter.py``, the same bodies pre-rendered once, so the
+- ``static``: ``tools/bench/static_exporter.py``, the same bodies pre-rendered once, so the
   figures are the product's own cost.
 
 The default metric set is dcgm-exporter's stock ``default-counters.csv`` (the simulator's
@@ -43,9 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import (
+from tools.bench._common import (
     ROOT,
     cpu_seconds,
     free_port,
@@ -137,7 +135,7 @@ def start_server(kind: str, nodes: int, gpus: int, extra: bool, logs: Path
                 "--nodes", str(nodes), "--gpus", str(gpus),
                 "--extra-fields" if extra else "--no-extra-fields"]
     else:
-        argv = [sys.executable, str(ROOT / "bench" / "static_exporter.py"), "--port", str(port),
+        argv = [sys.executable, "-m", "tools.bench.static_exporter", "--port", str(port),
                 "--nodes", str(nodes), "--gpus", str(gpus), *(["--extra-fields"] if extra else [])]
     proc = spawn(argv, logs / f"{kind}-{nodes}.log")
     base = f"http://127.0.0.1:{port}"
@@ -156,8 +154,9 @@ def run_child(url_template: str, nodes: int, concurrency: int, server_pid: int,
               helper_from: int | None) -> dict[str, Any]:
     server_cpu0 = proc_cpu_seconds(server_pid)
     extra = [] if helper_from is None else ["--parse-helper-from", str(helper_from)]
-    out = subprocess.run([sys.executable, __file__, "--child", "--url-template", url_template,
-                          "--nodes", str(nodes), "--concurrency", str(concurrency), *extra],
+    out = subprocess.run([sys.executable, "-m", "tools.bench.detector_tick", "--child",
+                          "--url-template", url_template, "--nodes", str(nodes),
+                          "--concurrency", str(concurrency), *extra],
                          capture_output=True, text=True, timeout=900, cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"measuring child failed:\n{out.stderr[-3000:]}")

@@ -1,0 +1,1 @@
+"""Developer tools kept beside the project; not part of the installed packages."""
