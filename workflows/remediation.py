@@ -863,7 +863,12 @@ class RemediationWorkflow:
             act.pause_gpu_operands,
             OperandsInput(node=self.inp.node, operands=op.operands, namespace=op.namespace,
                           dry_run=self.inp.dry_run),
-            summary=f"turn GPU Operator operands off on {self.inp.node}")
+            summary=f"turn GPU Operator operands off on {self.inp.node}", check_cancel=False)
+        # An abort that arrives while the pause runs must still find what it turned off, or
+        # the node would go back to service with its device plugin off: record it first.
+        if workflow.patched("operands-paused-recorded-before-abort") and not self.inp.dry_run:
+            self.operands_paused = paused
+        self._check_cancelled()
         labels = sorted(paused.changed)
         self._plan(f"turn off GPU Operator operands ({', '.join(labels) or 'none on'}); "
                    "reset; restore them as found; wait until Ready with every GPU")
