@@ -305,7 +305,7 @@ async def test_thermal_that_stays_hot_escalates_to_drain_and_quarantine(time_ski
                      and cluster.nodes["n13"].state == NodeState.QUARANTINED)
         assert any(c[0] == "drain_node" for c in cluster.calls)
         assert "still hot" in cluster.nodes["n13"].history[-1].outcome
-        view = await held_view(handle)
+        view = await held_view(handle, time_skipping_env)
         assert view.quarantine_policy_reason is not None, view
         assert view.quarantine_policy_reason.startswith("still hot after 0:30:00")
         assert view.quarantine_ordered_by is None
@@ -336,7 +336,7 @@ async def test_the_view_tells_the_policys_quarantine_from_an_operators(time_skip
                 task_queue=queue)
             await _until(lambda n=node: cluster.nodes.get(n) is not None
                          and cluster.nodes[n].state == NodeState.QUARANTINED)
-            views[node] = await held_view(handle)
+            views[node] = await held_view(handle, time_skipping_env)
             await end_in_hold(handle)
     repeat, verdict, manual = views["n30"], views["n31"], views["n32"]
     assert repeat.quarantine_ordered_by is None
@@ -394,18 +394,20 @@ async def end_in_hold(handle) -> None:
     await handle.terminate("test over")
 
 
-async def held_view(handle) -> RemediationView:
-    """The view of a quarantined remediation once its hold run has taken over (a query in
-    the middle of the hand-over can fail)."""
+async def held_view(handle, env=None) -> RemediationView:
+    """The view of a quarantined remediation, from the quarantining run or the hold run
+    that continues it (both carry who ordered the quarantine; a query in the middle of the
+    hand-over can fail). ``env`` is accepted for the callers and not needed."""
     loop = asyncio.get_running_loop()
-    end = loop.time() + 10
+    end = loop.time() + 20
     while loop.time() < end:
         with contextlib.suppress(Exception):
             view = await handle.query(RemediationWorkflow.view_state)
-            if view.runs >= 2:
+            if view.state == NodeState.QUARANTINED and (
+                    view.quarantine_ordered_by or view.quarantine_policy_reason):
                 return view
         await asyncio.sleep(0.05)
-    raise AssertionError("the quarantine hold did not take over")
+    raise AssertionError("the remediation never showed its quarantine")
 
 
 async def _until(check, timeout: float = 20.0) -> None:
