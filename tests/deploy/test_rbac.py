@@ -81,6 +81,11 @@ def receiver_api(source: str, receiver: str) -> str | None:
     match = re.search(rf"{name}\s*=\s*client\.(\w+Api)\(", source) or re.search(
         rf"\b{name}\s*:\s*client\.(\w+Api)\b", source
     )
+    if match is None and receiver.startswith("self."):
+        # A class-level annotation of the attribute (``core: client.CoreV1Api`` in a class
+        # that the activities class composes).
+        attr = re.escape(receiver.removeprefix("self."))
+        match = re.search(rf"^\s+{attr}\s*:\s*client\.(\w+Api)\b", source, re.MULTILINE)
     return match.group(1) if match else None
 
 
