@@ -57,16 +57,41 @@ case "${1:-}" in
                       -o -name .gpu-remediate -o -name '*.egg-info' \) -prune \
                     -o -type f -print0 | LC_ALL=C sort -z)
     "$VENV/bin/shellcheck" "${scripts[@]}"
-    echo "==> pytest"
+    pytest=("$VENV/bin/pytest" -q -p no:cacheprovider --durations=25)
+    if [[ $# -gt 0 ]]; then
+      # Named tests or options: one run, as asked.
+      echo "==> pytest"
+      set +e
+      "${pytest[@]}" "$@"
+      status=$?
+      set -e
+      if [[ $status -eq 5 ]]; then
+        echo "error: pytest collected no tests" >&2
+        exit 1
+      fi
+      exit $status
+    fi
+    # The whole suite in two phases. Unit, workflow and deploy tests do not depend on the
+    # wall clock: two processes share them (pytest-xdist). The tiers that run processes
+    # against real time (end-to-end, chaos, control plane, production) run one at a time
+    # afterwards, with the machine to themselves.
+    tiers="e2e or controlplane or production"
+    echo "==> pytest: unit, workflow and deploy tests (2 processes)"
     set +e
-    "$VENV/bin/pytest" -q -p no:cacheprovider --durations=25 "$@"
-    status=$?
+    "${pytest[@]}" -n 2 -m "not ($tiers)"
+    first=$?
+    echo "==> pytest: end-to-end tiers (one at a time)"
+    "${pytest[@]}" -m "$tiers"
+    second=$?
     set -e
-    if [[ $status -eq 5 ]]; then
-      echo "error: pytest collected no tests" >&2
+    if [[ $first -eq 5 || $second -eq 5 ]]; then
+      echo "error: a pytest phase collected no tests" >&2
       exit 1
     fi
-    exit $status
+    if [[ $first -ne 0 || $second -ne 0 ]]; then
+      echo "error: pytest failed (unit phase exit $first, tier phase exit $second)" >&2
+      exit 1
+    fi
     ;;
   *)
     echo "usage: ./dev.sh up [gpu-remediate up options] | ./dev.sh test [pytest options]" >&2
