@@ -306,13 +306,6 @@ class ProductionStack(LocalStack):
         self.start_temporal_server()
         self.run_setup_script()
 
-    def kill_temporal(self) -> None:
-        for part in self.parts:
-            if part.name == "temporal" and part.proc.poll() is None:
-                os.killpg(part.proc.pid, signal.SIGKILL)
-                part.proc.wait()
-        self.parts = [p for p in self.parts if p.name != "temporal"]
-
     def restart_temporal(self) -> None:
         """SIGKILL the server and start it again on the same ports and database."""
         self.kill_temporal()
