@@ -1,6 +1,6 @@
 """`gpu-remediate sim`: the simulators' command line (a GPU fleet, a cluster, its machines).
 
-Loaded only when a `sim` command runs (worker/cli.py mounts it lazily), so the operator CLI
+Loaded only when a `sim` command runs (worker/cli/commands.py mounts it lazily), so the operator CLI
 and the worker never import a simulator.
 """
 

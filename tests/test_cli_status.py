@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from policy.models import Action
-from worker import cli
+from worker.cli import commands as cli
 from workflows.messages import OperatorCommand, RemediationView
 from workflows.transitions import NodeState, Step
 

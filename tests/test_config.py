@@ -110,7 +110,7 @@ def test_worker_deployment_versioning_is_opt_in_and_names_its_build(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from temporalio.common import VersioningBehavior
 
-    from worker.service import deployment_config
+    from worker.service.run import deployment_config
 
     assert deployment_config(load_settings(write(tmp_path, "{}\n")).worker) is None
     monkeypatch.setenv("GPU_REMEDIATE_BUILD_ID", "sha-abc123")
@@ -197,8 +197,8 @@ def test_require_auth_refuses_to_connect_without_a_certificate_or_key(
 
 
 def test_evaluate_refuses_a_policy_file_with_a_key_given_twice(tmp_path: Path) -> None:
-    from worker.evaluate import ConfigError as PolicyFileError
-    from worker.evaluate import load_policy_config
+    from worker.probe.evaluate import ConfigError as PolicyFileError
+    from worker.probe.evaluate import load_policy_config
 
     path = write(tmp_path, "xid_overrides: {13: none}\nxid_overrides: {31: none}\n")
     with pytest.raises(PolicyFileError, match="given twice"):

@@ -4,8 +4,11 @@ printed and return the command's own exit status."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+import pytest
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -32,22 +35,32 @@ def test_a_usage_error_keeps_click_status() -> None:
 
 
 PROBE = """
+import os
 import sys
+
+import pytest
 sys.argv = ["gpu-remediate", *sys.argv[1:]]
 from worker.cli import app
 try:
     app()
 except SystemExit:
     pass
-loaded = sorted(m for m in sys.modules if m == "sim" or m.startswith("sim."))
-print("SIM-MODULES", loaded, file=sys.stderr)
+prefix = os.environ["LOADED_PREFIX"]
+loaded = sorted(m for m in sys.modules if m == prefix or m.startswith(prefix + "."))
+print("LOADED-MODULES", loaded, file=sys.stderr)
 """
 
 
-def sim_modules(*args: str) -> str:
+def loaded_modules(prefix: str, *args: str) -> str:
+    """The modules under ``prefix`` that ``gpu-remediate ARGS`` has loaded when it ends."""
     result = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True,
-                            text=True, timeout=120, stdin=subprocess.DEVNULL)
-    return result.stderr.rsplit("SIM-MODULES", 1)[-1].strip()
+                            text=True, timeout=120, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "LOADED_PREFIX": prefix})
+    return result.stderr.rsplit("LOADED-MODULES", 1)[-1].strip()
+
+
+def sim_modules(*args: str) -> str:
+    return loaded_modules("sim", *args)
 
 
 def test_no_command_but_sim_loads_a_simulator() -> None:
@@ -55,6 +68,14 @@ def test_no_command_but_sim_loads_a_simulator() -> None:
     assert sim_modules("version") == "[]"
     loaded = sim_modules("sim", "gpu", "--help")
     assert "'sim.gpu.cli'" in loaded, "the sim command still mounts the simulators"
+
+
+@pytest.mark.parametrize("package", ["worker.service", "worker.stack", "worker.probe.check"])
+def test_the_cli_loads_a_process_package_only_for_its_command(package: str) -> None:
+    # --help prints every command's help (check's exit-code table too) without loading the
+    # worker process, the laptop stack or the node probe.
+    assert loaded_modules(package, "--help") == "[]"
+    assert loaded_modules(package, "check", "--help") == "[]"
 
 
 def test_sim_help_and_its_commands_still_answer() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from policy.config import PolicyConfig
 from policy.models import Action
-from worker.evaluate import ConfigError, evaluate_sources, load_policy_config, run_evaluate
+from worker.probe.evaluate import ConfigError, evaluate_sources, load_policy_config, run_evaluate
 
 LABELS = (
     'gpu="{g}",UUID="GPU-{host}-{g}",pci_bus_id="00000000:18:00.0",device="nvidia{g}",'
@@ -370,7 +370,7 @@ def test_evaluate_rejects_a_reset_for_unknown_xids_naming_the_field(tmp_path: Pa
 def test_every_action_has_a_check_exit_code() -> None:
     """``gpu-remediate check`` runs the same policy: an action without an exit code would crash
     it on the first unknown XID."""
-    from worker.check import EXIT_BY_ACTION
+    from worker.probe.exit_codes import EXIT_BY_ACTION
 
     assert set(EXIT_BY_ACTION) == set(Action)
     # Both leave the node in service: below every code that takes it out (thermal and up).

@@ -18,7 +18,7 @@ from activities.parse_pool import BodyError, read_body
 from policy.config import PolicyConfig
 from policy.models import Action
 from tests.fuzz.hostile import CATEGORIES, GARBAGE, GOOD, NAME
-from worker.evaluate import evaluate_sources
+from worker.probe.evaluate import evaluate_sources
 
 SIZES = (64 * 1024, 128 * 1024, 256 * 1024, 512 * 1024)
 MAX_RATIO = 16.0

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from policy.models import Action, Finding, Verdict
+from worker.cli.plan import plan_from, running_detector
 from worker.config import load_settings
-from worker.plan import plan_from, running_detector
 from workflows.messages import DetectorView, FleetObservation
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
-from worker import service
 from worker.config import Settings
+from worker.service import run as service
 
 
 class _Service:

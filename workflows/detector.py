@@ -524,7 +524,7 @@ class PinnedDetectorWorkflow(DetectorWorkflow):
     the version it started on, so a release never changes the code under a running loop,
     and moved to the deployment's current version at its next continue-as-new (every
     ``ticks_per_run`` ticks). An unversioned worker (the default) refuses a pinned class,
-    hence a subclass the worker picks (worker/service.py ``detector_workflow``)."""
+    hence a subclass the worker picks (worker/service/run.py ``detector_workflow``)."""
 
     pinned = True
 

@@ -20,8 +20,8 @@ from activities.node_keys import (
 )
 from activities.scrape import ExporterSettings
 from tests.activities.conftest import Cluster, ThreadedGpuSim
+from worker.cli.plan import make_plan
 from worker.config import load_settings
-from worker.plan import make_plan
 from workflows.messages import ObserveInput, OrphanRelease
 from workflows.transitions import NodeState
 

@@ -255,8 +255,8 @@ async def test_redirects_are_not_followed(
     fleet.exporter = ExporterSettings(mode="template", timeout_seconds=2)
     readings, errors = await fleet.scrape_many({"n1": f"{url}/moved"})
     assert readings == {} and "HTTP 302 (redirects are not followed)" in errors["n1"]
-    from worker.evaluate import PolicyConfig as EvalPolicy
-    from worker.evaluate import evaluate_sources
+    from worker.probe.evaluate import PolicyConfig as EvalPolicy
+    from worker.probe.evaluate import evaluate_sources
 
     report = await asyncio.to_thread(evaluate_sources, [f"{url}/moved"], node="n1",
                                      config=EvalPolicy())

@@ -26,7 +26,7 @@ from sim.gpu.client import GpuSimClient, GpuSimError
 from tests.chaos.invariants import InvariantChecker
 from tests.e2e.conftest import make_stack
 from tests.e2e.kit import Cluster, update, view_state, wait_for, worker_log
-from worker.operator import OperatorError
+from worker.cli.operator import OperatorError
 from worker.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]

@@ -14,11 +14,11 @@ import pytest
 
 from policy.config import PolicyConfig
 from tests.check.fake_nvml import H100_UUIDS, FakeNvml, fixture_states, h100, pynvml
-from worker.check import CheckEnv, run_check
-from worker.evaluate import evaluate_sources
-from worker.gpu_probe.common import CommandResult
-from worker.gpu_probe.nvml import load_pynvml
-from worker.gpu_probe.smi import parse_nvidia_smi_xml
+from worker.probe.check import CheckEnv, run_check
+from worker.probe.common import CommandResult
+from worker.probe.evaluate import evaluate_sources
+from worker.probe.nvml import load_pynvml
+from worker.probe.smi import parse_nvidia_smi_xml
 
 FIXTURES = Path(__file__).parent / "fixtures"
 STATES = dict(fixture_states())
@@ -445,7 +445,7 @@ def test_the_binding_is_imported_lazily() -> None:
         [
             sys.executable,
             "-c",
-            "import sys, worker.check, worker.gpu_probe; assert 'pynvml' not in sys.modules",
+            "import sys, worker.probe.check, worker.probe; assert 'pynvml' not in sys.modules",
         ],
         capture_output=True,
         text=True,

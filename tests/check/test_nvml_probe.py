@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from tests.check.fake_nvml import FakeGpu, FakeNvml, fixture_states, h100, pynvml
-from worker.gpu_probe import nvml as nvml_probe
-from worker.gpu_probe.common import NoDriverError, ProbeUnavailable
-from worker.gpu_probe.nvml import NvmlSession
-from worker.gpu_probe.smi import parse_nvidia_smi_xml
+from worker.probe import nvml as nvml_probe
+from worker.probe.common import NoDriverError, ProbeUnavailable
+from worker.probe.nvml import NvmlSession
+from worker.probe.smi import parse_nvidia_smi_xml
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

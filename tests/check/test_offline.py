@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from tests.check.fake_nvml import FakeNvml, fixture_states
-from worker.check import EXIT_BY_ACTION, EXIT_CODES, CheckEnv, run_check
-from worker.gpu_probe.common import CommandResult
-from worker.gpu_probe.kernel_log import parse_kernel_log, read_xid_log_file
+from worker.probe.check import CheckEnv, run_check
+from worker.probe.common import CommandResult
+from worker.probe.exit_codes import EXIT_BY_ACTION, EXIT_CODES
+from worker.probe.kernel_log import parse_kernel_log, read_xid_log_file
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[2]

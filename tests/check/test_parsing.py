@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.gpu_probe.common import (
+from worker.probe.common import (
     CommandResult,
     NoDriverError,
     ProbeUnavailable,
@@ -14,8 +14,8 @@ from worker.gpu_probe.common import (
     pci_key,
     recovery_action_code,
 )
-from worker.gpu_probe.kernel_log import parse_kernel_log, read_kernel_log
-from worker.gpu_probe.smi import parse_nvidia_smi_xml, probe_nvidia_smi
+from worker.probe.kernel_log import parse_kernel_log, read_kernel_log
+from worker.probe.smi import parse_nvidia_smi_xml, probe_nvidia_smi
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -242,7 +242,7 @@ def assert_grants_are_where_the_code_calls(
     # worker hands to activities/events.py at start.
     events_source = (ACTIVITIES / "events.py").read_text()
     assert re.search(r"create_namespaced_event\(\s*_namespace\b", events_source)
-    service_source = (ROOT / "worker" / "service.py").read_text()
+    service_source = (ROOT / "worker" / "service" / "wiring.py").read_text()
     assert "set_event_namespace(settings.kubernetes.event_namespace)" in service_source
     for name, objects in rendered.items():
         roles = _roles_of_worker(objects)

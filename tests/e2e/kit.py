@@ -17,9 +17,9 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.node_keys import A_HISTORY, STATE_LABEL, TAINT_KEY
-from worker import operator
+from worker.cli import operator
 from worker.config import TemporalConfig
-from worker.stack import LocalStack, _tail
+from worker.stack.local import LocalStack, _tail
 from worker.temporal_client import connect
 from workflows.ids import remediation_workflow_id
 from workflows.messages import (

@@ -39,7 +39,7 @@ from tests.e2e.kit import (
     workflow_runs,
     workflow_status,
 )
-from worker.operator import OperatorError
+from worker.cli.operator import OperatorError
 from worker.stack import LocalStack
 
 pytestmark = pytest.mark.e2e

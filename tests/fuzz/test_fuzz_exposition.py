@@ -14,7 +14,7 @@ from policy.models import Action, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_node
 from tests.fuzz.hostile import GARBAGE, GOOD, NAME
 from tests.fuzz.strategies import HOSTILE_DIGITS, budget, corpus, corpus_mutations, exposition
-from worker import evaluate as evaluate_cli
+from worker.probe import evaluate as evaluate_cli
 
 POLICY = PolicyConfig()
 

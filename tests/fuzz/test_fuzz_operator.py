@@ -18,7 +18,7 @@ from rich.console import Console
 
 from policy.models import Action
 from tests.fuzz.strategies import budget, corpus, json_values
-from worker import cli
+from worker.cli import commands as cli
 from workflows.ids import MAX_OPERATOR_CHARS, MAX_REASON_CHARS
 from workflows.messages import DetectorView, OperatorCommand, RemediationView
 from workflows.transitions import NodeState, Step

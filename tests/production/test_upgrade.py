@@ -24,7 +24,7 @@ from tests.e2e.conftest import make_stack
 from tests.e2e.kit import Cluster, run, wait_for
 from tests.production.test_topology import _client, assert_healthy, workflow_task_failures
 from tests.production.topology import REPO, ProductionStack
-from worker.stack import scripts_binary
+from worker.stack.local import scripts_binary
 from workflows.ids import DETECTOR_WORKFLOW_ID, remediation_workflow_id
 
 pytestmark = [pytest.mark.production, pytest.mark.e2e]

@@ -37,7 +37,15 @@ import httpx
 import yaml
 
 from worker.config import merge, nest
-from worker.stack import LocalStack, Part, StackError, _tail, _tcp_open, free_port, scripts_binary
+from worker.stack.local import (
+    LocalStack,
+    Part,
+    StackError,
+    _tail,
+    _tcp_open,
+    free_port,
+    scripts_binary,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent

@@ -17,7 +17,7 @@ from kubernetes.client import ApiClient
 from temporalio import activity
 from temporalio.client import Client
 
-import worker.service
+import worker.service.wiring
 from tests.workflows.fakes import FakeCluster
 from worker.config import Settings
 from workflows import activity_refs
@@ -47,9 +47,9 @@ def references() -> dict[str, Callable[..., Any]]:
 def registered(monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[..., Any]]:
     """What `gpu-remediate worker` registers, built without a cluster or a Temporal server
     (no activity runs here)."""
-    monkeypatch.setattr(worker.service, "kube_client", lambda _settings: ApiClient())
-    monkeypatch.setattr(worker.service, "set_event_namespace", lambda _namespace: None)
-    return _by_name(worker.service.worker_activities(Settings(), cast(Client, object())))
+    monkeypatch.setattr(worker.service.wiring, "kube_client", lambda _settings: ApiClient())
+    monkeypatch.setattr(worker.service.wiring, "set_event_namespace", lambda _namespace: None)
+    return _by_name(worker.service.wiring.worker_activities(Settings(), cast(Client, object())))
 
 
 def signature(fn: Callable[..., Any]) -> tuple[list[Any], Any, bool]:

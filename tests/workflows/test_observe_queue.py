@@ -11,7 +11,7 @@ from datetime import timedelta
 from temporalio.worker import Worker
 
 from tests.workflows.fakes import FakeCluster, until, xid_verdict
-from worker.service import TICK_ACTIVITIES
+from worker.service.wiring import TICK_ACTIVITIES
 from workflows.detector import DetectorWorkflow
 from workflows.ids import observe_task_queue
 from workflows.messages import DetectorInput

@@ -132,7 +132,7 @@ async def test_detector_pause_signal_and_a_rejected_resume(local_env) -> None:
 
 async def test_abort_of_a_finished_remediation_is_a_no_op_and_of_none_an_error(
         local_env) -> None:
-    from worker.operator import OperatorError, abort
+    from worker.cli.operator import OperatorError, abort
     from workflows.messages import OperatorCommand
 
     who = OperatorCommand(operator="alice", reason="test")

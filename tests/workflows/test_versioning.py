@@ -20,7 +20,7 @@ from temporalio.worker import Worker
 
 from tests.workflows.fakes import FakeCluster, until
 from worker.config import WorkerConfig
-from worker.service import deployment_config, detector_workflow
+from worker.service.run import deployment_config, detector_workflow
 from workflows.detector import DetectorWorkflow
 from workflows.messages import DetectorInput, DetectorState
 from workflows.remediation import RemediationWorkflow

@@ -51,7 +51,7 @@ def main() -> None:
 
     from activities.node_keys import STATE_LABEL
     from sim.gpu.client import GpuSimClient
-    from worker import operator
+    from worker.cli import operator
     from worker.config import TemporalConfig
     from worker.temporal_client import connect
     from workflows.messages import OperatorCommand

@@ -30,7 +30,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 
 from policy.models import GpuReading
-from worker.gpu_probe.common import (
+from worker.probe.common import (
     NVIDIA_SMI_TIMEOUT_S,
     NoDriverError,
     ProbedGpu,

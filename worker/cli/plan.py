@@ -73,8 +73,8 @@ def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
 
 async def running_detector(settings: Settings) -> tuple[DetectorView | None, str]:
     """The running detector's view, or None and why (no Temporal, no detector)."""
+    from worker.cli.operator import OperatorError, detector_view
     from worker.config import ConfigError
-    from worker.operator import OperatorError, detector_view
     from worker.temporal_client import connect
 
     try:

@@ -15,7 +15,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from worker.gpu_probe.common import PciKey, ProbeIssue, Runner, format_pci, pci_key
+from worker.probe.common import PciKey, ProbeIssue, Runner, format_pci, pci_key
 
 SOURCE = "xid:kernel-log"
 KERNEL_LOG_TIMEOUT_S = 15.0

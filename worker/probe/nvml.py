@@ -26,7 +26,7 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from policy.models import GpuReading
-from worker.gpu_probe.common import (
+from worker.probe.common import (
     NoDriverError,
     ProbedGpu,
     ProbeIssue,

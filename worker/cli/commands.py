@@ -23,7 +23,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 
 from policy.models import Action
-from worker import operator as ops
+from worker.cli import operator as ops
 from worker.config import ConfigError, Settings, TemporalConfig, load_settings
 from worker.logs import configure_logging
 from worker.temporal_client import connect
@@ -319,7 +319,7 @@ def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
 
     Example: `gpu-remediate plan -c config.yaml`
     """
-    from worker.plan import make_plan
+    from worker.cli.plan import make_plan
 
     settings = settings_from(config)
     try:
@@ -534,7 +534,7 @@ def evaluate(
 
     Example: `curl -s node:9400/metrics | gpu-remediate evaluate -m - -o json`
     """
-    from worker.evaluate import run_evaluate
+    from worker.probe.evaluate import run_evaluate
 
     raise typer.Exit(run_evaluate(metrics, node, config, output))
 
@@ -547,14 +547,14 @@ class _CheckCommand(typer.core.TyperCommand):
             return super().make_context(*args, **kwargs)
         except Exception as exc:
             if getattr(exc, "exit_code", None) == 2:
-                from worker.check import EXIT_USAGE
+                from worker.probe.exit_codes import EXIT_USAGE
 
                 exc.exit_code = EXIT_USAGE  # type: ignore[attr-defined]
             raise
 
 
 def _check_help() -> str:
-    from worker.check import EXIT_CODES
+    from worker.probe.exit_codes import EXIT_CODES
 
     codes = "\n".join(f"* **{code}** {meaning}" for code, meaning in EXIT_CODES)
     return f"""Check the GPUs of this machine (NVML, else nvidia-smi) or of a saved
@@ -592,7 +592,7 @@ def check(
         help="dmesg, nvml or none (default dmesg; none with --from-file).")] = None,
     xid_wait: Annotated[float, typer.Option(help="Seconds to wait for NVML XID events.")] = 0.0,
 ) -> None:
-    from worker.check import run_check
+    from worker.probe.check import run_check
 
     raise typer.Exit(run_check(node=node, config_path=config, output=output,
                                xid_source=xid_source, xid_wait=xid_wait, probe=probe,

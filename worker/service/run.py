@@ -5,13 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
 
-from aiohttp import web
-from kubernetes.client import ApiClient
 from prometheus_client import start_http_server
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
@@ -20,106 +16,15 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError
 from temporalio.worker import Worker, WorkerDeploymentConfig, WorkerDeploymentVersion
 
-from activities.drain import DrainActivities
-from activities.events import EventActivities, set_event_namespace
-from activities.fleet import FleetActivities
-from activities.jobs import JobActivities
-from activities.kube import KubeSettings, make_api_client
-from activities.node_return import NodeReturnActivities
-from activities.nodes import NodeActivities
-from activities.operands import OperandActivities
-from activities.prometheus_source import PrometheusSource
-from activities.scrape import ExporterSettings
-from activities.visibility import VisibilityActivities
 from worker.config import Settings, TemporalConfig, WorkerConfig
+from worker.service.health import Health
+from worker.service.wiring import TICK_ACTIVITIES, worker_activities
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow, PinnedDetectorWorkflow
 from workflows.ids import observe_task_queue
 from workflows.remediation import RemediationWorkflow
 
 log = logging.getLogger("gpu_remediate.worker")
-# What a detector tick runs, served on observe_task_queue by a worker of its own.
-TICK_ACTIVITIES = ("observe_fleet", "report_admission")
-
-
-def kube_client(settings: Settings) -> ApiClient:
-    k = settings.kubernetes
-    return make_api_client(KubeSettings(kubeconfig=k.kubeconfig, context=k.context,
-                                        in_cluster=k.in_cluster),
-                           pool_size=settings.worker.max_concurrent_activities)
-
-
-def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
-    """The fleet observer: where readings come from is configuration."""
-    e = settings.exporter
-    prometheus = None
-    if e.mode == "prometheus" and e.prometheus_url:
-        headers = {}
-        if e.prometheus_bearer_token_file is not None:
-            token = e.prometheus_bearer_token_file.read_text().strip()
-            headers["Authorization"] = f"Bearer {token}"
-        prometheus = PrometheusSource(
-            url=e.prometheus_url, window=e.prometheus_window, timeout_seconds=e.timeout_seconds,
-            node_label=e.prometheus_node_labels, headers=headers, policy=settings.policy)
-    exporter = ExporterSettings(mode=e.mode, url_template=e.url_template, namespace=e.namespace,
-                                label_selector=e.label_selector, port=e.port, path=e.path,
-                                timeout_seconds=e.timeout_seconds, max_bytes=e.max_bytes,
-                                concurrency=e.concurrency,
-                                parse_helper_from=e.parse_helper_from, prometheus=prometheus,
-                                prometheus_thermal_hold=e.prometheus_thermal_hold)
-    return FleetActivities(api, exporter, node_selector=settings.kubernetes.node_selector)
-
-
-def build_activities(settings: Settings) -> list[Callable[..., Any]]:
-    set_event_namespace(settings.kubernetes.event_namespace)
-    api = kube_client(settings)
-    nodes, drain = NodeActivities(api), DrainActivities(api)
-    jobs = JobActivities(api, settings.jobs)
-    events = EventActivities(api)
-    fleet = build_fleet(settings, api)
-    back = NodeReturnActivities(api, fleet)
-    operands = OperandActivities(api)
-    return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,
-            jobs.run_node_job, jobs.poll_node_job, jobs.delete_node_job,
-            fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
-            fleet.check_thermal,
-            fleet.release_orphan, events.record_event,
-            back.check_node_returned, back.check_gpus_free,
-            operands.pause_gpu_operands, operands.check_operands_gone,
-            operands.restore_gpu_operands, operands.check_operands_back,
-            operands.restart_device_plugin,
-            fleet.report_admission]
-
-
-def worker_activities(settings: Settings, client: Client) -> list[Callable[..., Any]]:
-    """Every activity the worker registers: the cluster's, and the visibility look-up a
-    fresh detector makes to learn which remediations already run."""
-    return [*build_activities(settings), VisibilityActivities(client).list_running_remediations]
-
-
-class Health:
-    """Liveness: the worker loop runs. Readiness: connected and polling."""
-
-    def __init__(self) -> None:
-        self.ready = False
-        self.worker: Worker | None = None
-
-    async def live(self, _: web.Request) -> web.Response:
-        ok = self.worker is None or self.worker.is_running or not self.ready
-        return web.json_response({"live": ok}, status=200 if ok else 503)
-
-    async def readyz(self, _: web.Request) -> web.Response:
-        ok = self.ready and self.worker is not None and self.worker.is_running
-        return web.json_response({"ready": ok}, status=200 if ok else 503)
-
-    async def serve(self, bind: str, port: int) -> web.AppRunner:
-        app = web.Application()
-        app.router.add_get("/healthz", self.live)
-        app.router.add_get("/readyz", self.readyz)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, bind, port).start()
-        return runner
 
 
 NOT_POLLING_WARN_AFTER = 10.0
