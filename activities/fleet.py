@@ -27,6 +27,7 @@ from temporalio import activity
 from activities import metrics
 from activities.admission_report import AdmissionReporting
 from activities.counter_rates import CounterRates
+from activities.exporter_settings import ExporterSettings
 from activities.fleet_nodes import GpuNode, NodeListing, _gpu_node
 from activities.kube import REQUEST_TIMEOUT
 from activities.node_keys import A_ACK_XIDS, A_XID_SIGHTINGS, STATE_LABEL, TAINT_KEY
@@ -44,7 +45,8 @@ from activities.notices import (
 from activities.notices import send as send_notices
 from activities.observation_budget import bound_observation
 from activities.orphans import OrphanActivities
-from activities.scrape import ExporterReading, ExporterSettings
+from activities.prometheus_source import PrometheusSource
+from activities.scrape import ExporterReading
 from activities.thermal import ThermalActivities
 from activities.xid_sightings import Tracks, dump_tracks, new_warnings, observe, repeat_counts
 from policy.models import NODE_ACTIONS, Action, NodeReadings, Verdict
@@ -111,10 +113,12 @@ async def _heartbeat_every(seconds: float) -> None:
 class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
                       ExporterReading, NodeListing):
     def __init__(self, api: client.ApiClient, exporter: ExporterSettings, *,
-                 node_selector: str = "") -> None:
+                 prometheus: PrometheusSource | None = None, node_selector: str = "") -> None:
         self.core = client.CoreV1Api(api)
         self.nodes = NodeActivities(api)
         self.exporter = exporter
+        self.prometheus = prometheus
+        """The Prometheus source that ``exporter.mode == "prometheus"`` reads."""
         self.node_selector = node_selector
         """A label selector for the GPU nodes (the original tool's ``-node-selector``); empty:
         every node with ``nvidia.com/gpu`` capacity."""

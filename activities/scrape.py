@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import Literal
 
 import aiohttp
 from kubernetes import client
@@ -20,6 +17,7 @@ from temporalio import activity
 
 from activities import metrics
 from activities.counter_rates import CounterRates
+from activities.exporter_settings import ExporterSettings
 from activities.fleet_nodes import GpuNode
 from activities.gpus import declared_gpus
 from activities.kube import REQUEST_TIMEOUT, raise_typed
@@ -36,26 +34,6 @@ from policy.config import LinkPolicy
 from policy.models import GpuReading, NodeReadings
 
 
-@dataclass(frozen=True)
-class ExporterSettings:
-    """Where each node's dcgm-exporter is."""
-
-    mode: Literal["template", "discover", "prometheus"] = "discover"
-    url_template: str = "http://{node}:9400/metrics"
-    namespace: str = "gpu-operator"
-    label_selector: str = "app=nvidia-dcgm-exporter"
-    port: int = 9400
-    path: str = "/metrics"
-    timeout_seconds: float = 5.0
-    max_bytes: int = 4 * 1024 * 1024
-    concurrency: int = 64
-    parse_helper_from: int = 2000
-    """Fleets of at least this many scraped nodes also parse in a helper process (when the
-    machine has a core to spare); smaller ones do not pay its start-up. 0: never."""
-    prometheus: PrometheusSource | None = None
-    prometheus_thermal_hold: timedelta = timedelta(minutes=2)
-
-
 class ScrapeError(Exception):
     pass
 
@@ -65,6 +43,7 @@ class ExporterReading:
 
     core: client.CoreV1Api
     exporter: ExporterSettings
+    prometheus: PrometheusSource | None
     rates: CounterRates
 
     def endpoints(self, nodes: list[str]) -> dict[str, str]:
@@ -202,7 +181,7 @@ class ExporterReading:
 
     async def _read_many(self, names: list[str], nodes: list[GpuNode]) -> tuple[
             dict[str, NodeReadings], dict[str, str]]:
-        prom = self.exporter.prometheus
+        prom = self.prometheus
         if self.exporter.mode == "prometheus" and prom is not None:
             acked = {k: v for n in nodes for k, v in n.acknowledged.items()}
             readings, errors = await prom.read(

@@ -10,9 +10,9 @@ from temporalio import workflow
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from activities.exporter_settings import ExporterSettings
 from activities.fleet import FleetActivities
 from activities.notices import CIRCUIT_BREAKER_OPEN, REMEDIATION_DEFERRED
-from activities.scrape import ExporterSettings
 from tests.activities.conftest import Cluster
 from workflows.messages import AdmissionReport, DetectorView
 

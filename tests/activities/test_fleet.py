@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from temporalio.testing import ActivityEnvironment
 
+from activities.exporter_settings import ExporterSettings
 from activities.fleet import FleetActivities
 from activities.node_keys import (
     A_ACK_XIDS,
@@ -16,7 +17,7 @@ from activities.node_keys import (
     EXCLUDE_LABEL,
     STATE_LABEL,
 )
-from activities.scrape import ExporterSettings
+from activities.prometheus_source import PrometheusSource
 from policy.config import PolicyConfig
 from policy.models import Action
 from tests.activities.conftest import Cluster, ThreadedGpuSim
@@ -45,9 +46,10 @@ def discover(gpu: ThreadedGpuSim) -> ExporterSettings:
 
 async def observe(k: Cluster, settings: ExporterSettings, *,
                   track_xid_repeats: bool = True,
-                  policy: PolicyConfig = POLICY) -> FleetObservation:
+                  policy: PolicyConfig = POLICY,
+                  prometheus: PrometheusSource | None = None) -> FleetObservation:
     return await ActivityEnvironment().run(
-        FleetActivities(k.api, settings).observe_fleet,
+        FleetActivities(k.api, settings, prometheus=prometheus).observe_fleet,
         ObserveInput(policy=policy, track_xid_repeats=track_xid_repeats))
 
 
@@ -240,8 +242,8 @@ class _StubPrometheus:
 async def test_observe_fleet_prometheus_mode_reads_the_source_for_every_gpu_node(
         cluster: Cluster) -> None:
     stub = _StubPrometheus()
-    settings = ExporterSettings(mode="prometheus", prometheus=stub)  # type: ignore[arg-type]
-    obs = await observe(cluster, settings)
+    settings = ExporterSettings(mode="prometheus", prometheus_url="http://prometheus.invalid")
+    obs = await observe(cluster, settings, prometheus=stub)  # type: ignore[arg-type]
     assert sorted(stub.asked) == NODES
     assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-01", Action.REBOOT)]
     assert obs.readable_nodes == 3

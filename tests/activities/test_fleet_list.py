@@ -10,10 +10,10 @@ from typing import Any
 
 from kubernetes import client
 
+from activities.exporter_settings import ExporterSettings
 from activities.fleet import FleetActivities
 from activities.fleet_nodes import _slim_nodes
 from activities.node_keys import STATE_LABEL, TAINT_KEY
-from activities.scrape import ExporterSettings
 from tests.activities.conftest import Cluster
 
 

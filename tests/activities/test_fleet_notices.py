@@ -11,6 +11,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities import metrics
 from activities.counter_rates import CounterRates
+from activities.exporter_settings import ExporterSettings
 from activities.fleet import FleetActivities
 from activities.node_keys import A_WORKFLOW, STATE_LABEL
 from activities.notices import (
@@ -21,7 +22,6 @@ from activities.notices import (
     NoticeBook,
     deferred_notices,
 )
-from activities.scrape import ExporterSettings
 from policy.config import PolicyConfig
 from tests.activities.conftest import Cluster, ThreadedGpuSim, metric
 from workflows.messages import FleetObservation, ObserveInput

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from temporalio.testing import ActivityEnvironment
 
+from activities.exporter_settings import ExporterSettings
 from activities.fleet import FleetActivities
-from activities.scrape import ExporterSettings
 from policy.config import PolicyConfig
 from policy.models import Action
 from tests.activities.conftest import Cluster, ThreadedGpuSim, metric

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 import pytest
 from temporalio.testing import ActivityEnvironment
 
+from activities.exporter_settings import ExporterSettings
 from activities.fleet import FleetActivities
 from activities.neighbours import NEIGHBOURS, neighbour_hold
-from activities.scrape import ExporterSettings
 from policy.config import PolicyConfig
 from tests.activities.conftest import Cluster, ThreadedGpuSim
 from workflows.admission import Admission

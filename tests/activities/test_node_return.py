@@ -18,6 +18,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities.exporter_settings import ExporterSettings
 from activities.fleet import FleetActivities
 from activities.node_return import (
     NODE_NOT_BACK,
@@ -25,7 +26,6 @@ from activities.node_return import (
     missing_for_return,
 )
 from activities.nodes import NodeActivities
-from activities.scrape import ExporterSettings
 from policy.models import Action
 from sim.cluster.machines import NodeTiming
 from tests.activities.conftest import Cluster, ThreadedGpuSim, _cluster, wait_for

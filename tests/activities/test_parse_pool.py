@@ -24,6 +24,7 @@ from kubernetes import client
 from temporalio.testing import ActivityEnvironment
 
 import activities.scrape as fleet_module
+from activities.exporter_settings import ExporterSettings
 from activities.exposition import (
     _BODY_RE,
     NODE_LIMITS,
@@ -44,7 +45,7 @@ from activities.exposition import (
 )
 from activities.fleet import FleetActivities
 from activities.parse_pool import BodyError, ParsePool, read_body
-from activities.scrape import ExporterSettings, looks_intact
+from activities.scrape import looks_intact
 from policy.models import GpuReading
 from sim.gpu.exposition import garble, render_fleet, render_node
 from sim.gpu.fleet import Fleet

@@ -8,6 +8,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities.exporter_settings import ExporterSettings
 from activities.fleet import FleetActivities
 from activities.fleet_nodes import GpuNode
 from activities.node_keys import (
@@ -18,7 +19,6 @@ from activities.node_keys import (
     STATE_LABEL,
     TAINT_KEY,
 )
-from activities.scrape import ExporterSettings
 from tests.activities.conftest import Cluster, ThreadedGpuSim
 from worker.cli.plan import make_plan
 from worker.config import load_settings

@@ -18,12 +18,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment
 
 from activities import annotations as node_annotations
+from activities.exporter_settings import ExporterSettings
 from activities.fleet import FleetActivities
 from activities.node_keys import A_ACK_XIDS, A_HISTORY, A_TRANSITION, A_XID_SIGHTINGS, STATE_LABEL
 from activities.nodes import NodeActivities
 from activities.observation_budget import MAX_OBSERVATION_BYTES, bound_observation
 from activities.parse_pool import BodyError, ParsePool
-from activities.scrape import ExporterSettings
 from policy.config import PolicyConfig
 from policy.models import Action, Finding, Verdict
 from tests.activities.conftest import Cluster, ThreadedGpuSim

@@ -194,10 +194,10 @@ def test_servicemonitor_scrapes_the_worker_ports(rendered: dict[str, list[dict[s
 
 
 def test_dcgm_exporter_podmonitor_matches_the_discovery_selector() -> None:
-    from worker.config import ExporterConfig
+    from activities.exporter_settings import ExporterSettings
 
     monitor = yaml.safe_load((DEPLOY / "monitoring" / "dcgm-exporter-podmonitor.yaml").read_text())
-    exporter = ExporterConfig()
+    exporter = ExporterSettings()
     key, _, value = exporter.label_selector.partition("=")
     assert monitor["kind"] == "PodMonitor"
     assert monitor["spec"]["selector"]["matchLabels"] == {key: value}

@@ -71,8 +71,8 @@ def child(url_template: str, nodes: int, concurrency: int, helper_from: int | No
     from temporalio.testing import ActivityEnvironment
 
     from activities import parse_pool
+    from activities.exporter_settings import ExporterSettings
     from activities.fleet import FleetActivities
-    from activities.scrape import ExporterSettings
     from policy.config import PolicyConfig
     from policy.models import Action
     from policy.rules import evaluate_node

@@ -121,6 +121,7 @@ def main() -> None:
     from kubernetes import client
     from temporalio.testing import ActivityEnvironment
 
+    from activities.exporter_settings import ExporterSettings
     from activities.exposition import (
         _Fleet,
         _parse_lines,
@@ -129,7 +130,6 @@ def main() -> None:
     )
     from activities.fleet import FleetActivities
     from activities.parse_pool import looks_intact, read_body
-    from activities.scrape import ExporterSettings
     from policy.config import PolicyConfig
     from policy.models import GpuReading, NodeReadings
     from policy.rules import evaluate_node

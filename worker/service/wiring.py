@@ -18,7 +18,6 @@ from activities.node_return import NodeReturnActivities
 from activities.nodes import NodeActivities
 from activities.operands import OperandActivities
 from activities.prometheus_source import PrometheusSource
-from activities.scrape import ExporterSettings
 from activities.visibility import VisibilityActivities
 from worker.config import Settings
 
@@ -45,13 +44,8 @@ def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
         prometheus = PrometheusSource(
             url=e.prometheus_url, window=e.prometheus_window, timeout_seconds=e.timeout_seconds,
             node_label=e.prometheus_node_labels, headers=headers, policy=settings.policy)
-    exporter = ExporterSettings(mode=e.mode, url_template=e.url_template, namespace=e.namespace,
-                                label_selector=e.label_selector, port=e.port, path=e.path,
-                                timeout_seconds=e.timeout_seconds, max_bytes=e.max_bytes,
-                                concurrency=e.concurrency,
-                                parse_helper_from=e.parse_helper_from, prometheus=prometheus,
-                                prometheus_thermal_hold=e.prometheus_thermal_hold)
-    return FleetActivities(api, exporter, node_selector=settings.kubernetes.node_selector)
+    return FleetActivities(api, e, prometheus=prometheus,
+                           node_selector=settings.kubernetes.node_selector)
 
 
 def build_activities(settings: Settings) -> list[Callable[..., Any]]:
