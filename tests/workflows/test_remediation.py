@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -376,6 +375,12 @@ async def test_cancellation_cleans_up_our_cordon(time_skipping_env):
     assert node.history[-1].outcome.startswith("aborted")
 
 
+QUERY_TRY = timedelta(seconds=2)
+"""How long one query may take before it is asked again: on the time-skipping test server a
+query sent during a quarantine's hand-over to its hold run can hang until the client's
+deadline (seen about one run in five), while the next one answers at once."""
+
+
 async def end_in_hold(handle) -> None:
     """Terminate a remediation that reached quarantine once its hold run has taken over.
 
@@ -384,9 +389,10 @@ async def end_in_hold(handle) -> None:
     counts as in progress, and it then stops skipping time for every later test."""
     async def held() -> bool:
         try:
-            return (await handle.query(RemediationWorkflow.view_state)).runs >= 2
+            view = await handle.query(RemediationWorkflow.view_state, rpc_timeout=QUERY_TRY)
         except Exception:  # the run is still handing over
             return False
+        return view.runs >= 2
     loop = asyncio.get_running_loop()
     end = loop.time() + 10
     while not await held() and loop.time() < end:
@@ -397,17 +403,23 @@ async def end_in_hold(handle) -> None:
 async def held_view(handle, env=None) -> RemediationView:
     """The view of a quarantined remediation, from the quarantining run or the hold run
     that continues it (both carry who ordered the quarantine; a query in the middle of the
-    hand-over can fail). ``env`` is accepted for the callers and not needed."""
+    hand-over can fail or hang, and is asked again). ``env`` is accepted for the callers and
+    not needed."""
     loop = asyncio.get_running_loop()
     end = loop.time() + 20
+    last: object = None
     while loop.time() < end:
-        with contextlib.suppress(Exception):
-            view = await handle.query(RemediationWorkflow.view_state)
+        try:
+            view = await handle.query(RemediationWorkflow.view_state, rpc_timeout=QUERY_TRY)
+        except Exception as err:
+            last = err
+        else:
+            last = view
             if view.state == NodeState.QUARANTINED and (
                     view.quarantine_ordered_by or view.quarantine_policy_reason):
                 return view
         await asyncio.sleep(0.05)
-    raise AssertionError("the remediation never showed its quarantine")
+    raise AssertionError(f"{handle.id} never showed its quarantine (last: {last!r})")
 
 
 async def _until(check, timeout: float = 20.0) -> None:
