@@ -218,7 +218,7 @@ def test_gpu_pod_bound_before_the_device_plugin_registers_is_rejected(agent: Age
     old_boot = agent.core.read_node(name).status.node_info.boot_id
     agent.agent.request_reboot(name)
     wait_for(lambda: agent.core.read_node(name).status.node_info.boot_id != old_boot,
-             timeout=15, interval=0.02)
+             timeout=15, every=0.02)
     agent.core.create_namespaced_pod("default", {
         "metadata": {"name": "too-early"},
         "spec": {"nodeName": name, "restartPolicy": "Never", "containers": [{
@@ -266,7 +266,7 @@ def test_the_device_plugin_pod_drives_allocatable(agent: Agent) -> None:
              and _allocatable(agent, name) == "8", timeout=20)
     _deploy(agent, name, ("device-plugin",), "false")
     try:
-        wait_for(lambda: _allocatable(agent, name) == "0", timeout=15, interval=0.05)
+        wait_for(lambda: _allocatable(agent, name) == "0", timeout=15, every=0.05)
     finally:
         _deploy(agent, name, ("device-plugin",), "true")
     wait_for(lambda: _allocatable(agent, name) == "8", timeout=20)
@@ -338,7 +338,7 @@ def test_a_hung_reboot_never_returns_until_recovered(agent: Agent) -> None:
     agent.agent.command(name, "hang")
     agent.agent.request_reboot(name)
     wait_for(lambda: _ready_condition(agent.core.read_node(name)).status == "False",
-             timeout=10, interval=0.05)
+             timeout=10, every=0.05)
     time.sleep(2 * agent.agent.timing.reboot_seconds + 0.5)
     assert _ready_condition(agent.core.read_node(name)).status == "False"
     assert _boot_id(agent, name) == old_boot and not agent.agent.machines[name].powered

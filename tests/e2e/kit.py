@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -17,6 +16,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.node_keys import A_HISTORY, STATE_LABEL, TAINT_KEY
+from tests.polling import wait_for as poll
 from worker.cli import operator
 from worker.config import TemporalConfig
 from worker.stack.local import LocalStack, _tail
@@ -42,25 +42,12 @@ def worker_log(stack: LocalStack, lines: int = 60) -> str:
 
 def wait_for(stack: LocalStack, what: str, check: Callable[[], T | None], *,
              timeout: float = 60.0, every: float = 0.25) -> T:
-    """Poll ``check`` until it returns something truthy; fail with the worker log tail."""
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    while True:
-        try:
-            value = check()
-            if value:
-                return value
-        except AssertionError:
-            raise
-        except Exception as err:  # a transient API error while polling is not the test
-            last_error = err
-        if time.monotonic() >= deadline:
-            raise AssertionError(
-                f"timed out after {timeout:.0f}s waiting for {what}"
-                + (f" (last error: {last_error!r})" if last_error else "")
-                + f"\n--- worker log tail ({stack.data_dir}/logs/worker.log) ---\n"
-                + worker_log(stack))
-        time.sleep(every)
+    """``tests/polling.wait_for`` against the stack: an API error while polling is transient
+    (the worker or a server restarting is not the test), and a timeout shows the worker's
+    log tail."""
+    return poll(check, timeout, what, every=every, transient=(Exception,),
+                context=lambda: f"--- worker log tail ({stack.data_dir}/logs/worker.log) ---\n"
+                                + worker_log(stack))
 
 
 class Cluster:

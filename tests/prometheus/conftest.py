@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from sim.gpu.fleet import Fleet, NodeSpec
+from tests.polling import wait_for
 from tests.prometheus.harness import (
     INSTALL_HINT,
     PrometheusServer,
@@ -19,7 +20,6 @@ from tests.prometheus.harness import (
     find_prometheus,
     node_job,
     scrape_config,
-    wait_for,
 )
 
 NODES = [
@@ -101,6 +101,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             lambda: len(prometheus.query(f"DCGM_FI_DEV_GPU_TEMP offset {HISTORY_S}s")) == gpus,
             30,
             f"{HISTORY_S}s of history",
+            every=0.2,
         )
         yield Stack(sim, lower, prometheus)
     finally:

@@ -12,11 +12,9 @@ import os
 import shutil
 import subprocess
 import threading
-import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import yaml
@@ -24,9 +22,8 @@ import yaml
 from sim.gpu.client import GpuSimClient
 from sim.gpu.fleet import Fleet
 from sim.gpu.server import RunningSimulator, start_gpu_simulator
+from tests.polling import wait_for
 from worker.stack import free_port
-
-T = TypeVar("T")
 
 INSTALL_HINT = "apt-get install -y --no-install-recommends prometheus"
 
@@ -37,17 +34,6 @@ def find_prometheus() -> str | None:
     if env:
         return env if Path(env).is_file() else None
     return shutil.which("prometheus")
-
-
-def wait_for(fn: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
 
 
 class ThreadedGpuSim:
@@ -136,13 +122,13 @@ class PrometheusServer:
             return False
 
     def wait_ready(self, targets: int, timeout: float = 30) -> None:
-        wait_for(self._ready, timeout, "prometheus ready")
+        wait_for(self._ready, timeout, "prometheus ready", every=0.2)
 
         def all_up() -> bool:
             data = self.http.get("/api/v1/targets").json()["data"]["activeTargets"]
             return len(data) == targets and all(t["health"] == "up" for t in data)
 
-        wait_for(all_up, timeout, f"{targets} scrape targets up")
+        wait_for(all_up, timeout, f"{targets} scrape targets up", every=0.2)
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         body = self.http.post("/api/v1/query", data={"query": promql}).json()

@@ -13,33 +13,20 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from kubernetes import client, config
 
 from sim.cluster.threaded import ThreadedClusterSim
+from tests.polling import wait_for as wait_for  # the suite's one poll, used beside Contract
 
 REAL_CLUSTER_ENV = "GPU_REMEDIATE_CONTRACT_KUBECONFIG"
-T = TypeVar("T")
 
 
 def real_cluster() -> str | None:
     return os.environ.get(REAL_CLUSTER_ENV) or None
-
-
-def wait_for(fn: Callable[[], T | None], timeout: float = 10.0, interval: float = 0.05) -> T:
-    """Poll until fn returns a truthy value; fail with the last value seen."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s (last value: {last!r})")
 
 
 class Contract:
