@@ -12,27 +12,10 @@ The Prometheus source needs none of this: its ``rate()`` fills the same fields.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from policy.dcgm import RATES
 from policy.models import GpuReading, NodeReadings
 from policy.rules import gpu_key, usable
 
-
-@dataclass(frozen=True)
-class Rate:
-    field: str
-    """The ``GpuReading`` rate field it fills."""
-    totals: tuple[str, ...]
-    """The counter fields summed (every one must be in both readings)."""
-    per_seconds: float
-    """60: per minute; 1: per second."""
-
-
-RATES: tuple[Rate, ...] = (
-    Rate("pcie_replays_per_minute", ("pcie_replay_total",), 60.0),
-    Rate("nvlink_crc_errors_per_second", ("nvlink_crc_flit_total", "nvlink_crc_data_total"), 1.0),
-    Rate("nvlink_errors_per_minute", ("nvlink_replay_total", "nvlink_recovery_total"), 60.0),
-)
 COUNTER_FIELDS = tuple(dict.fromkeys(f for r in RATES for f in r.totals))
 
 

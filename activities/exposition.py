@@ -27,34 +27,15 @@ from typing import Any, AnyStr
 
 from pydantic import BaseModel, Field
 
+from policy import dcgm
 from policy.models import GpuReading, NodeReadings
 from policy.rules import usable
 
-XID_COUNT_METRIC = "DCGM_EXP_XID_ERRORS_COUNT"
+XID_COUNT_METRIC = dcgm.XID_COUNT
 
-HEALTH_METRICS: dict[str, str] = {
-    "DCGM_FI_DEV_XID_ERRORS": "xid",
-    "DCGM_FI_DEV_GPU_TEMP": "gpu_temp",
-    "DCGM_FI_DEV_MEMORY_TEMP": "memory_temp",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_dbe_volatile",
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "ecc_sbe_volatile",
-    "DCGM_FI_DEV_ROW_REMAP_PENDING": "row_remap_pending",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "row_remap_failure",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "uncorrectable_remapped_rows",
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "clock_event_reasons",
-    # The pre-DCGM-3.3 name of the same field; custom counter files still use it.
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "clock_event_reasons",
-    "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION": "recovery_action",
-    # Link counters (totals): activities/counter_rates.py turns two readings into rates.
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "pcie_replay_total",
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "nvlink_crc_flit_total",
-    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": "nvlink_crc_data_total",
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "nvlink_replay_total",
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "nvlink_recovery_total",
-    # Opt-in exporter family: occurrences of each XID in a sliding window, label ``xid``.
-    XID_COUNT_METRIC: "xid_counts",
-}
-"""The metric families the policy reads, and the ``GpuReading`` field each one fills."""
+HEALTH_METRICS: dict[str, str] = dict(dcgm.FIELD_OF)
+"""The metric families the policy reads, and the ``GpuReading`` field each one fills
+(policy/dcgm.py)."""
 
 _INT_FIELDS = frozenset({"xid", "clock_event_reasons", "recovery_action"})
 _MAX_EXAMPLES = 5

@@ -48,6 +48,7 @@ from activities.exposition import (
     ascii_int,
     xid_label,
 )
+from policy import dcgm
 from policy.config import PolicyConfig
 from policy.models import SEVERITY, GpuReading, NodeReadings
 from policy.rules import usable
@@ -76,32 +77,13 @@ same "stayed hot" rule the temperatures follow (the reasons the policy reads are
 power-brake ones, and a hot spike sets them too). ``seen``: OR of every sample in the window, so
 a single sample with a bit set is enough."""
 
-XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
-GPU_TEMP_METRIC = "DCGM_FI_DEV_GPU_TEMP"
-MEMORY_TEMP_METRIC = "DCGM_FI_DEV_MEMORY_TEMP"
-CLOCK_METRICS: tuple[str, ...] = (
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
-    # The pre-DCGM-3.3 name of the same field; custom counter files still use it.
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
-)
-LAST_VALUE_METRICS: dict[str, str] = {
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_dbe_volatile",
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "ecc_sbe_volatile",
-    "DCGM_FI_DEV_ROW_REMAP_PENDING": "row_remap_pending",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "row_remap_failure",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "uncorrectable_remapped_rows",
-    "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION": "recovery_action",
-}
+XID_METRIC = dcgm.XID
+CLOCK_METRICS: tuple[str, ...] = tuple(f.metric for f in dcgm.read_as("clock"))
+LAST_VALUE_METRICS: dict[str, str] = {f.metric: f.field for f in dcgm.read_as("last")}
 """Families read as their last value in the window, and the ``GpuReading`` field each fills."""
 
 RATE_METRICS: dict[str, tuple[tuple[str, ...], float, str]] = {
-    "pcie_replays_per_minute": (("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",), 60.0, "pcie"),
-    "nvlink_crc_errors_per_second": (("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-                                      "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"), 1.0,
-                                     "nvlink"),
-    "nvlink_errors_per_minute": (("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-                                  "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"), 60.0, "nvlink"),
-}
+    r.field: (r.families, r.per_seconds, r.rule) for r in dcgm.RATES}
 """Link rates (``GpuReading`` field -> counter families summed, per-seconds, which rule):
 ``rate()`` over the window, queried only while that link rule is on (policy.links); the
 families of one field must all be exported."""
@@ -627,9 +609,9 @@ class PrometheusSource:
             # Raw samples (an instant query of a range selector returns a matrix).
             "xid": (f"{XID_METRIC}[{window}]", "matrix"),
             "clocks": (f'{{__name__=~"{_name_regex(CLOCK_METRICS)}"}}[{clock_range}]', "matrix"),
-            "gpu_temp": (held(GPU_TEMP_METRIC), "vector"),
-            "memory_temp": (held(MEMORY_TEMP_METRIC), "vector"),
         }
+        for family in dcgm.read_as("held"):
+            out[family.field] = (held(family.metric), "vector")
         for metric, name in LAST_VALUE_METRICS.items():
             out[f"last:{name}"] = (f"max by ({by}) (last_over_time({metric}[{window}]))", "vector")
         links = self.policy.links
