@@ -144,7 +144,7 @@ def _defaults() -> dict[str, JobTemplate]:
     }
 
 
-class JobsConfig(BaseModel):
+class JobsSettings(BaseModel):
     """The ``jobs:`` section of the worker's configuration."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -176,7 +176,7 @@ class JobsConfig(BaseModel):
         return {**builtin, **given}
 
     @model_validator(mode="after")
-    def _check(self) -> JobsConfig:
+    def _check(self) -> JobsSettings:
         if not _NAME.fullmatch(self.namespace):
             raise ValueError("namespace: must be a DNS label (lower-case letters, digits, '-')")
         problems = []

@@ -17,7 +17,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, Ca
 
 from activities import metrics
 from activities.gpus import GPU_RESOURCE
-from activities.job_templates import JobsConfig, JobTemplate, TemplateRefused
+from activities.job_templates import JobsSettings, JobTemplate, TemplateRefused
 from activities.kube import REQUEST_TIMEOUT, raise_typed, status_message
 from activities.node_keys import A_RUN, JOB_LABEL, NODE_LABEL, label_value
 from policy.diag import DiagReport, DiagUnparseable, parse_dcgmi_json
@@ -100,10 +100,10 @@ def _condition(job: Any, kind: str) -> Any | None:
 
 
 class JobActivities:
-    def __init__(self, api: client.ApiClient, jobs: JobsConfig | None = None) -> None:
+    def __init__(self, api: client.ApiClient, jobs: JobsSettings | None = None) -> None:
         self.batch = client.BatchV1Api(api)
         self.core = client.CoreV1Api(api)
-        self.jobs = jobs or JobsConfig()
+        self.jobs = jobs or JobsSettings()
         self.namespace = self.jobs.namespace
 
     def _template(self, inp: NodeJobInput) -> JobTemplate:

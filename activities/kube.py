@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from kubernetes import client, config
@@ -16,24 +15,18 @@ from workflows import errors
 REQUEST_TIMEOUT = (5.0, 20.0)
 
 
-@dataclass(frozen=True)
-class KubeSettings:
-    kubeconfig: str | None = None
-    context: str | None = None
-    in_cluster: bool = False
-
-
-def make_api_client(settings: KubeSettings, *, pool_size: int = 64) -> client.ApiClient:
+def make_api_client(*, kubeconfig: str | None = None, context: str | None = None,
+                    in_cluster: bool = False, pool_size: int = 64) -> client.ApiClient:
     """An ApiClient from in-cluster config or a kubeconfig file (KUBECONFIG by default).
 
     Its connection pool is as large as the worker's activity slots: urllib3's default
     of 10 made concurrent activities discard and re-open connections under load.
     """
     configuration = client.Configuration()
-    if settings.in_cluster:
+    if in_cluster:
         config.load_incluster_config(client_configuration=configuration)
     else:
-        config.load_kube_config(config_file=settings.kubeconfig, context=settings.context,
+        config.load_kube_config(config_file=kubeconfig, context=context,
                                 client_configuration=configuration, persist_config=False)
     configuration.connection_pool_maxsize = pool_size
     return client.ApiClient(configuration)

@@ -49,7 +49,7 @@ from activities.exposition import (
     xid_label,
 )
 from policy import dcgm
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import SEVERITY, GpuReading, NodeReadings
 from policy.rules import usable
 
@@ -289,7 +289,7 @@ class QueryResults:
     xid_count: list[Series] = field(default_factory=list)
 
 
-def xid_severity(xid: int, config: PolicyConfig) -> int:
+def xid_severity(xid: int, config: PolicySettings) -> int:
     """How bad an XID is by the policy's table (overrides applied): ``SEVERITY`` of its action."""
     row = config.xid_rule(xid)
     action = row.action if row is not None else config.unknown_xid_action
@@ -297,7 +297,7 @@ def xid_severity(xid: int, config: PolicyConfig) -> int:
 
 
 def choose_xid(
-    seen: Mapping[int, float], config: PolicyConfig, acknowledged: int | None = None
+    seen: Mapping[int, float], config: PolicySettings, acknowledged: int | None = None
 ) -> int:
     """The one XID a reading carries when the gauge showed several in the window.
 
@@ -338,7 +338,7 @@ def assemble_readings(
     now: float,
     thermal_hold: timedelta,
     clock_mode: ClockMode = "held",
-    policy: PolicyConfig | None = None,
+    policy: PolicySettings | None = None,
     acknowledged_xids: Mapping[str, int] | None = None,
 ) -> PrometheusRead:
     """Fold parsed query answers into one ``NodeReadings`` per requested node (pure, no I/O).
@@ -347,7 +347,7 @@ def assemble_readings(
     staleness markers) holds at least one of its GPU series; otherwise it is an error, worded
     differently when the window still holds older series (exporter down or target dropped).
     """
-    config = policy or PolicyConfig()
+    config = policy or PolicySettings()
     acked = acknowledged_xids or {}
     wanted = set(nodes)
     out = PrometheusRead()
@@ -549,7 +549,7 @@ class PrometheusSource:
         node_label: str | Sequence[str] = DEFAULT_NODE_LABELS,
         headers: Mapping[str, str] | None = None,
         verify_tls: bool | str = True,
-        policy: PolicyConfig | None = None,
+        policy: PolicySettings | None = None,
         clock_mode: ClockMode = "held",
     ) -> None:
         if window.total_seconds() <= 0:
@@ -576,7 +576,7 @@ class PrometheusSource:
         self.node_labels: tuple[str, ...] = labels
         self.headers = dict(headers or {})
         self.verify_tls = verify_tls
-        self.policy = policy or PolicyConfig()
+        self.policy = policy or PolicySettings()
         self.clock_mode: ClockMode = clock_mode
 
     # ------------------------------------------------------------ queries

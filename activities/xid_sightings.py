@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, Field
 
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import WARNING_ACTIONS, Finding, NodeReadings, Verdict
 from policy.rules import (
     SIG_XID,
@@ -59,11 +59,11 @@ class GpuXidTrack(BaseModel):
         default_factory=list, description="(XID, epoch seconds) of each sighting in the window."
     )
 
-    def worth_keeping(self, config: PolicyConfig) -> bool:
+    def worth_keeping(self, config: PolicySettings) -> bool:
         return bool(self.seen or self.counts or (self.shown and _remembered(self.shown, config)))
 
 
-def _remembered(xid: int, config: PolicyConfig) -> bool:
+def _remembered(xid: int, config: PolicySettings) -> bool:
     """XIDs whose gauge value is kept between ticks: app XIDs (a change is a sighting) and
     the ones that warn (a change is a new warning), unknown ones included whatever their
     configured action."""
@@ -96,7 +96,7 @@ def dump_tracks(tracks: Mapping[str, GpuXidTrack]) -> str | None:
     )
 
 
-def observe(tracks: Mapping[str, GpuXidTrack], readings: NodeReadings, config: PolicyConfig,
+def observe(tracks: Mapping[str, GpuXidTrack], readings: NodeReadings, config: PolicySettings,
             now_s: float) -> Tracks:
     """The tracks after one observation of the node (inputs are not modified)."""
     since = now_s - config.app_xid_escalation.window_s
@@ -142,7 +142,7 @@ def observe(tracks: Mapping[str, GpuXidTrack], readings: NodeReadings, config: P
     return out
 
 
-def repeat_counts(tracks: Mapping[str, GpuXidTrack], config: PolicyConfig,
+def repeat_counts(tracks: Mapping[str, GpuXidTrack], config: PolicySettings,
                   now_s: float) -> dict[str, dict[int, int]]:
     """GPU key -> app XID -> sightings in the window, as ``evaluate_node(xid_repeats=)``
     takes them."""
@@ -171,7 +171,7 @@ class XidWarning(BaseModel):
 
 
 def new_warnings(before: Mapping[str, GpuXidTrack], after: Mapping[str, GpuXidTrack],
-                 verdict: Verdict, config: PolicyConfig, now_s: float) -> list[XidWarning]:
+                 verdict: Verdict, config: PolicySettings, now_s: float) -> list[XidWarning]:
     """The XID findings of ``verdict`` that warn and are new at this observation.
 
     ``before``/``after``: the node's tracks before and after ``observe`` at ``now_s``. A gauge

@@ -3,7 +3,7 @@
 Nothing in this package does I/O, so workflows can import it inside the Temporal sandbox.
 """
 
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action, Finding, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_fleet, evaluate_node, is_thermal_recovered
 from policy.xid import DEFAULT_XID_TABLE, Bucket, XidRule
@@ -15,7 +15,7 @@ __all__ = [
     "Finding",
     "GpuReading",
     "NodeReadings",
-    "PolicyConfig",
+    "PolicySettings",
     "Verdict",
     "XidRule",
     "evaluate_fleet",

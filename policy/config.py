@@ -236,8 +236,8 @@ class LinkPolicy(_Strict):
         return action
 
 
-class PolicyConfig(_Strict):
-    """The whole health policy. ``PolicyConfig()`` is the documented default policy."""
+class PolicySettings(_Strict):
+    """The whole health policy. ``PolicySettings()`` is the documented default policy."""
 
     xid_overrides: dict[int, Action] = Field(
         default_factory=dict,
@@ -324,7 +324,7 @@ class PolicyConfig(_Strict):
         return action
 
     @model_validator(mode="after")
-    def _valid_xid_keys(self) -> PolicyConfig:
+    def _valid_xid_keys(self) -> PolicySettings:
         bad = [x for x in self.xid_overrides if x < 1]
         if bad:
             raise ValueError(f"xid_overrides keys must be XID numbers >= 1, got {bad}")
@@ -356,7 +356,7 @@ class PolicyConfig(_Strict):
         return RecoveryAction(code=code, name=name, action=override)
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None) -> PolicyConfig:
+    def from_mapping(cls, data: Mapping[str, Any] | None) -> PolicySettings:
         """Build from parsed YAML: either the policy section or a whole service config with a
         top-level ``policy:`` key. Raises pydantic's ``ValidationError`` naming the field."""
         if not data:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pydantic import BaseModel, ConfigDict
 
 from policy import dcgm
-from policy.config import CLOCK_REASON_BITS, PolicyConfig
+from policy.config import CLOCK_REASON_BITS, PolicySettings
 from policy.models import (
     SEVERITY,
     Action,
@@ -64,7 +64,7 @@ def gpu_key(gpu: GpuReading | Finding) -> str:
     return gpu.uuid or f"index:{gpu.gpu}"
 
 
-def is_app_xid(xid: int, config: PolicyConfig) -> bool:
+def is_app_xid(xid: int, config: PolicySettings) -> bool:
     """An application-class XID (catalog or override says ``app``): the ones counted for
     repeat escalation."""
     row = config.xid_rule(xid)
@@ -76,7 +76,7 @@ def repeated_rule_id(xid: int) -> str:
     return f"xid-{xid}-repeated"
 
 
-def xid_action(xid: int, config: PolicyConfig) -> Action:
+def xid_action(xid: int, config: PolicySettings) -> Action:
     """What a new ``xid`` alone asks for: its catalog row (overrides applied), or
     ``unknown_xid_action`` for an XID the catalog does not list."""
     row = config.xid_rule(xid)
@@ -109,7 +109,7 @@ def burst_count(times: Iterable[float], *, gap_s: float) -> int:
 
 
 def xid_repeat_counts(
-    sightings: Iterable[XidSighting], *, now_s: float, config: PolicyConfig
+    sightings: Iterable[XidSighting], *, now_s: float, config: PolicySettings
 ) -> dict[str, dict[int, int]]:
     """Bursts per GPU and XID inside the app-XID escalation window (see ``burst_count``), in
     the shape ``evaluate_node(xid_repeats=...)`` takes. Bursts, not sightings: one job that
@@ -134,7 +134,7 @@ def _fmt(threshold: float) -> str:
 def _xid_finding(
     gpu: GpuReading,
     xid: int,
-    config: PolicyConfig,
+    config: PolicySettings,
     repeats: Mapping[int, int],
     remap_pending: bool,
 ) -> Finding:
@@ -169,7 +169,7 @@ def _xid_finding(
     return finding(row.rule_id, row.action)
 
 
-def _app_xid_repeated(xid: int, config: PolicyConfig, repeats: Mapping[int, int]) -> bool:
+def _app_xid_repeated(xid: int, config: PolicySettings, repeats: Mapping[int, int]) -> bool:
     escalation = config.app_xid_escalation
     return (
         escalation.enabled
@@ -180,7 +180,7 @@ def _app_xid_repeated(xid: int, config: PolicyConfig, repeats: Mapping[int, int]
 
 def _gpu_findings(
     gpu: GpuReading,
-    config: PolicyConfig,
+    config: PolicySettings,
     acknowledged_xids: Mapping[str, int],
     xid_repeats: Mapping[str, Mapping[int, int]],
 ) -> list[Finding]:
@@ -268,7 +268,7 @@ def _gpu_findings(
     return findings
 
 
-def _link_findings(gpu: GpuReading, config: PolicyConfig) -> list[Finding]:
+def _link_findings(gpu: GpuReading, config: PolicySettings) -> list[Finding]:
     """Link rates over their thresholds (policy.links); a rate is the observer's, from two
     readings, so a single reading never judges a link."""
     links = config.links
@@ -303,7 +303,7 @@ def _gpu_order(gpu: str) -> tuple[int, str]:
 
 def evaluate_node(
     readings: NodeReadings,
-    config: PolicyConfig,
+    config: PolicySettings,
     *,
     acknowledged_xids: Mapping[str, int] | None = None,
     xid_repeats: Mapping[str, Mapping[int, int]] | None = None,
@@ -331,7 +331,7 @@ def evaluate_node(
     )
 
 
-def _missing_gpus(readings: NodeReadings, config: PolicyConfig) -> Finding | None:
+def _missing_gpus(readings: NodeReadings, config: PolicySettings) -> Finding | None:
     """Fewer GPUs reported than the node declares: one fell off the bus (the driver lost
     it; DCGM no longer lists it), which often comes with no XID the exporter can show.
     Unknown (no declared count) or an empty scrape says nothing."""
@@ -348,7 +348,7 @@ def _missing_gpus(readings: NodeReadings, config: PolicyConfig) -> Finding | Non
 
 def evaluate_fleet(
     readings: list[NodeReadings],
-    config: PolicyConfig,
+    config: PolicySettings,
     *,
     acknowledged_xids: Mapping[str, int] | None = None,
     xid_repeats: Mapping[str, Mapping[int, int]] | None = None,
@@ -360,7 +360,7 @@ def evaluate_fleet(
     ]
 
 
-def is_thermal_recovered(readings: NodeReadings, config: PolicyConfig) -> bool:
+def is_thermal_recovered(readings: NodeReadings, config: PolicySettings) -> bool:
     """True once a cordoned hot node has cooled: every GPU reports a core temperature at least
     the recovery margin below its threshold (memory too, where reported) and no thermal clock
     reason is active. Missing data is not recovery: no data, no action."""

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import pytest
 
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action
 from worker.probe.evaluate import ConfigError, evaluate_sources, load_policy_config, run_evaluate
 
@@ -236,7 +236,7 @@ def test_http_errors(capsys: pytest.CaptureFixture[str], exporter: str) -> None:
 def test_unreachable_url_times_out_or_fails_fast() -> None:
     # Port 9 (discard) on localhost is closed: the connection is refused.
     report = evaluate_sources(
-        ["http://127.0.0.1:9/metrics"], node=None, config=PolicyConfig(), timeout_s=2
+        ["http://127.0.0.1:9/metrics"], node=None, config=PolicySettings(), timeout_s=2
     )
     assert report.nodes == []
     assert report.errors[0].message.startswith("cannot fetch")
@@ -288,7 +288,7 @@ def test_unreadable_config_is_usage_error(
 def test_empty_config_file_means_defaults(tmp_path: Path) -> None:
     path = tmp_path / "empty.yaml"
     path.write_text("")
-    assert load_policy_config(path) == PolicyConfig()
+    assert load_policy_config(path) == PolicySettings()
 
 
 def test_no_sources_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -309,7 +309,7 @@ def test_same_node_in_two_sources_is_merged(tmp_path: Path) -> None:
     first.write_text(exposition("n", xid=79))
     second = tmp_path / "2.prom"
     second.write_text(exposition("n", temp=95))
-    report = evaluate_sources([str(first), str(second)], node=None, config=PolicyConfig())
+    report = evaluate_sources([str(first), str(second)], node=None, config=PolicySettings())
     assert [v.node for v in report.nodes] == ["n"]
     assert report.nodes[0].action == Action.REBOOT
 
@@ -345,7 +345,7 @@ def test_evaluate_gives_the_catalog_action_for_every_catalog_xid(
 def test_evaluate_alerts_on_an_xid_outside_the_catalog(xid: int, tmp_path: Path) -> None:
     path = tmp_path / "unknown.prom"
     path.write_text(exposition("gpu-u", xid=xid))
-    report = evaluate_sources([str(path)], node=None, config=PolicyConfig())
+    report = evaluate_sources([str(path)], node=None, config=PolicySettings())
     (verdict,) = report.nodes
     assert verdict.action == Action.ALERT
     assert [(f.rule, f.action) for f in verdict.findings] == [(f"xid-{xid}-unknown", Action.ALERT)]

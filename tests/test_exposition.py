@@ -16,7 +16,7 @@ from activities.exposition import (
     parse_line,
     select_health_lines,
 )
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action, GpuReading
 from policy.rules import evaluate_fleet
 
@@ -151,7 +151,7 @@ def test_realistic_payload(parse: Callable[..., ParseResult]) -> None:
 
 def test_realistic_payload_verdicts() -> None:
     verdicts = {
-        v.node: v for v in evaluate_fleet(parse_exposition(REALISTIC).nodes, PolicyConfig())
+        v.node: v for v in evaluate_fleet(parse_exposition(REALISTIC).nodes, PolicySettings())
     }
     assert verdicts["gpu-a"].action == Action.REBOOT
     assert [f.rule for f in verdicts["gpu-a"].findings] == ["xid-79-restart-bm"]

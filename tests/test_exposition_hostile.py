@@ -15,7 +15,7 @@ import pytest
 
 from activities.exposition import ExpositionError, parse_exposition
 from activities.parse_pool import BodyError, read_body
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action
 from tests.fuzz.hostile import CATEGORIES, GARBAGE, GOOD, NAME
 from worker.probe.evaluate import evaluate_sources
@@ -74,7 +74,7 @@ def _outcomes(raw: bytes, tmp_path: Path) -> tuple[str | None, str | None, Actio
         scrape = str(err)
     source = tmp_path / "body.prom"
     source.write_bytes(raw)
-    report = evaluate_sources([str(source)], node="n1", config=PolicyConfig())
+    report = evaluate_sources([str(source)], node="n1", config=PolicySettings())
     evaluate = report.errors[0].message if report.errors else None
     action = report.nodes[0].action if report.nodes else None
     return scrape, evaluate, action

@@ -28,8 +28,8 @@ from pydantic_settings import (
 )
 
 from activities.exporter_settings import ExporterSettings
-from activities.job_templates import JobsConfig, TemplateRefused
-from policy.config import PolicyConfig
+from activities.job_templates import JobsSettings, TemplateRefused
+from policy.config import PolicySettings
 from policy.fields import unknown_fields
 from worker.yamlfile import load_yaml
 from workflows.ids import TASK_QUEUE, observe_task_queue
@@ -40,7 +40,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TlsConfig(_Section):
+class TlsSettings(_Section):
     enabled: bool = False
     client_cert: Path | None = Field(default=None, description="PEM client certificate (mTLS).")
     client_key: Path | None = None
@@ -48,17 +48,17 @@ class TlsConfig(_Section):
     server_name: str | None = None
 
     @model_validator(mode="after")
-    def _pair(self) -> TlsConfig:
+    def _pair(self) -> TlsSettings:
         if (self.client_cert is None) != (self.client_key is None):
             raise ValueError("client_cert and client_key go together")
         return self
 
 
-class TemporalConfig(_Section):
+class TemporalSettings(_Section):
     address: str = "localhost:7233"
     namespace: str = "default"
     task_queue: str = TASK_QUEUE
-    tls: TlsConfig = Field(default_factory=TlsConfig)
+    tls: TlsSettings = Field(default_factory=TlsSettings)
     api_key: str | None = Field(default=None, description="Temporal Cloud API key (prefer env).",
                                 repr=False)
     require_auth: bool = Field(
@@ -91,7 +91,7 @@ _REQUIREMENT = (rf"\s*(?:!\s*{_LABEL_KEY}|{_LABEL_KEY}\s*(?:==|=|!=)\s*{_LABEL_V
 _SELECTOR = re.compile(rf"^{_REQUIREMENT}(?:,{_REQUIREMENT})*$")
 
 
-class KubernetesConfig(_Section):
+class KubernetesSettings(_Section):
     kubeconfig: str | None = Field(default=None, description="Path; KUBECONFIG when unset.")
     context: str | None = None
     in_cluster: bool = False
@@ -115,7 +115,7 @@ class KubernetesConfig(_Section):
         return value.strip()
 
 
-class WorkerConfig(_Section):
+class WorkerSettings(_Section):
     metrics_port: int = Field(default=9464, ge=0, le=65535,
                               description="Prometheus metrics of the service; 0 disables.")
     sdk_metrics_port: int = Field(default=9465, ge=0, le=65535,
@@ -166,14 +166,14 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPU_REMEDIATE_", env_nested_delimiter="__",
                                       extra="forbid")
 
-    temporal: TemporalConfig = Field(default_factory=TemporalConfig)
-    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    temporal: TemporalSettings = Field(default_factory=TemporalSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     exporter: ExporterSettings = Field(default_factory=ExporterSettings)
     detector: DetectorSettings = Field(default_factory=DetectorSettings)
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
-    jobs: JobsConfig = Field(default_factory=JobsConfig)
-    worker: WorkerConfig = Field(default_factory=WorkerConfig)
+    jobs: JobsSettings = Field(default_factory=JobsSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
 
     @field_validator("policy", mode="before")
     @classmethod

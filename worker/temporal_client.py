@@ -6,10 +6,10 @@ from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import Runtime
 
-from worker.config import ConfigError, TemporalConfig
+from worker.config import ConfigError, TemporalSettings
 
 
-def tls_config(cfg: TemporalConfig) -> TLSConfig | bool:
+def tls_config(cfg: TemporalSettings) -> TLSConfig | bool:
     t = cfg.tls
     if not t.enabled:
         return bool(cfg.api_key)  # Temporal Cloud API keys require TLS
@@ -21,7 +21,7 @@ def tls_config(cfg: TemporalConfig) -> TLSConfig | bool:
     )
 
 
-async def connect(cfg: TemporalConfig, *, runtime: Runtime | None = None) -> Client:
+async def connect(cfg: TemporalSettings, *, runtime: Runtime | None = None) -> Client:
     problem = cfg.auth_problem()
     if problem:
         raise ConfigError(problem)

@@ -18,7 +18,7 @@ from pydantic import (
     field_validator,
 )
 
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action, Verdict
 from workflows.ids import DETECTOR_REQUESTER, MAX_OPERATOR_CHARS, MAX_REASON_CHARS
 from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
@@ -51,7 +51,7 @@ class RemediationInput(_Message):
     node: str
     verdict: Verdict
     settings: RemediationSettings = Field(default_factory=RemediationSettings)
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
     dry_run: bool = False
     requested_by: str = DETECTOR_REQUESTER
     reason: str = ""
@@ -331,7 +331,7 @@ class NodeJobResult(_Message):
 
 class NodeHealthInput(_Message):
     node: str
-    policy: PolicyConfig
+    policy: PolicySettings
     acknowledged: dict[str, int] = Field(
         default_factory=dict,
         description="XIDs to read as acknowledged besides the node's own record: those the "
@@ -360,7 +360,7 @@ class NodeHealth(_Message):
 
 class ThermalWatchInput(_Message):
     node: str
-    policy: PolicyConfig
+    policy: PolicySettings
     hold: timedelta
     poll_interval: timedelta
     give_up_after: timedelta = Field(description="Return 'hot' after watching this long.")
@@ -377,7 +377,7 @@ class ThermalCheckInput(_Message):
     ``now``, and raises "unchanged" (retried at the poll interval) until then."""
 
     node: str
-    policy: PolicyConfig
+    policy: PolicySettings
     now: Literal["hot", "cool"]
 
 
@@ -466,7 +466,7 @@ class DetectorInput(_Message):
 
 
 class ObserveInput(_Message):
-    policy: PolicyConfig
+    policy: PolicySettings
     pool_label: str | None = None
     shard: int = Field(default=0, ge=0, description="This activity's share of the fleet ...")
     shards: int = Field(default=1, ge=1, description="... out of this many (by node name).")

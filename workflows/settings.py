@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action
 
 
@@ -246,7 +246,7 @@ class DetectorSettings(_Model):
                     "without a break (a single hot scrape is often a sensor blip). 0: at the "
                     "first hot reading.")
     dry_run: bool = False
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
     breaker_max_flagged_percent: float = Field(default=20.0, gt=0, le=100)
     breaker_max_flagged_nodes: int = Field(default=50, ge=1)

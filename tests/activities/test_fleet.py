@@ -18,14 +18,14 @@ from activities.node_keys import (
     STATE_LABEL,
 )
 from activities.prometheus_source import PrometheusSource
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action
 from tests.activities.conftest import Cluster, ThreadedGpuSim
 from workflows.messages import FleetObservation, NodeHealthInput, ObserveInput, ThermalWatchInput
 from workflows.transitions import NodeState
 
-POLICY = PolicyConfig()
-EVERY_SIGHTING_RESETS = PolicyConfig.model_validate(
+POLICY = PolicySettings()
+EVERY_SIGHTING_RESETS = PolicySettings.model_validate(
     {"app_xid_escalation": {"burst_gap": 0, "action": "reset"}})
 """The counting across ticks, isolated: ticks here are milliseconds apart, so each sighting is
 made its own burst, and the escalation admitted as a reset (by default it asks for a diagnostic
@@ -46,7 +46,7 @@ def discover(gpu: ThreadedGpuSim) -> ExporterSettings:
 
 async def observe(k: Cluster, settings: ExporterSettings, *,
                   track_xid_repeats: bool = True,
-                  policy: PolicyConfig = POLICY,
+                  policy: PolicySettings = POLICY,
                   prometheus: PrometheusSource | None = None) -> FleetObservation:
     return await ActivityEnvironment().run(
         FleetActivities(k.api, settings, prometheus=prometheus).observe_fleet,

@@ -22,12 +22,12 @@ from activities.notices import (
     NoticeBook,
     deferred_notices,
 )
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from tests.activities.conftest import Cluster, ThreadedGpuSim, metric
 from workflows.messages import FleetObservation, ObserveInput
 from workflows.transitions import NodeState
 
-POLICY = PolicyConfig()
+POLICY = PolicySettings()
 
 
 def template(gpu: ThreadedGpuSim) -> ExporterSettings:
@@ -98,7 +98,7 @@ async def test_pcie_replays_over_the_limit_get_a_warning_event_from_two_scrapes(
     scrape judges nothing and the second (a second later here) measures the rate."""
     fleet = FleetActivities(cluster.api, template(gpu_sim))
     fleet.rates = CounterRates(min_interval=0.5)
-    policy = PolicyConfig.from_mapping({"links": {"pcie_replay_enabled": True}})
+    policy = PolicySettings.from_mapping({"links": {"pcie_replay_enabled": True}})
     gpu_sim.client.inject_fault("gpu-node-02", 1, "pcie-replay", 600)
     before = counter("gpu_remediate_link_error_findings_total", signal="pcie_replay")
     env = ActivityEnvironment()

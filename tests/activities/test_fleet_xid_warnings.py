@@ -7,12 +7,12 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.exporter_settings import ExporterSettings
 from activities.fleet import FleetActivities
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action
 from tests.activities.conftest import Cluster, ThreadedGpuSim, metric
 from workflows.messages import FleetObservation, ObserveInput
 
-POLICY = PolicyConfig()
+POLICY = PolicySettings()
 
 
 def template(gpu: ThreadedGpuSim) -> ExporterSettings:
@@ -20,7 +20,7 @@ def template(gpu: ThreadedGpuSim) -> ExporterSettings:
                             url_template=f"{gpu.url}/nodes/{{node}}/metrics")
 
 
-async def observe(fleet: FleetActivities, *, policy: PolicyConfig = POLICY,
+async def observe(fleet: FleetActivities, *, policy: PolicySettings = POLICY,
                   dry_run: bool = False) -> FleetObservation:
     return await ActivityEnvironment().run(
         fleet.observe_fleet, ObserveInput(policy=policy, track_xid_repeats=not dry_run))
@@ -47,7 +47,7 @@ async def test_an_unknown_xid_warns_once_and_the_node_stays_in_service(
 
 async def test_an_unknown_xid_held_for_review_is_admitted_as_a_quarantine(
         cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
-    held = PolicyConfig(unknown_xid_action=Action.QUARANTINE)
+    held = PolicySettings(unknown_xid_action=Action.QUARANTINE)
     gpu_sim.client.inject_fault("gpu-node-01", 0, "xid", 250)
     obs = await observe(FleetActivities(cluster.api, template(gpu_sim)), policy=held)
     assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-01", Action.QUARANTINE)]
@@ -77,7 +77,7 @@ async def test_app_xid_bursts_ask_for_a_diagnostic_and_never_reset(
         cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
     """Two separate bursts of XID 31 on one GPU (here: every sighting its own burst, ticks are
     milliseconds apart in a test): the diagnostic is asked for on the node, nothing drains."""
-    every = PolicyConfig.model_validate({"app_xid_escalation": {"burst_gap": 0}})
+    every = PolicySettings.model_validate({"app_xid_escalation": {"burst_gap": 0}})
     fleet = FleetActivities(cluster.api, template(gpu_sim))
     before = counter("GPUDiagnosticNeeded")
     gpu_sim.client.inject_fault("gpu-node-01", 2, "xid", 31)

@@ -6,11 +6,11 @@ from datetime import timedelta
 
 import pytest
 
-from activities.job_templates import JobsConfig, JobTemplate
+from activities.job_templates import JobsSettings, JobTemplate
 from activities.jobs import job_manifest
 from workflows.messages import NodeJobInput
 
-TEMPLATES = JobsConfig().templates
+TEMPLATES = JobsSettings().templates
 
 
 def manifest(kind: str, job: JobTemplate, gpus: int = 8) -> dict:

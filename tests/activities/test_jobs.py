@@ -16,7 +16,7 @@ from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities import jobs as jobs_module
-from activities.job_templates import JobsConfig, JobTemplate
+from activities.job_templates import JobsSettings, JobTemplate
 from activities.jobs import JobActivities
 from tests.activities.conftest import Cluster, Heartbeats, ThreadedGpuSim, _cluster, wait_for
 from workflows.messages import NodeJobInput
@@ -32,7 +32,7 @@ def _tool(kind: Kind) -> JobTemplate:
 
 
 # The worker's own templates: what a Job runs is its configuration, never the input.
-JOBS = JobsConfig(namespace=NS, templates={"validation": _tool("validate"),
+JOBS = JobsSettings(namespace=NS, templates={"validation": _tool("validate"),
                                            "gpu-reset": _tool("gpu-reset"),
                                            "reboot": _tool("reboot")})
 
@@ -397,7 +397,7 @@ def shipped(cluster_with_gpus: Cluster, monkeypatch: pytest.MonkeyPatch) -> JobA
     engine and its JSON is the evidence."""
     monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
     cluster_with_gpus.core.create_namespace({"metadata": {"name": NS}})
-    return JobActivities(cluster_with_gpus.api, JobsConfig(namespace=NS))
+    return JobActivities(cluster_with_gpus.api, JobsSettings(namespace=NS))
 
 
 def test_shipped_validation_keeps_dcgmi_evidence_of_every_gpu(
@@ -427,7 +427,7 @@ def test_validation_without_a_host_engine_fails_like_real_dcgmi(
     bare = JobTemplate(purpose="validate", image="registry.sim.local/dcgm",
                        command=["dcgmi", "diag", "-r", "2", "-j"],
                        deadline=timedelta(minutes=5), run_as_user=1000, output="dcgmi-json")
-    acts = JobActivities(cluster_with_gpus.api, JobsConfig(
+    acts = JobActivities(cluster_with_gpus.api, JobsSettings(
         namespace=NS, templates={"validation": bare}))
     result = env.run(acts.run_node_job, job())
     assert not result.succeeded and result.evidence == ""

@@ -10,7 +10,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.exporter_settings import ExporterSettings
 from activities.fleet import FleetActivities
 from activities.neighbours import NEIGHBOURS, neighbour_hold
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from tests.activities.conftest import Cluster, ThreadedGpuSim
 from workflows.admission import Admission
 from workflows.messages import DetectorState, ObserveInput
@@ -53,7 +53,7 @@ async def test_a_node_under_a_driver_upgrade_waits_and_a_tainted_drain_counts(
     fleet = FleetActivities(cluster.api, ExporterSettings(
         mode="template", url_template=f"{gpu_sim.url}/nodes/{{node}}/metrics"))
     obs = await ActivityEnvironment().run(fleet.observe_fleet,
-                                          ObserveInput(policy=PolicyConfig()))
+                                          ObserveInput(policy=PolicySettings()))
     assert [(h.node, h.by, h.out_of_service) for h in obs.held] == [
         ("gpu-node-02", "GPU Operator driver upgrade", False),
         ("gpu-node-03", "GPU Operator driver upgrade", False),

@@ -24,7 +24,7 @@ from activities.node_keys import A_ACK_XIDS, A_HISTORY, A_TRANSITION, A_XID_SIGH
 from activities.nodes import NodeActivities
 from activities.observation_budget import MAX_OBSERVATION_BYTES, bound_observation
 from activities.parse_pool import BodyError, ParsePool
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action, Finding, Verdict
 from tests.activities.conftest import Cluster, ThreadedGpuSim
 from tests.fuzz.hostile import CATEGORIES
@@ -120,7 +120,7 @@ async def test_hostile_annotations_make_only_their_node_unreadable(
     gpu_sim.client.inject_fault("gpu-node-03", 3, "xid", 79)
     obs = await ActivityEnvironment().run(
         FleetActivities(cluster.api, template(gpu_sim)).observe_fleet,
-        ObserveInput(policy=PolicyConfig()))
+        ObserveInput(policy=PolicySettings()))
     assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-03", Action.REBOOT)]
     assert obs.readable_nodes == 2 and len(obs.errors) == 2
     assert "gpu-node-01: annotation gpu-remediate.io/acknowledged-xids is unreadable: " \
@@ -255,7 +255,7 @@ async def test_redirects_are_not_followed(
     fleet.exporter = ExporterSettings(mode="template", timeout_seconds=2)
     readings, errors = await fleet.scrape_many({"n1": f"{url}/moved"})
     assert readings == {} and "HTTP 302 (redirects are not followed)" in errors["n1"]
-    from worker.probe.evaluate import PolicyConfig as EvalPolicy
+    from worker.probe.evaluate import PolicySettings as EvalPolicy
     from worker.probe.evaluate import evaluate_sources
 
     report = await asyncio.to_thread(evaluate_sources, [f"{url}/moved"], node="n1",

@@ -15,12 +15,12 @@ from activities.xid_sightings import (
     parse_tracks,
     repeat_counts,
 )
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action, GpuReading, NodeReadings
 from policy.rules import evaluate_node
 
-POLICY = PolicyConfig()
-EVERY = PolicyConfig.model_validate({"app_xid_escalation": {"burst_gap": 0}})
+POLICY = PolicySettings()
+EVERY = PolicySettings.model_validate({"app_xid_escalation": {"burst_gap": 0}})
 """Counts every sighting as its own burst: the tests of what is a sighting use it."""
 DAY = 86400.0
 T0 = 1_800_000_000.0
@@ -35,7 +35,7 @@ def g0(xid: int | None = None, counts: dict[int, int] | None = None) -> GpuReadi
 
 
 def run(ticks: list[GpuReading], start: Tracks | None = None, step: float = 30.0,
-        config: PolicyConfig = POLICY) -> tuple[Tracks, float]:
+        config: PolicySettings = POLICY) -> tuple[Tracks, float]:
     tracks: Tracks = dict(start or {})
     now = T0
     for reading in ticks:
@@ -112,7 +112,7 @@ def test_sightings_age_out_of_the_window() -> None:
 
 
 def test_overridden_xid_class_is_respected() -> None:
-    config = PolicyConfig.model_validate({"xid_overrides": {13: "none", 79: "app"}})
+    config = PolicySettings.model_validate({"xid_overrides": {13: "none", 79: "app"}})
     tracks, _ = run([g0(13), g0(79)], config=config)
     assert [x for x, _ in tracks["GPU-0"].seen] == [79]
 
@@ -177,7 +177,7 @@ def g(xid: int | None, index: str = "0") -> GpuReading:
 
 
 def tick(tracks: Tracks, readings: NodeReadings, now: float,
-         config: PolicyConfig = POLICY) -> tuple[Tracks, list[tuple[str, str, int]]]:
+         config: PolicySettings = POLICY) -> tuple[Tracks, list[tuple[str, str, int]]]:
     """One detector tick as fleet.py runs it: observe, evaluate, then the new warnings."""
     after = observe(tracks, readings, config, now)
     verdict = evaluate_node(readings, config, xid_repeats=repeat_counts(after, config, now))
@@ -201,7 +201,7 @@ def test_an_unknown_xid_warns_once_while_the_gauge_keeps_showing_it() -> None:
 
 
 def test_an_unknown_xid_held_for_review_still_warns() -> None:
-    held = PolicyConfig(unknown_xid_action=Action.QUARANTINE)
+    held = PolicySettings(unknown_xid_action=Action.QUARANTINE)
     _, warned = tick({}, node(g(999)), T0, held)
     assert warned == [("UnknownXid", "0", 999)]
 

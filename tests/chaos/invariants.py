@@ -22,7 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.node_keys import STATE_LABEL, TAINT_KEY
 from tests.e2e.kit import OUT_OF_SERVICE, Cluster
-from worker.config import TemporalConfig
+from worker.config import TemporalSettings
 from worker.stack import LocalStack
 from worker.temporal_client import connect
 from workflows.ids import remediation_workflow_id
@@ -74,7 +74,7 @@ class InvariantChecker:
                 if temporal is None:
                     with contextlib.suppress(Exception):
                         temporal = loop.run_until_complete(
-                            connect(TemporalConfig(address=self.stack.temporal_address)))
+                            connect(TemporalSettings(address=self.stack.temporal_address)))
                 with contextlib.suppress(Exception):  # an API fault or a restart: next sample
                     self._sample(k8s, loop, temporal)
                 self._stop.wait(self.every)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import pytest
 
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from tests.check.fake_nvml import H100_UUIDS, FakeNvml, fixture_states, h100, pynvml
 from worker.probe.check import CheckEnv, run_check
 from worker.probe.common import CommandResult
@@ -181,7 +181,7 @@ def test_json_is_exactly_what_evaluate_prints_for_the_same_gpus(
                 lines.append(f"{name}{{{labels}}} {value:g}")
     payload = tmp_path / "metrics.prom"
     payload.write_text("\n".join(lines) + "\n")
-    expected = evaluate_sources([str(payload)], node=None, config=PolicyConfig())
+    expected = evaluate_sources([str(payload)], node=None, config=PolicySettings())
     assert report == json.loads(expected.model_dump_json())
 
 

@@ -18,7 +18,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.node_keys import A_HISTORY, STATE_LABEL, TAINT_KEY
 from tests.polling import wait_for as poll
 from worker.cli import operator
-from worker.config import TemporalConfig
+from worker.config import TemporalSettings
 from worker.stack.local import LocalStack, _tail
 from worker.temporal_client import connect
 from workflows.ids import remediation_workflow_id
@@ -143,7 +143,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 async def _client(stack: LocalStack) -> Client:
-    return await connect(TemporalConfig(address=stack.temporal_address))
+    return await connect(TemporalSettings(address=stack.temporal_address))
 
 
 def view_state(stack: LocalStack, node: str) -> RemediationView:

@@ -12,7 +12,7 @@ from kubernetes import client, config
 
 from sim.gpu.client import GpuSimClient
 from tests.e2e.conftest import core_api
-from worker.config import TemporalConfig
+from worker.config import TemporalSettings
 from worker.stack import LocalStack
 from worker.temporal_client import connect
 from workflows.ids import remediation_workflow_id
@@ -96,7 +96,7 @@ def test_xid79_on_two_nodes_drains_within_pdb_repairs_validates_and_returns(
         assert spec.containers[0].resources.limits["nvidia.com/gpu"] == "8"
 
     async def results() -> list[RemediationResult]:
-        temporal = await connect(TemporalConfig(address=pdb_stack.temporal_address))
+        temporal = await connect(TemporalSettings(address=pdb_stack.temporal_address))
         return [await temporal.get_workflow_handle(
             remediation_workflow_id(n), result_type=RemediationResult).result() for n in sick]
 

@@ -9,14 +9,14 @@ from hypothesis import strategies as st
 
 from activities.exposition import ExpositionError
 from activities.parse_pool import BodyError, read_body
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_node
 from tests.fuzz.hostile import GARBAGE, GOOD, NAME
 from tests.fuzz.strategies import HOSTILE_DIGITS, budget, corpus, corpus_mutations, exposition
 from worker.probe import evaluate as evaluate_cli
 
-POLICY = PolicyConfig()
+POLICY = PolicySettings()
 
 
 def scrape(raw: bytes) -> Verdict | str:

@@ -9,7 +9,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action, GpuReading, NodeReadings, Verdict
 from policy.rules import (
     XidSighting,
@@ -34,8 +34,8 @@ def node(*gpus: GpuReading, name: str = "n1") -> NodeReadings:
     return NodeReadings(node=name, gpus=list(gpus))
 
 
-def evaluate(*gpus: GpuReading, config: PolicyConfig | None = None, **kw: object) -> Verdict:
-    return evaluate_node(node(*gpus), config or PolicyConfig(), **kw)  # type: ignore[arg-type]
+def evaluate(*gpus: GpuReading, config: PolicySettings | None = None, **kw: object) -> Verdict:
+    return evaluate_node(node(*gpus), config or PolicySettings(), **kw)  # type: ignore[arg-type]
 
 
 def rules(verdict: Verdict) -> list[tuple[str, Action]]:
@@ -147,7 +147,7 @@ def test_several_clock_reasons_give_one_finding_each() -> None:
 
 
 def test_configured_actions() -> None:
-    config = PolicyConfig(
+    config = PolicySettings(
         ecc_dbe_action=Action.REBOOT,
         row_remap_pending_action=Action.REBOOT,
         row_remap_failure_action=Action.REBOOT,
@@ -249,7 +249,7 @@ def test_per_model_thresholds() -> None:
 
 
 def test_per_model_override_from_config_longest_match_wins() -> None:
-    config = PolicyConfig.model_validate(
+    config = PolicySettings.model_validate(
         {
             "thermal": {
                 "per_model": {
@@ -267,14 +267,14 @@ def test_per_model_override_from_config_longest_match_wins() -> None:
 
 
 def test_fractional_threshold_in_rule_id() -> None:
-    config = PolicyConfig.model_validate({"thermal": {"gpu_temp_c": 82.5}})
+    config = PolicySettings.model_validate({"thermal": {"gpu_temp_c": 82.5}})
     assert rules(evaluate(gpu(gpu_temp=83), config=config)) == [
         ("gpu-temp-over-82.5", Action.THERMAL)
     ]
 
 
 def test_thermal_recovery() -> None:
-    config = PolicyConfig()
+    config = PolicySettings()
     assert is_thermal_recovered(node(gpu("0", gpu_temp=81), gpu("1", gpu_temp=70)), config)
     # 82 is not 5 °C below 87: still hot enough to flap.
     assert not is_thermal_recovered(node(gpu("0", gpu_temp=82)), config)
@@ -288,7 +288,7 @@ def test_thermal_recovery() -> None:
 
 
 def test_thermal_recovery_needs_data() -> None:
-    config = PolicyConfig()
+    config = PolicySettings()
     assert not is_thermal_recovered(node(), config)
     assert not is_thermal_recovered(node(gpu("0")), config)
     assert not is_thermal_recovered(node(gpu("0", gpu_temp=math.nan)), config)
@@ -296,7 +296,7 @@ def test_thermal_recovery_needs_data() -> None:
 
 
 def test_thermal_recovery_margin_is_configurable() -> None:
-    config = PolicyConfig.model_validate({"thermal": {"recovery_margin_c": 0}})
+    config = PolicySettings.model_validate({"thermal": {"recovery_margin_c": 0}})
     assert is_thermal_recovered(node(gpu("0", gpu_temp=86)), config)
 
 
@@ -351,7 +351,7 @@ def test_a_finding_and_its_reading_give_the_same_gpu_key() -> None:
 
 
 def test_app_escalation_can_be_disabled() -> None:
-    config = PolicyConfig.model_validate({"app_xid_escalation": {"enabled": False}})
+    config = PolicySettings.model_validate({"app_xid_escalation": {"enabled": False}})
     verdict = evaluate(gpu("0", xid=31), config=config, xid_repeats={"GPU-0": {31: 50}})
     assert verdict.action == Action.APP
 
@@ -369,7 +369,7 @@ def test_xid_repeat_counts_window() -> None:
         XidSighting(gpu="GPU-0", xid=31, at_s=day + 900.0),
         XidSighting(gpu="GPU-1", xid=13, at_s=day + 900.0),
     ]
-    counts = xid_repeat_counts(sightings, now_s=day + 1000.0, config=PolicyConfig())
+    counts = xid_repeat_counts(sightings, now_s=day + 1000.0, config=PolicySettings())
     assert counts == {"GPU-0": {31: 2}, "GPU-1": {13: 1}}
 
 
@@ -382,14 +382,14 @@ def test_sightings_closer_than_the_gap_are_one_burst() -> None:
     event, not a failing GPU (the old count reset an 8-GPU node for it)."""
     now = 10_000.0
     crashing_job = sightings_at(*(now - 120 + 12 * i for i in range(10)))
-    assert xid_repeat_counts(crashing_job, now_s=now, config=PolicyConfig()) == {
+    assert xid_repeat_counts(crashing_job, now_s=now, config=PolicySettings()) == {
         "GPU-0": {31: 1}}
     verdict = evaluate(gpu("0", xid=31), xid_repeats={"GPU-0": {31: 1}})
     assert verdict.action == Action.APP
 
 
 def test_a_chain_within_the_gap_stays_one_burst_and_a_pause_starts_the_next() -> None:
-    config = PolicyConfig()  # gap 180 s
+    config = PolicySettings()  # gap 180 s
     # 0, 170, 340, 510: each within 180 s of the one before, so one burst over 8.5 minutes.
     assert xid_repeat_counts(sightings_at(0, 170, 340, 510), now_s=600,
                              config=config) == {"GPU-0": {31: 1}}
@@ -403,23 +403,23 @@ def test_a_chain_within_the_gap_stays_one_burst_and_a_pause_starts_the_next() ->
 def test_bursts_are_per_gpu_and_per_xid() -> None:
     sightings = [*sightings_at(0, 1000), *sightings_at(500, xid=13),
                  *sightings_at(10, gpu_key="GPU-1")]
-    assert xid_repeat_counts(sightings, now_s=2000, config=PolicyConfig()) == {
+    assert xid_repeat_counts(sightings, now_s=2000, config=PolicySettings()) == {
         "GPU-0": {31: 2, 13: 1}, "GPU-1": {31: 1}}
 
 
 @pytest.mark.parametrize(("gap", "expected"), [(0, 3), (60, 2), (600, 1)])
 def test_burst_gap_is_configurable(gap: int, expected: int) -> None:
-    config = PolicyConfig.model_validate({"app_xid_escalation": {"burst_gap": gap}})
+    config = PolicySettings.model_validate({"app_xid_escalation": {"burst_gap": gap}})
     assert xid_repeat_counts(sightings_at(100, 100, 200), now_s=300,
                              config=config)["GPU-0"][31] == expected
 
 
 def test_two_bursts_of_31_ask_for_a_diagnostic_and_reset_is_opt_in() -> None:
     now = 50_000.0
-    counts = xid_repeat_counts(sightings_at(now - 7200, now), now_s=now, config=PolicyConfig())
+    counts = xid_repeat_counts(sightings_at(now - 7200, now), now_s=now, config=PolicySettings())
     verdict = evaluate(gpu("0", xid=31), xid_repeats=counts)
     assert rules(verdict) == [("xid-31-repeated", Action.DIAGNOSE)]
-    old_way = PolicyConfig.model_validate({"app_xid_escalation": {"action": "reset"}})
+    old_way = PolicySettings.model_validate({"app_xid_escalation": {"action": "reset"}})
     assert evaluate(gpu("0", xid=31), config=old_way, xid_repeats=counts).action == Action.RESET
 
 
@@ -430,68 +430,68 @@ def test_two_bursts_of_31_ask_for_a_diagnostic_and_reset_is_opt_in() -> None:
 )
 def test_escalation_config_rejects_nonsense_naming_it(section: dict, field: str) -> None:
     with pytest.raises(ValidationError) as err:
-        PolicyConfig.model_validate({"app_xid_escalation": section})
+        PolicySettings.model_validate({"app_xid_escalation": section})
     assert "app_xid_escalation" in str(err.value) and field in str(err.value)
 
 
 def test_recovery_action_can_be_ignored_without_xid_154() -> None:
-    config = PolicyConfig(follow_recovery_action=False)
+    config = PolicySettings(follow_recovery_action=False)
     assert evaluate(gpu(recovery_action=2), config=config).findings == []
 
 
 def test_unknown_recovery_code_uses_unknown_action() -> None:
     verdict = evaluate(gpu(recovery_action=42))
     assert rules(verdict) == [("recovery-action-code-42", Action.ALERT)]
-    held = PolicyConfig(unknown_xid_action=Action.QUARANTINE)
+    held = PolicySettings(unknown_xid_action=Action.QUARANTINE)
     assert rules(evaluate(gpu(recovery_action=42), config=held)) == [
         ("recovery-action-code-42", Action.QUARANTINE)]
 
 
 def test_gpu_without_uuid_is_keyed_by_index_for_acks() -> None:
     reading = GpuReading(gpu="2", xid=79)
-    verdict = evaluate_node(node(reading), PolicyConfig(), acknowledged_xids={"index:2": 79})
+    verdict = evaluate_node(node(reading), PolicySettings(), acknowledged_xids={"index:2": 79})
     assert verdict.findings == []
 
 
 def test_evaluate_fleet() -> None:
     fleet = [node(gpu("0", xid=79), name="a"), node(gpu("0"), name="b")]
-    verdicts = evaluate_fleet(fleet, PolicyConfig())
+    verdicts = evaluate_fleet(fleet, PolicySettings())
     assert [(v.node, v.action) for v in verdicts] == [("a", Action.REBOOT), ("b", Action.NONE)]
 
 
 def test_config_rejects_unknown_fields_by_name() -> None:
     with pytest.raises(ValidationError) as err:
-        PolicyConfig.from_mapping({"thermal": {"gpu_temp": 90}})
+        PolicySettings.from_mapping({"thermal": {"gpu_temp": 90}})
     assert err.value.errors()[0]["loc"] == ("thermal", "gpu_temp")
     assert err.value.errors()[0]["type"] == "extra_forbidden"
 
 
 def test_a_policy_decoded_from_a_workflow_input_ignores_fields_it_does_not_know() -> None:
     """Another release wrote it (a rolling upgrade, a rollback): decode, do not fail."""
-    policy = PolicyConfig.model_validate({"thermal": {"gpu_temp_c": 90, "new_knob": 1},
+    policy = PolicySettings.model_validate({"thermal": {"gpu_temp_c": 90, "new_knob": 1},
                                           "field_of_the_next_release": True})
     assert policy.thermal.gpu_temp_c == 90
 
 
 def test_config_rejects_bad_clock_reason() -> None:
     with pytest.raises(ValidationError) as err:
-        PolicyConfig.model_validate({"thermal": {"clock_reasons": ["hot"]}})
+        PolicySettings.model_validate({"thermal": {"clock_reasons": ["hot"]}})
     assert err.value.errors()[0]["loc"][:2] == ("thermal", "clock_reasons")
 
 
 def test_config_survives_json_round_trip() -> None:
     # The config travels inside workflow inputs through the pydantic data converter.
-    config = PolicyConfig(xid_overrides={74: Action.REBOOT})
-    assert PolicyConfig.model_validate_json(config.model_dump_json()) == config
+    config = PolicySettings(xid_overrides={74: Action.REBOOT})
+    assert PolicySettings.model_validate_json(config.model_dump_json()) == config
 
 
 def test_from_mapping_accepts_both_shapes() -> None:
     section = {"unknown_xid_action": "quarantine"}
-    assert PolicyConfig.from_mapping(section).unknown_xid_action == Action.QUARANTINE
+    assert PolicySettings.from_mapping(section).unknown_xid_action == Action.QUARANTINE
     whole = {"policy": section}
-    assert PolicyConfig.from_mapping(whole).unknown_xid_action == Action.QUARANTINE
-    assert PolicyConfig.from_mapping(None) == PolicyConfig()
-    assert PolicyConfig.from_mapping({"policy": None}) == PolicyConfig()
+    assert PolicySettings.from_mapping(whole).unknown_xid_action == Action.QUARANTINE
+    assert PolicySettings.from_mapping(None) == PolicySettings()
+    assert PolicySettings.from_mapping({"policy": None}) == PolicySettings()
 
 
 def test_policy_imports_nothing_with_io() -> None:
@@ -506,7 +506,7 @@ def test_policy_imports_nothing_with_io() -> None:
 
 
 def test_fewer_gpus_than_declared_is_a_gpu_off_the_bus() -> None:
-    config = PolicyConfig()
+    config = PolicySettings()
     seven = [gpu(str(i)) for i in range(7)]
     v = evaluate_node(NodeReadings(node="n", gpus=seven, declared_gpus=8), config)
     assert v.action == Action.REBOOT and v.findings[0].rule == "gpus-missing-1-of-8"
@@ -515,19 +515,19 @@ def test_fewer_gpus_than_declared_is_a_gpu_off_the_bus() -> None:
                      NodeReadings(node="n", gpus=seven),
                      NodeReadings(node="n", gpus=[], declared_gpus=8)):
         assert evaluate_node(readings, config).action == Action.NONE
-    quarantine = PolicyConfig(missing_gpu_action=Action.QUARANTINE)
+    quarantine = PolicySettings(missing_gpu_action=Action.QUARANTINE)
     assert evaluate_node(NodeReadings(node="n", gpus=seven, declared_gpus=8),
                          quarantine).action == Action.QUARANTINE
 
 
 def test_missing_gpu_action_cannot_be_a_reset() -> None:
     with pytest.raises(ValidationError, match="missing_gpu_action"):
-        PolicyConfig(missing_gpu_action=Action.RESET)
+        PolicySettings(missing_gpu_action=Action.RESET)
 
 
 # --- link rates (policy.links): off by default, DCGM's health-watch limits when on -------------
 
-LINKS_ON = PolicyConfig.from_mapping({"links": {"pcie_replay_enabled": True,
+LINKS_ON = PolicySettings.from_mapping({"links": {"pcie_replay_enabled": True,
                                                 "nvlink_enabled": True}})
 
 
@@ -558,7 +558,7 @@ def test_link_rates_at_the_limit_or_unknown_are_not_evidence() -> None:
 
 
 def test_link_actions_and_thresholds_are_configurable_and_checked() -> None:
-    config = PolicyConfig.from_mapping({"links": {
+    config = PolicySettings.from_mapping({"links": {
         "pcie_replay_enabled": True, "pcie_replays_per_minute": 100,
         "pcie_replay_action": "quarantine"}})
     assert evaluate(gpu(pcie_replays_per_minute=50.0), config=config).action == Action.NONE
@@ -568,4 +568,4 @@ def test_link_actions_and_thresholds_are_configurable_and_checked() -> None:
                        ({"pcie_replays_per_minute": 0}, "links.pcie_replays_per_minute"),
                        ({"nvlink_errors_per_minute": -1}, "links.nvlink_errors_per_minute")):
         with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-            PolicyConfig.from_mapping({"links": bad})
+            PolicySettings.from_mapping({"links": bad})

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from policy import xid_doc
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import NODE_ACTIONS, WARNING_ACTIONS, Action, GpuReading, NodeReadings
 from policy.rules import evaluate_node
 from policy.xid import (
@@ -87,9 +87,9 @@ USED_TO_RESET = [11, 14, 25, *range(37, 42), 44, 60, 66, 67, *range(70, 73), *ra
                  161]
 
 
-def verdict_for(xid: int, config: PolicyConfig | None = None, **gpu: object):
+def verdict_for(xid: int, config: PolicySettings | None = None, **gpu: object):
     reading = GpuReading(gpu="0", uuid="GPU-aaaa", xid=xid, **gpu)  # type: ignore[arg-type]
-    return evaluate_node(NodeReadings(node="n1", gpus=[reading]), config or PolicyConfig())
+    return evaluate_node(NodeReadings(node="n1", gpus=[reading]), config or PolicySettings())
 
 
 def test_table_covers_every_xid_of_the_catalog() -> None:
@@ -207,7 +207,7 @@ def test_unknown_xid_alerts_by_default() -> None:
 
 
 def test_unknown_xid_can_be_held_for_review() -> None:
-    verdict = verdict_for(999, PolicyConfig(unknown_xid_action=Action.QUARANTINE))
+    verdict = verdict_for(999, PolicySettings(unknown_xid_action=Action.QUARANTINE))
     assert verdict.action == Action.QUARANTINE
     assert verdict.findings[0].rule == "xid-999-unknown"
 
@@ -215,7 +215,7 @@ def test_unknown_xid_can_be_held_for_review() -> None:
 @pytest.mark.parametrize("action", ["reset", "reboot", "none", "app", "thermal", "diagnose"])
 def test_unknown_xid_action_allows_only_alert_or_quarantine(action: str) -> None:
     with pytest.raises(ValidationError) as err:
-        PolicyConfig.from_mapping({"unknown_xid_action": action})
+        PolicySettings.from_mapping({"unknown_xid_action": action})
     (problem,) = err.value.errors()
     assert problem["loc"] == ("unknown_xid_action",)
     assert "must be alert or quarantine" in problem["msg"]
@@ -224,20 +224,20 @@ def test_unknown_xid_action_allows_only_alert_or_quarantine(action: str) -> None
 def test_a_workflow_input_recorded_with_the_old_reset_still_decodes() -> None:
     """Remediations started before unknown XIDs alerted carry "reset" in their input: an
     upgraded worker must still decode them (a config file may not say it)."""
-    assert PolicyConfig.model_validate({"unknown_xid_action": "reset"}).unknown_xid_action \
+    assert PolicySettings.model_validate({"unknown_xid_action": "reset"}).unknown_xid_action \
         == Action.RESET
 
 
 def test_unknown_xid_alongside_a_hardware_xid_does_not_soften_it() -> None:
     readings = NodeReadings(node="n1", gpus=[GpuReading(gpu="0", xid=999),
                                              GpuReading(gpu="1", xid=79)])
-    verdict = evaluate_node(readings, PolicyConfig())
+    verdict = evaluate_node(readings, PolicySettings())
     assert verdict.action == Action.REBOOT
     assert [f.action for f in verdict.findings] == [Action.REBOOT, Action.ALERT]
 
 
 def test_override_replaces_catalog_action() -> None:
-    config = PolicyConfig(xid_overrides={74: Action.REBOOT, 13: Action.NONE})
+    config = PolicySettings(xid_overrides={74: Action.REBOOT, 13: Action.NONE})
     assert verdict_for(74, config).action == Action.REBOOT
     assert verdict_for(74, config).findings[0].rule == "xid-74-override"
     assert verdict_for(13, config).action == Action.NONE
@@ -247,20 +247,20 @@ def test_override_replaces_catalog_action() -> None:
 
 
 def test_override_of_unknown_xid() -> None:
-    config = PolicyConfig(xid_overrides={200: Action.APP})
+    config = PolicySettings(xid_overrides={200: Action.APP})
     verdict = verdict_for(200, config)
     assert (verdict.action, verdict.findings[0].rule) == (Action.APP, "xid-200-override")
 
 
 def test_override_from_yaml_shaped_mapping() -> None:
-    config = PolicyConfig.from_mapping({"policy": {"xid_overrides": {"79": "quarantine"}}})
+    config = PolicySettings.from_mapping({"policy": {"xid_overrides": {"79": "quarantine"}}})
     assert config.xid_overrides == {79: Action.QUARANTINE}
     assert verdict_for(79, config).action == Action.QUARANTINE
 
 
 def test_override_rejects_bad_action_and_names_field() -> None:
     with pytest.raises(ValidationError) as err:
-        PolicyConfig.model_validate({"xid_overrides": {79: "explode"}})
+        PolicySettings.model_validate({"xid_overrides": {79: "explode"}})
     assert err.value.errors()[0]["loc"][0] == "xid_overrides"
 
 
@@ -311,7 +311,7 @@ def test_xid_154_with_a_code_newer_than_nvml_alerts() -> None:
     assert verdict.action == Action.ALERT
     assert sorted((f.rule, f.action) for f in verdict.findings) == [
         ("recovery-action-code-8", A.ALERT), ("xid-154-code-8", A.ALERT)]
-    held = verdict_for(154, PolicyConfig(unknown_xid_action=A.QUARANTINE), recovery_action=8)
+    held = verdict_for(154, PolicySettings(unknown_xid_action=A.QUARANTINE), recovery_action=8)
     assert held.action == A.QUARANTINE
 
 

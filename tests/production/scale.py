@@ -40,7 +40,7 @@ from temporalio.api.enums.v1 import EventType
 
 from tests.e2e.kit import detector_view, run
 from tests.production.topology import REPO, ProductionStack, Replica, built_server
-from worker.config import TemporalConfig
+from worker.config import TemporalSettings
 from worker.stack import Ports
 from worker.temporal_client import connect
 from workflows.ids import DETECTOR_WORKFLOW_ID
@@ -102,7 +102,7 @@ def db_bytes(stack: ProductionStack) -> int:
 async def detector_ticks(stack: ProductionStack) -> list[dict[str, Any]]:
     """Per tick of the detector's current run: observation wall time, shard identities,
     events and bytes of history."""
-    client = await connect(TemporalConfig(address=stack.temporal_address))
+    client = await connect(TemporalSettings(address=stack.temporal_address))
     handle = client.get_workflow_handle(DETECTOR_WORKFLOW_ID)
     ticks: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None

@@ -20,7 +20,7 @@ from tests.chaos.invariants import InvariantChecker
 from tests.e2e.conftest import make_stack
 from tests.e2e.kit import Cluster, detector_view, result, run, wait_for, workflow_status
 from tests.production.topology import ProductionStack, compose_image_tag
-from worker.config import TemporalConfig
+from worker.config import TemporalSettings
 from worker.temporal_client import connect
 from workflows.ids import remediation_workflow_id
 
@@ -45,7 +45,7 @@ def prod(temporal_server: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 async def _client(stack: ProductionStack) -> Client:
-    return await connect(TemporalConfig(address=stack.temporal_address))
+    return await connect(TemporalSettings(address=stack.temporal_address))
 
 
 def assert_healthy(stack: ProductionStack, k8s: Cluster, node: str, timeout: float = 180

@@ -15,7 +15,7 @@ import pytest
 
 from activities.exposition import parse_exposition
 from activities.prometheus_source import PrometheusRead, PrometheusSource
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action, GpuReading
 from policy.rules import evaluate_node
 from tests.prometheus.conftest import POD_HOSTNAME, Stack
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 
 WINDOW = timedelta(seconds=60)
 HOLD = timedelta(seconds=4)
-POLICY = PolicyConfig()
+POLICY = PolicySettings()
 
 
 def source(stack: Stack, **kwargs: object) -> PrometheusSource:
@@ -176,7 +176,7 @@ async def test_pcie_replay_rate_comes_from_prometheus_rate(stack: Stack) -> None
     """The counter grows 600 a minute on GPU 1; the source asks Prometheus for the rate (only
     while the rule is on), and the policy alerts on it, not on the total."""
     node = "replays"
-    links = PolicyConfig.from_mapping({"links": {"pcie_replay_enabled": True}})
+    links = PolicySettings.from_mapping({"links": {"pcie_replay_enabled": True}})
     stack.sim.client.inject_fault(node, 1, "pcie-replay", 600)
     off = await source(stack).read_detailed([node], thermal_hold=HOLD)
     assert gpu(off, node, "1").pcie_replays_per_minute is None, "not queried while off"

@@ -22,7 +22,7 @@ from activities.prometheus_source import (
     node_of,
     promql_duration,
 )
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Action, Verdict
 from policy.rules import evaluate_node
 
@@ -142,7 +142,7 @@ def src(fake: FakePrometheus, **kwargs: Any) -> PrometheusSource:
 
 
 def verdict(readings: dict[str, Any], node: str = "n1") -> Verdict:
-    return evaluate_node(readings[node], PolicyConfig())
+    return evaluate_node(readings[node], PolicySettings())
 
 
 # --- error shapes: every node errors, nobody is sick --------------------------------------------
@@ -339,12 +339,12 @@ async def test_xid_most_severe_in_window_and_acknowledged(fake: FakePrometheus) 
 
 
 def test_choose_xid() -> None:
-    config = PolicyConfig()
+    config = PolicySettings()
     assert choose_xid({13: 1.0, 79: 0.5, 48: 2.0}, config) == 79  # reboot beats reset
     assert choose_xid({48: 1.0, 95: 2.0}, config) == 95  # equal severity: the latest
     assert choose_xid({79: 1.0}, config, acknowledged=79) == 79  # nothing else to report
     assert choose_xid({79: 1.0, 43: 2.0}, config, acknowledged=79) == 43
-    overridden = PolicyConfig(xid_overrides={13: Action.QUARANTINE})
+    overridden = PolicySettings(xid_overrides={13: Action.QUARANTINE})
     assert choose_xid({13: 1.0, 79: 0.5}, overridden) == 13
 
 

@@ -19,7 +19,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from tests.workflows.fakes import FakeCluster, until
-from worker.config import WorkerConfig
+from worker.config import WorkerSettings
 from worker.service.run import deployment_config, detector_workflow
 from workflows.detector import DetectorWorkflow
 from workflows.messages import DetectorInput, DetectorState
@@ -31,7 +31,7 @@ from workflows.settings import DetectorSettings
 async def versioned_worker(client: Client, queue: str, deployment: str, build: str,
                            cluster: FakeCluster) -> AsyncIterator[None]:
     """A worker as the service builds one for this deployment version."""
-    cfg = deployment_config(WorkerConfig(deployment_name=deployment, build_id=build))
+    cfg = deployment_config(WorkerSettings(deployment_name=deployment, build_id=build))
     assert cfg is not None
     with ThreadPoolExecutor(8) as pool:
         async with Worker(client, task_queue=queue,

@@ -73,7 +73,7 @@ def child(url_template: str, nodes: int, concurrency: int, helper_from: int | No
     from activities import parse_pool
     from activities.exporter_settings import ExporterSettings
     from activities.fleet import FleetActivities
-    from policy.config import PolicyConfig
+    from policy.config import PolicySettings
     from policy.models import Action
     from policy.rules import evaluate_node
 
@@ -95,7 +95,7 @@ def child(url_template: str, nodes: int, concurrency: int, helper_from: int | No
     if helper_from is not None:
         settings = replace(settings, parse_helper_from=helper_from)
     fleet = FleetActivities(client.ApiClient(), settings)
-    policy = PolicyConfig()
+    policy = PolicySettings()
     targets = fleet.endpoints(names)
     httpx.get(url_template.format(node=names[0]), timeout=10)  # imports and DNS warm
     rss_before = peak_rss_mib()

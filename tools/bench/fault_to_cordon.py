@@ -52,7 +52,7 @@ def main() -> None:
     from activities.node_keys import STATE_LABEL
     from sim.gpu.client import GpuSimClient
     from worker.cli import operator
-    from worker.config import TemporalConfig
+    from worker.config import TemporalSettings
     from worker.temporal_client import connect
     from workflows.messages import OperatorCommand
 
@@ -84,7 +84,7 @@ def main() -> None:
             return not n.spec.unschedulable and state == "healthy"
 
         async def abort(node: str) -> None:
-            temporal = await connect(TemporalConfig(address=stack.temporal_address))
+            temporal = await connect(TemporalSettings(address=stack.temporal_address))
             await operator.abort(temporal, node, OperatorCommand(operator="bench",
                                                                  reason="benchmark release"))
 

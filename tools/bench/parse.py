@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from activities.exposition import ParseResult, parse_exposition, parse_exposition_reference
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import Verdict
 from policy.rules import evaluate_node
 from tools.bench._common import median, save, table
@@ -118,7 +118,7 @@ def measure(fn: Callable[[str], T], text: str, repeat: int) -> tuple[float, T]:
     return median(times), result
 
 
-def parse_and_evaluate(parse: Callable[..., ParseResult], policy: PolicyConfig
+def parse_and_evaluate(parse: Callable[..., ParseResult], policy: PolicySettings
                        ) -> Callable[[str], tuple[ParseResult, list[Verdict]]]:
     def run(text: str) -> tuple[ParseResult, list[Verdict]]:
         result = parse(text)
@@ -145,7 +145,7 @@ def main() -> None:
     ref_s, ref = measure(parse_exposition_reference, text, args.repeat)
     if fast.nodes != ref.nodes or fast.samples != ref.samples:
         raise SystemExit("the parsers disagree on this payload")
-    policy = PolicyConfig()
+    policy = PolicySettings()
     fast_e_s, (fast_e, fast_v) = measure(
         parse_and_evaluate(parse_exposition, policy), text, args.repeat)
     ref_e_s, (ref_e, ref_v) = measure(

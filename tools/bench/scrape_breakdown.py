@@ -130,7 +130,7 @@ def main() -> None:
     )
     from activities.fleet import FleetActivities
     from activities.parse_pool import looks_intact, read_body
-    from policy.config import PolicyConfig
+    from policy.config import PolicySettings
     from policy.models import GpuReading, NodeReadings
     from policy.rules import evaluate_node
 
@@ -180,7 +180,7 @@ def main() -> None:
         fields = [read_body(r, names[i]) for i, r in enumerate(raws)]
         readings = [NodeReadings(node=names[i], gpus=[GpuReading(**g) for g in f])
                     for i, f in enumerate(fields)]
-        policy = PolicyConfig()
+        policy = PolicySettings()
 
         def text_path() -> None:
             for i, r in enumerate(raws):

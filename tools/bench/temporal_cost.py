@@ -76,7 +76,7 @@ async def stub_ticks(address: str, nodes: int, ticks: int) -> dict[str, Any]:
     from temporalio.worker import Worker
 
     from activities.visibility import RunningRemediations, RunningRemediationsInput
-    from worker.config import TemporalConfig
+    from worker.config import TemporalSettings
     from worker.temporal_client import connect
     from workflows.detector import DetectorWorkflow
     from workflows.messages import DetectorInput, DetectorView
@@ -95,7 +95,7 @@ async def stub_ticks(address: str, nodes: int, ticks: int) -> dict[str, Any]:
     async def list_running_remediations(_: RunningRemediationsInput) -> RunningRemediations:
         return RunningRemediations()
 
-    client = await connect(TemporalConfig(address=address))
+    client = await connect(TemporalSettings(address=address))
     queue = f"bench-stub-{uuid.uuid4().hex[:8]}"
     wid = f"bench-detector-{nodes}-{queue}"
     async with Worker(client, task_queue=queue, workflows=[DetectorWorkflow, RemediationWorkflow],
@@ -122,12 +122,12 @@ async def stub_ticks(address: str, nodes: int, ticks: int) -> dict[str, Any]:
 
 async def real_stack(stack: Any, ticks: int) -> dict[str, Any]:
     from sim.gpu.client import GpuSimClient
-    from worker.config import TemporalConfig
+    from worker.config import TemporalSettings
     from worker.temporal_client import connect
     from workflows.ids import DETECTOR_WORKFLOW_ID, remediation_workflow_id
     from workflows.messages import RemediationResult
 
-    client = await connect(TemporalConfig(address=stack.temporal_address))
+    client = await connect(TemporalSettings(address=stack.temporal_address))
     # Detector ticks with nothing flagged.
     start = len(await _history(client, DETECTOR_WORKFLOW_ID))
     await asyncio.sleep(ticks * 1.3 + 2)

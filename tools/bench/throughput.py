@@ -45,12 +45,12 @@ async def run(stack: Any, nodes: list[str], timeout: float) -> dict[str, Any]:
     from temporalio.client import WorkflowExecutionStatus
 
     from sim.gpu.client import GpuSimClient
-    from worker.config import TemporalConfig
+    from worker.config import TemporalSettings
     from worker.temporal_client import connect
     from workflows.ids import remediation_workflow_id
     from workflows.messages import RemediationResult
 
-    client = await connect(TemporalConfig(address=stack.temporal_address))
+    client = await connect(TemporalSettings(address=stack.temporal_address))
     gpu = GpuSimClient(stack.gpu_url)
     worker = next(p for p in stack.parts if p.name == "worker")
     cpu0 = proc_cpu_seconds(worker.proc.pid)

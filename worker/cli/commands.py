@@ -24,7 +24,7 @@ from temporalio.service import RPCError
 
 from policy.models import Action
 from worker.cli import operator as ops
-from worker.config import ConfigError, Settings, TemporalConfig, load_settings
+from worker.config import ConfigError, Settings, TemporalSettings, load_settings
 from worker.logs import configure_logging
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow
@@ -194,7 +194,7 @@ async def _watch_stack(stack: Any, *, live: bool) -> list[Any]:
                 return dead
             if display is not None:
                 try:
-                    client = client or await connect(TemporalConfig(
+                    client = client or await connect(TemporalSettings(
                         address=stack.temporal_address))
                     display.update(_status_table(await ops.remediation_views(client)))
                 except (RPCError, RuntimeError, ops.OperatorError):

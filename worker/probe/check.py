@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import SEVERITY, Action, GpuReading, NodeReadings
 from policy.rules import XidSighting, evaluate_node, gpu_key, xid_repeat_counts
 from worker.probe.common import (
@@ -222,13 +222,13 @@ def _kernel_xids(env: CheckEnv, issues: list[ProbeIssue]) -> list[_XidEvent]:
     return [_XidEvent(xid=x.xid, at_s=x.at_s, pci=x.pci) for x in found]
 
 
-def _xid_severity(xid: int, config: PolicyConfig) -> int:
+def _xid_severity(xid: int, config: PolicySettings) -> int:
     row = config.xid_rule(xid)
     return SEVERITY[row.action if row is not None else config.unknown_xid_action]
 
 
 def attach_xids(
-    gpus: list[GpuReading], events: list[_XidEvent], config: PolicyConfig, now_s: float | None
+    gpus: list[GpuReading], events: list[_XidEvent], config: PolicySettings, now_s: float | None
 ) -> tuple[list[GpuReading], dict[str, dict[int, int]]]:
     """Put each GPU's XID into its reading and count repeats for the app-XID escalation.
 
@@ -340,7 +340,7 @@ def _sources(
 def check_host(
     *,
     node: str | None,
-    config: PolicyConfig,
+    config: PolicySettings,
     xid_source: str | None,
     xid_wait: float,
     probe: str = "auto",
@@ -464,7 +464,7 @@ def run_check(
         print(f"error: --output must be 'json' or 'table', not {output!r}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        config = load_policy_config(config_path) if config_path else PolicyConfig()
+        config = load_policy_config(config_path) if config_path else PolicySettings()
         outcome = check_host(
             node=node,
             config=config,

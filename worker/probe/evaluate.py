@@ -36,7 +36,7 @@ from activities.exposition import (
     check_body,
     parse_exposition,
 )
-from policy.config import PolicyConfig
+from policy.config import PolicySettings
 from policy.models import GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_fleet
 from worker.yamlfile import load_yaml
@@ -71,7 +71,7 @@ class _SourceFailed(Exception):
     pass
 
 
-def load_policy_config(path: Path) -> PolicyConfig:
+def load_policy_config(path: Path) -> PolicySettings:
     """Read the policy from a YAML file: a whole service config with a ``policy:`` key, or just
     the policy section."""
     try:
@@ -84,7 +84,7 @@ def load_policy_config(path: Path) -> PolicyConfig:
         raise ConfigError(f"config file {path}: expected a mapping at the top level")
     prefix = "policy." if isinstance(data, dict) and "policy" in data else ""
     try:
-        return PolicyConfig.from_mapping(data)
+        return PolicySettings.from_mapping(data)
     except ValidationError as exc:
         problems = "; ".join(
             f"{prefix}{'.'.join(str(p) for p in err['loc']) or '(policy)'}: {err['msg']}"
@@ -173,7 +173,7 @@ def _merge(nodes: list[NodeReadings]) -> list[NodeReadings]:
 
 
 def evaluate_sources(
-    sources: list[str], *, node: str | None, config: PolicyConfig, timeout_s: float = 10
+    sources: list[str], *, node: str | None, config: PolicySettings, timeout_s: float = 10
 ) -> EvaluationReport:
     """Read, parse and evaluate every source; failures are collected, never raised."""
     report = EvaluationReport()
@@ -236,7 +236,7 @@ def run_evaluate(
         print(f"error: --output must be 'json' or 'table', not {output!r}", file=sys.stderr)
         return 2
     try:
-        config = load_policy_config(config_path) if config_path else PolicyConfig()
+        config = load_policy_config(config_path) if config_path else PolicySettings()
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError
 from temporalio.worker import Worker, WorkerDeploymentConfig, WorkerDeploymentVersion
 
-from worker.config import Settings, TemporalConfig, WorkerConfig
+from worker.config import Settings, TemporalSettings, WorkerSettings
 from worker.service.health import Health
 from worker.service.wiring import TICK_ACTIVITIES, worker_activities
 from worker.temporal_client import connect
@@ -50,7 +50,7 @@ async def _report_start(worker: Worker, client: Client, settings: Settings) -> N
              t.namespace)
 
 
-async def _namespace_problem(client: Client, t: TemporalConfig) -> str:
+async def _namespace_problem(client: Client, t: TemporalSettings) -> str:
     try:
         await client.workflow_service.describe_namespace(
             DescribeNamespaceRequest(namespace=t.namespace), retry=False,
@@ -74,7 +74,7 @@ async def _run_both(worker: Worker, observer: Worker) -> None:
         t.result()
 
 
-def deployment_config(w: WorkerConfig) -> WorkerDeploymentConfig | None:
+def deployment_config(w: WorkerSettings) -> WorkerDeploymentConfig | None:
     """Worker Deployment Versioning when a deployment name is configured: this worker
     serves one version (its build ID). Remediations auto-upgrade to the deployment's current
     version at their next workflow task: one may be quarantined for months and must follow

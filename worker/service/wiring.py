@@ -13,7 +13,7 @@ from activities.drain import DrainActivities
 from activities.events import EventActivities, set_event_namespace
 from activities.fleet import FleetActivities
 from activities.jobs import JobActivities
-from activities.kube import KubeSettings, make_api_client
+from activities.kube import make_api_client
 from activities.node_return import NodeReturnActivities
 from activities.nodes import NodeActivities
 from activities.operands import OperandActivities
@@ -27,8 +27,7 @@ TICK_ACTIVITIES = ("observe_fleet", "report_admission")
 
 def kube_client(settings: Settings) -> ApiClient:
     k = settings.kubernetes
-    return make_api_client(KubeSettings(kubeconfig=k.kubeconfig, context=k.context,
-                                        in_cluster=k.in_cluster),
+    return make_api_client(kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster,
                            pool_size=settings.worker.max_concurrent_activities)
 
 
