@@ -19,7 +19,7 @@ repo=$(cd "$here/../.." && pwd)
 stamp="$here/VERIFIED"
 cd "$repo"
 
-INPUTS=(tests/controlplane sim/cluster tests/sim/testkit.py tests/sim/test_cluster_api.py
+INPUTS=(tests/controlplane sim/cluster tests/sim/testkit.py tests/polling.py tests/sim/test_cluster_api.py
         tests/sim/test_cluster_tables.py
         tests/sim/test_cluster_eviction.py activities deploy/base/rbac.yaml)
 

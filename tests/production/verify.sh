@@ -25,7 +25,7 @@ cd "$repo"
 INPUTS=(tests/production docker-compose.yml deploy/compose/temporal-schema.sh
         deploy/compose/temporal-setup.sh deploy/compose/temporal-dynamicconfig.yaml
         deploy/base/scripts/search-attributes.sh workflows activities worker
-        pyproject.toml constraints.txt tests/e2e/conftest.py tests/e2e/kit.py
+        pyproject.toml constraints.txt tests/e2e/conftest.py tests/e2e/kit.py tests/polling.py
         tests/chaos/invariants.py)
 
 inputs_hash() {
