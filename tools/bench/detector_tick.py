@@ -39,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +92,7 @@ def child(url_template: str, nodes: int, concurrency: int, helper_from: int | No
     settings = ExporterSettings(mode="template", url_template=url_template,
                                 concurrency=concurrency)
     if helper_from is not None:
-        settings = replace(settings, parse_helper_from=helper_from)
+        settings = settings.model_copy(update={"parse_helper_from": helper_from})
     fleet = FleetActivities(client.ApiClient(), settings)
     policy = PolicySettings()
     targets = fleet.endpoints(names)

@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +149,8 @@ def main() -> None:
         inline = ExporterSettings(mode="template", url_template=template,
                                   concurrency=args.concurrency, parse_helper_from=0)
         env = ActivityEnvironment()
-        for label, settings in [("helper process off", inline),
-                                ("helper process on", replace(inline, parse_helper_from=1))]:
+        helper = inline.model_copy(update={"parse_helper_from": 1})
+        for label, settings in [("helper process off", inline), ("helper process on", helper)]:
             fa = FleetActivities(client.ApiClient(), settings)
             targets = fa.endpoints(names)
             asyncio.run(env.run(fa.scrape_many, dict(list(targets.items())[:50])))  # warm
