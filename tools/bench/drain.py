@@ -40,7 +40,11 @@ NAMESPACE = "team-drain"
 def setup(api: Any, node: str, spares: list[str]) -> None:
     from kubernetes import client
 
-    core, apps, policy = client.CoreV1Api(api), client.AppsV1Api(api), client.PolicyV1Api(api)
+    # Any, as in tests/sim/testkit.py: the client takes the plain dict bodies below, which its
+    # type hints (model objects only) do not allow.
+    core: Any = client.CoreV1Api(api)
+    apps: Any = client.AppsV1Api(api)
+    policy: Any = client.PolicyV1Api(api)
     for s in spares:
         core.patch_node(s, {"spec": {"unschedulable": True}})
     core.create_namespace({"metadata": {"name": NAMESPACE}})

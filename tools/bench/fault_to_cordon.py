@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import random
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tools.bench._common import (
     make_stack,
@@ -38,6 +40,24 @@ from tools.bench._common import (
     worker_log_problems,
     write_scenario,
 )
+
+if TYPE_CHECKING:
+    from kubernetes.client import V1Node
+
+
+def _name(node: V1Node) -> str:
+    assert node.metadata is not None and node.metadata.name is not None
+    return node.metadata.name
+
+
+def _labels(node: V1Node) -> dict[str, str] | None:
+    assert node.metadata is not None
+    return node.metadata.labels
+
+
+def _unschedulable(node: V1Node) -> bool | None:
+    assert node.spec is not None
+    return node.spec.unschedulable
 
 
 def main() -> None:
@@ -71,17 +91,17 @@ def main() -> None:
         startup = time.monotonic() - t0
         core = client.CoreV1Api(config.new_client_from_config(config_file=str(stack.kubeconfig)))
         gpu = GpuSimClient(stack.gpu_url)
-        nodes = sorted(n.metadata.name for n in core.list_node().items)
+        nodes = sorted(_name(n) for n in core.list_node().items)
 
         def cordoned(node: str) -> bool:
             n = core.read_node(node)
-            state = (n.metadata.labels or {}).get(STATE_LABEL, "healthy")
-            return bool(n.spec.unschedulable) and state != "healthy"
+            state = (_labels(n) or {}).get(STATE_LABEL, "healthy")
+            return bool(_unschedulable(n)) and state != "healthy"
 
         def released(node: str) -> bool:
             n = core.read_node(node)
-            state = (n.metadata.labels or {}).get(STATE_LABEL, "healthy")
-            return not n.spec.unschedulable and state == "healthy"
+            state = (_labels(n) or {}).get(STATE_LABEL, "healthy")
+            return not _unschedulable(n) and state == "healthy"
 
         async def abort(node: str) -> None:
             temporal = await connect(TemporalSettings(address=stack.temporal_address))
@@ -92,7 +112,7 @@ def main() -> None:
             time.sleep(rng.uniform(0, args.interval))
             start = time.monotonic()
             gpu.inject_fault(node, 0, "xid", 79)
-            wait_until(lambda node=node: cordoned(node), 120, f"{node} cordoned", every=0.05)
+            wait_until(functools.partial(cordoned, node), 120, f"{node} cordoned", every=0.05)
             latencies.append(time.monotonic() - start)
             print(f"{i + 1:2d}/{args.injections} {node}: {latencies[-1]:.2f}s", flush=True)
             gpu.reboot(node)
@@ -103,11 +123,14 @@ def main() -> None:
                 print(f"   {stuck[-1]}", flush=True)
                 continue
             try:
-                wait_until(lambda node=node: released(node), 60, f"{node} released", every=0.2)
+                wait_until(functools.partial(released, node), 60, f"{node} released",
+                           every=0.2)
             except TimeoutError:
                 n = core.read_node(node)
-                stuck.append(f"{node}: unschedulable={n.spec.unschedulable} "
-                             f"labels={n.metadata.labels.get(STATE_LABEL)}")
+                labels = _labels(n)
+                assert labels is not None  # read unguarded before too: no labels still fails
+                stuck.append(f"{node}: unschedulable={_unschedulable(n)} "
+                             f"labels={labels.get(STATE_LABEL)}")
                 print(f"   not released within 60s: {stuck[-1]}", flush=True)
         problems = worker_log_problems(stack.data_dir / "logs" / "worker.log")
 

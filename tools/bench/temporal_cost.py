@@ -31,7 +31,7 @@ import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tools.bench._common import (
     make_stack,
@@ -42,6 +42,9 @@ from tools.bench._common import (
     write_scenario,
 )
 from workflows.messages import AdmissionReport, FleetObservation, ObserveInput
+
+if TYPE_CHECKING:
+    from temporalio.api.enums.v1 import EventType
 
 TARGET_REMEDIATION_EVENTS = 120
 
@@ -79,7 +82,7 @@ async def stub_ticks(address: str, nodes: int, ticks: int) -> dict[str, Any]:
     from worker.config import TemporalSettings
     from worker.temporal_client import connect
     from workflows.detector import DetectorWorkflow
-    from workflows.messages import DetectorInput, DetectorView
+    from workflows.messages import DetectorInput
     from workflows.remediation import RemediationWorkflow
     from workflows.settings import DetectorSettings
 
@@ -106,7 +109,8 @@ async def stub_ticks(address: str, nodes: int, ticks: int) -> dict[str, Any]:
                                              id=wid, task_queue=queue)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            view = await handle.query(DetectorWorkflow.view, result_type=DetectorView)
+            # Decoded as DetectorView, the return type of the query method.
+            view = await handle.query(DetectorWorkflow.view)
             if view.ticks_total >= ticks + 1:
                 break
             await asyncio.sleep(0.3)
@@ -163,7 +167,7 @@ async def real_stack(stack: Any, ticks: int) -> dict[str, Any]:
                             "seconds": took, "by_type": dict(by_type.most_common())}}
 
 
-def _event_name(value: int) -> str:
+def _event_name(value: EventType.ValueType) -> str:
     from temporalio.api.enums.v1 import EventType
 
     return EventType.Name(value).removeprefix("EVENT_TYPE_")

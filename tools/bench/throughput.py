@@ -25,8 +25,9 @@ import json
 import re
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tools.bench._common import (
     make_stack,
@@ -38,6 +39,18 @@ from tools.bench._common import (
     worker_log_problems,
     write_scenario,
 )
+
+if TYPE_CHECKING:
+    from kubernetes.client import V1Node
+
+
+def _states(nodes: Iterable[V1Node], label: str) -> dict[str, str]:
+    """Each node's ``label`` value ("" where it has none), by node name."""
+    states: dict[str, str] = {}
+    for n in nodes:
+        assert n.metadata is not None and n.metadata.name is not None
+        states[n.metadata.name] = (n.metadata.labels or {}).get(label, "")
+    return states
 
 
 async def run(stack: Any, nodes: list[str], timeout: float) -> dict[str, Any]:
@@ -75,8 +88,7 @@ async def run(stack: Any, nodes: list[str], timeout: float) -> dict[str, Any]:
     samples: list[tuple[float, int, int]] = []
     while True:
         statuses = await asyncio.gather(*(status(n) for n in nodes))
-        labels = {n.metadata.name: (n.metadata.labels or {}).get(STATE_LABEL, "")
-                  for n in (await asyncio.to_thread(core.list_node)).items}
+        labels = _states((await asyncio.to_thread(core.list_node)).items, STATE_LABEL)
         now = time.monotonic() - t0
         started = sum(1 for s in statuses if s is not None)
         # Settled: the workflow closed, or it holds the node quarantined (it then waits
@@ -101,15 +113,17 @@ async def run(stack: Any, nodes: list[str], timeout: float) -> dict[str, Any]:
     events_total = 0
     queue_wait: list[float] = []
     listed = core.list_node().items
-    labels = {n.metadata.name: (n.metadata.labels or {}).get(STATE_LABEL, "") for n in listed}
+    labels = _states(listed, STATE_LABEL)
     # Why each quarantine happened: the last history entry the release wrote on the node,
     # with numbers and node names blanked so that alike reasons count together.
     why: collections.Counter[str] = collections.Counter()
-    for n in listed:
-        if labels.get(n.metadata.name) != "quarantined":
+    for item in listed:
+        meta = item.metadata
+        assert meta is not None and meta.name is not None
+        if labels.get(meta.name) != "quarantined":
             continue
         try:
-            last = json.loads((n.metadata.annotations or {}).get(A_HISTORY, "[]"))[-1]
+            last = json.loads((meta.annotations or {}).get(A_HISTORY, "[]"))[-1]
             why[re.sub(r"bench-\d+|[0-9a-f]{8,}|\d+", "#", str(last.get("outcome")))[:160]] += 1
         except (ValueError, IndexError, AttributeError):
             why["(no readable history)"] += 1
