@@ -41,7 +41,7 @@ case "${1:-}" in
     echo "==> ruff"
     "$VENV/bin/ruff" check .
     echo "==> mypy"
-    "$VENV/bin/mypy" policy activities workflows worker sim
+    "$VENV/bin/mypy" policy activities workflows worker sim tools
     echo "==> import layers (lint-imports)"
     "$VENV/bin/lint-imports" --no-cache
     echo "==> shellcheck"
