@@ -33,7 +33,7 @@ from policy.rules import usable
 
 XID_COUNT_METRIC = dcgm.XID_COUNT
 
-HEALTH_METRICS: dict[str, str] = dict(dcgm.FIELD_OF)
+HEALTH_METRICS = dcgm.FIELD_OF
 """The metric families the policy reads, and the ``GpuReading`` field each one fills
 (policy/dcgm.py)."""
 

@@ -40,11 +40,9 @@ from typing import Any, Literal
 import httpx
 
 from activities.exposition import (
-    HEALTH_METRICS,
     MAX_GPU_INDEX_CHARS,
     MAX_LABEL_VALUE_CHARS,
     MAX_XID,
-    XID_COUNT_METRIC,
     ascii_int,
     xid_label,
 )
@@ -76,17 +74,6 @@ ClockMode = Literal["held", "seen"]
 same "stayed hot" rule the temperatures follow (the reasons the policy reads are all thermal or
 power-brake ones, and a hot spike sets them too). ``seen``: OR of every sample in the window, so
 a single sample with a bit set is enough."""
-
-XID_METRIC = dcgm.XID
-CLOCK_METRICS: tuple[str, ...] = tuple(f.metric for f in dcgm.read_as("clock"))
-LAST_VALUE_METRICS: dict[str, str] = {f.metric: f.field for f in dcgm.read_as("last")}
-"""Families read as their last value in the window, and the ``GpuReading`` field each fills."""
-
-RATE_METRICS: dict[str, tuple[tuple[str, ...], float, str]] = {
-    r.field: (r.families, r.per_seconds, r.rule) for r in dcgm.RATES}
-"""Link rates (``GpuReading`` field -> counter families summed, per-seconds, which rule):
-``rate()`` over the window, queried only while that link rule is on (policy.links); the
-families of one field must all be exported."""
 
 _UUID_LABELS = ("UUID", "uuid", "gpu_uuid")
 _MODEL_LABELS = ("modelName", "model_name")
@@ -592,7 +579,8 @@ class PrometheusSource:
         """Every query one read runs: name -> (PromQL, expected result type)."""
         window = promql_duration(self.window)
         by = self._by
-        health = _name_regex(list(HEALTH_METRICS))
+        health = _name_regex(list(dcgm.FIELD_OF))
+        clocks = _name_regex([f.metric for f in dcgm.read_as("clock")])
         clock_range = promql_duration(max(self.window, thermal_hold * 2))
 
         def held(metric: str) -> str:
@@ -607,25 +595,28 @@ class PrometheusSource:
             # Instant selector: honours staleness markers, so a dead exporter's node drops out.
             "present": (f'count by ({by}) ({{__name__=~"{health}"}})', "vector"),
             # Raw samples (an instant query of a range selector returns a matrix).
-            "xid": (f"{XID_METRIC}[{window}]", "matrix"),
-            "clocks": (f'{{__name__=~"{_name_regex(CLOCK_METRICS)}"}}[{clock_range}]', "matrix"),
+            "xid": (f"{dcgm.XID}[{window}]", "matrix"),
+            "clocks": (f'{{__name__=~"{clocks}"}}[{clock_range}]', "matrix"),
         }
+        # How each family is read is the table's (policy/dcgm.py, ``Read``).
         for family in dcgm.read_as("held"):
             out[family.field] = (held(family.metric), "vector")
-        for metric, name in LAST_VALUE_METRICS.items():
-            out[f"last:{name}"] = (f"max by ({by}) (last_over_time({metric}[{window}]))", "vector")
+        for family in dcgm.read_as("last"):
+            out[f"last:{family.field}"] = (
+                f"max by ({by}) (last_over_time({family.metric}[{window}]))", "vector")
         links = self.policy.links
         wanted = {"pcie": links.pcie_replay_enabled, "nvlink": links.nvlink_enabled}
-        for name, (families, per, rule) in RATE_METRICS.items():
-            if wanted[rule]:
+        for rate in dcgm.RATES:
+            if wanted[rate.rule]:
                 # max by GPU first (duplicate series of one GPU must not add up), then the
                 # families added; a GPU missing one of them gets no rate (not evidence).
-                summed = " + ".join(f"max by ({by}) (rate({f}[{window}]))" for f in families)
-                out[f"last:{name}"] = (f"({summed}) * {per:g}", "vector")
+                summed = " + ".join(f"max by ({by}) (rate({f}[{window}]))"
+                                    for f in rate.families)
+                out[f"last:{rate.field}"] = (f"({summed}) * {rate.per_seconds:g}", "vector")
         # Opt-in exporter family (occurrences per XID in its own sliding window): the last
         # value per XID, which the detector compares with the previous tick's.
         out["xid_count"] = (
-            f"max by ({by}, xid) (last_over_time({XID_COUNT_METRIC}[{window}]))", "vector")
+            f"max by ({by}, xid) (last_over_time({dcgm.XID_COUNT}[{window}]))", "vector")
         return out
 
     async def _query(
