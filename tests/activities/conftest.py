@@ -22,7 +22,6 @@ from temporalio.testing import ActivityEnvironment
 from sim.cluster import ThreadedClusterSim
 from sim.gpu.client import GpuSimClient
 from sim.gpu.server import RunningSimulator, start_gpu_simulator
-from tests.sim.testkit import wait_for as wait_for  # shared by the activity tests
 
 T = TypeVar("T")
 

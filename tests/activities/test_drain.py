@@ -15,7 +15,8 @@ from temporalio.testing import ActivityEnvironment
 from activities import drain as drain_module
 from activities.drain import DrainActivities, clear_blocked
 from activities.nodes import NodeActivities
-from tests.activities.conftest import Cluster, Heartbeats, metric, wait_for
+from tests.activities.conftest import Cluster, Heartbeats, metric
+from tests.polling import wait_for
 from workflows.messages import DrainInput
 from workflows.settings import DrainSettings
 

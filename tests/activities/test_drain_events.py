@@ -5,8 +5,9 @@ from __future__ import annotations
 from temporalio.testing import ActivityEnvironment
 
 from activities.drain import DrainActivities
-from tests.activities.conftest import Cluster, wait_for
+from tests.activities.conftest import Cluster
 from tests.activities.test_drain import NODE, acts, block_trainer, drain, trainer_on
+from tests.polling import wait_for
 
 __all__ = ["acts"]  # the fixture, shared with test_drain
 

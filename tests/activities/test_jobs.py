@@ -18,7 +18,8 @@ from temporalio.testing import ActivityEnvironment
 from activities import jobs as jobs_module
 from activities.job_templates import JobsSettings, JobTemplate
 from activities.jobs import JobActivities
-from tests.activities.conftest import Cluster, Heartbeats, ThreadedGpuSim, _cluster, wait_for
+from tests.activities.conftest import Cluster, Heartbeats, ThreadedGpuSim, _cluster
+from tests.polling import wait_for
 from workflows.messages import NodeJobInput
 
 Kind = Literal["validate", "gpu-reset", "reboot"]

@@ -28,7 +28,8 @@ from activities.node_return import (
 from activities.nodes import NodeActivities
 from policy.models import Action
 from sim.cluster.machines import NodeTiming
-from tests.activities.conftest import Cluster, ThreadedGpuSim, _cluster, wait_for
+from tests.activities.conftest import Cluster, ThreadedGpuSim, _cluster
+from tests.polling import wait_for
 from workflows.errors import NODE_GONE
 from workflows.messages import ClaimInput, ReturnInput
 from workflows.transitions import NodeState

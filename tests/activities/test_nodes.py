@@ -27,7 +27,8 @@ from activities.node_keys import (
 )
 from activities.nodes import UNSCHEDULABLE_TAINT, NodeActivities
 from policy.models import Action
-from tests.activities.conftest import Cluster, wait_for
+from tests.activities.conftest import Cluster
+from tests.polling import wait_for
 from workflows import errors
 from workflows.messages import ClaimInput, HistoryEntry, ReleaseInput, StateInput
 from workflows.transitions import NodeState

@@ -38,7 +38,8 @@ from activities.operands import (
     quantity,
 )
 from sim.cluster.objects import READINESS_DELAY
-from tests.activities.conftest import Cluster, _cluster, wait_for
+from tests.activities.conftest import Cluster, _cluster
+from tests.polling import wait_for
 from workflows.errors import NODE_GONE
 from workflows.operands import (
     DEFAULT_OPERANDS,

@@ -28,7 +28,7 @@ from tests.controlplane.node_agent import (
     scenario_nodes,
     seed,
 )
-from tests.sim.testkit import wait_for
+from tests.polling import wait_for
 
 SCENARIO = Scenario.model_validate({
     "name": "agent-test",

@@ -17,7 +17,8 @@ from aiohttp import web
 from kubernetes import client
 
 from sim.scenario import Scenario
-from tests.sim.testkit import Contract, real_cluster, wait_for
+from tests.polling import wait_for
+from tests.sim.testkit import Contract, real_cluster
 
 pytestmark = pytest.mark.skipif(bool(real_cluster()), reason="needs the simulator")
 

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from tests.sim.testkit import Contract, real_cluster, wait_for
+from tests.polling import wait_for
+from tests.sim.testkit import Contract, real_cluster
 
 sim_only = pytest.mark.skipif(bool(real_cluster()), reason="needs the simulator's controllers")
 

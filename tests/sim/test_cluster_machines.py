@@ -19,7 +19,8 @@ from sim.cluster.kubelet import SHUTDOWN_MESSAGE, UNKNOWN_MESSAGE
 from sim.cluster.machines import NodeTiming
 from sim.cluster.node_cli import node_app
 from sim.scenario import Scenario
-from tests.sim.testkit import Contract, real_cluster, wait_for
+from tests.polling import wait_for
+from tests.sim.testkit import Contract, real_cluster
 
 pytestmark = pytest.mark.skipif(bool(real_cluster()), reason="needs the simulator")
 

@@ -23,7 +23,8 @@ from sim.cluster.cli import cluster_app
 from sim.cluster.machines import NodeTiming
 from sim.gpu.server import RunningSimulator, start_gpu_simulator
 from sim.scenario import Scenario
-from tests.sim.testkit import Contract, real_cluster, wait_for
+from tests.polling import wait_for
+from tests.sim.testkit import Contract, real_cluster
 
 pytestmark = pytest.mark.skipif(bool(real_cluster()), reason="needs the simulator")
 

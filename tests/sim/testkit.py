@@ -20,7 +20,7 @@ import httpx
 from kubernetes import client, config
 
 from sim.cluster.threaded import ThreadedClusterSim
-from tests.polling import wait_for as wait_for  # the suite's one poll, used beside Contract
+from tests.polling import wait_for
 
 REAL_CLUSTER_ENV = "GPU_REMEDIATE_CONTRACT_KUBECONFIG"
 
