@@ -11,6 +11,7 @@ the field it fills is what a rule then reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 XID = "DCGM_FI_DEV_XID_ERRORS"
@@ -112,9 +113,9 @@ class Rate:
     signal: str
     """The signal of a finding on this rate."""
 
-    @property
+    @cached_property
     def totals(self) -> tuple[str, ...]:
-        """The ``GpuReading`` total fields summed."""
+        """The ``GpuReading`` total fields summed (worked out once: read per GPU per tick)."""
         return tuple(FIELD_OF[f] for f in self.families)
 
 
