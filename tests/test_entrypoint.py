@@ -4,6 +4,7 @@ printed and return the command's own exit status."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -37,8 +38,6 @@ def test_a_usage_error_keeps_click_status() -> None:
 PROBE = """
 import os
 import sys
-
-import pytest
 sys.argv = ["gpu-remediate", *sys.argv[1:]]
 from worker.cli import app
 try:
@@ -73,7 +72,9 @@ def test_no_command_but_sim_loads_a_simulator() -> None:
 @pytest.mark.parametrize("package", ["worker.service", "worker.stack", "worker.probe.check"])
 def test_the_cli_loads_a_process_package_only_for_its_command(package: str) -> None:
     # --help prints every command's help (check's exit-code table too) without loading the
-    # worker process, the laptop stack or the node probe.
+    # worker process, the laptop stack or the node probe (a real module: a renamed one would
+    # pass for never loaded).
+    assert importlib.util.find_spec(package) is not None
     assert loaded_modules(package, "--help") == "[]"
     assert loaded_modules(package, "check", "--help") == "[]"
 
