@@ -48,6 +48,7 @@ from activities.orphans import OrphanActivities
 from activities.prometheus_source import PrometheusSource
 from activities.scrape import ExporterReading
 from activities.thermal import ThermalActivities
+from activities.visibility import lease_statuses
 from activities.xid_sightings import Tracks, dump_tracks, new_warnings, observe, repeat_counts
 from policy.models import NODE_ACTIONS, Action, NodeReadings, Verdict
 from policy.rules import (
@@ -137,7 +138,13 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         # not at the end of observe_timeout.
         beating = asyncio.create_task(_heartbeat_every(OBSERVE_HEARTBEAT_SECONDS))
         try:
-            return await self._observe_fleet(inp)
+            if not (inp.lease_workflows and activity.in_activity()):
+                return await self._observe_fleet(inp)
+            # The detector's lease holders, looked up beside the fleet (workflows/leases.py).
+            obs, holders = await asyncio.gather(
+                self._observe_fleet(inp),
+                lease_statuses(activity.client(), inp.lease_task_queue, inp.lease_workflows))
+            return obs.model_copy(update={"lease_holders": holders})
         except Exception as err:
             metrics.OBSERVATION_ERRORS.labels(type(err).__name__).inc()
             raise
@@ -193,8 +200,9 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         # An orphan under our taint (a remediation that died) keeps its slot: fail closed.
         unclaimed = {n.name: n for n in labelled if n.name in orphans and not n.tainted}
         remediating = [NodeStatus(node=n.name, state=n.state, workflow_id=n.workflow_id,
-                                  excluded=n.excluded) for n in labelled
-                       if n.name not in unclaimed]
+                                  excluded=n.excluded, tainted=n.tainted,
+                                  label=n.labels.get(STATE_LABEL, "")[:63])
+                       for n in labelled if n.name not in unclaimed]
         pool_of: dict[str, str] = {}
         pool_sizes: dict[str, int] = {}
         if inp.pool_label:

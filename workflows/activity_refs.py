@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from workflows.leases import LeaseAnswer, LeaseCheck
 from workflows.messages import (
     AdmissionReport,
     ClaimInput,
@@ -182,3 +183,12 @@ async def restart_device_plugin(inp: DevicePluginInput) -> DevicePluginRestart:
 @activity.defn(name="list_running_remediations")
 async def list_running_remediations(inp: RunningRemediationsInput) -> RunningRemediations:
     raise _reference("list_running_remediations")
+
+
+# VisibilityActivities (activities/visibility.py): a remediation's confirmation of its lease
+# with the detector.
+
+
+@activity.defn(name="confirm_lease")
+async def confirm_lease(inp: LeaseCheck) -> LeaseAnswer:
+    raise _reference("confirm_lease")

@@ -2,8 +2,10 @@
 
 Pure code over one tick's observation and the detector's carried state, so the
 detector workflow and the `gpu-remediate plan` command decide exactly alike.
-Slots are counted from the nodes' state labels (the truth) plus starts not yet
-visible as labels.
+Slots are counted from the detector's leases (workflows/leases.py): the record the
+controller owns, never a label a node can write. (Detector runs recorded before leases
+counted the nodes' state labels plus starts not yet visible as labels; ``leases=False``
+replays them as they ran.)
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from datetime import datetime, timedelta
 
 from policy.models import SEVERITY, Action, Finding, Verdict
 from workflows.ids import DETECTOR_REQUESTER
+from workflows.leases import Lease
 from workflows.messages import DetectorState, FleetObservation, ManualRemediation, PendingStart
 from workflows.settings import DetectorSettings, limit_for
 from workflows.transitions import OUT_OF_SERVICE_STATES, NodeState
@@ -63,6 +66,8 @@ class Admission:
     # Heat cordons outside the drain budget, with their debounce, cap and slot requests
     # (false: a detector run recorded before them replays as it ran).
     thermal_outside: bool = True
+    # Count from the detector's leases (false: a detector run recorded before leases).
+    leases: bool = True
     in_use: list[str] = field(init=False)
     cordoned: list[str] = field(init=False)
     busy: dict[str, str] = field(init=False)
@@ -70,6 +75,49 @@ class Admission:
     budget: int = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.leases:
+            self._count_from_leases()
+        else:
+            self._count_from_labels()
+        self._queue()
+
+    def _count_from_leases(self) -> None:
+        """The record: every lease holds its slot (or its place under the thermal cap)
+        until Temporal says its remediation closed; a quarantined node holds none. The
+        nodes' labels are not read here: they are the record's mirror."""
+        s, st, obs = self.settings, self.state, self.obs
+        st.pending = []  # what leases replaced
+        # A node under our taint (which a kubelet cannot write) with no remediation
+        # running and no lease: a remediation that died before leases, or before this
+        # detector knew of it. It keeps a slot until an operator releases it (fail closed).
+        tainted = {r.node for r in obs.remediating if r.tainted}
+        for node in sorted(set(obs.orphans) & tainted - set(st.leases)):
+            st.leases[node] = Lease(
+                node=node, token="", granted_at=self.now, workflow_id="",
+                state=NodeState.REPAIRING, adopted=True,
+                orphan="under our taint with no remediation running and no lease",
+                pool=obs.pool_of.get(node, ""))
+        leases = st.leases
+        counts_cordoned = s.cordoned_counts_against_budget
+        self.held = {h.node: h for h in obs.held if h.node not in leases}
+        self.in_use = sorted({n for n, lease in leases.items()
+                              if lease.holds_slot(counts_cordoned)}
+                             | {h.node for h in self.held.values() if h.out_of_service})
+        self.cordoned = sorted(n for n, lease in leases.items()
+                               if not lease.slot and not lease.quarantined)
+        # Requests for a drain slot stand while the lease is a heat cordon's.
+        st.slot_requests = {n: t for n, t in st.slot_requests.items()
+                            if n in leases and not leases[n].slot and not leases[n].orphan}
+        self.busy = {n: ("orphan" if lease.orphan else
+                         "starting" if lease.state == NodeState.HEALTHY else lease.state.value)
+                     for n, lease in leases.items()}
+        quarantined = {n for n, lease in leases.items() if lease.quarantined}
+        self.quarantined = len(quarantined)
+        self.budget = s.budget_for(obs.managed_nodes)
+        self._count_quarantines(quarantined)
+        self._granted: set[str] = set()
+
+    def _count_from_labels(self) -> None:
         s, st, obs, now = self.settings, self.state, self.obs, self.now
         labelled = {n.node: n for n in obs.remediating}
 
@@ -103,7 +151,10 @@ class Admission:
         self.budget = s.budget_for(obs.managed_nodes)
         self._count_quarantines({n for n, ns in labelled.items()
                                  if ns.state == NodeState.QUARANTINED})
+        self._granted = {p.node for p in st.pending if p.escalation}
 
+    def _queue(self) -> None:
+        s, st, obs, now = self.settings, self.state, self.obs, self.now
         flagged = {v.node: v for v in obs.verdicts}
         if s.dry_run:
             # Forget a plan only when the node is no longer flagged for that action.
@@ -132,11 +183,10 @@ class Admission:
         st.manual = [m for m in st.manual if m.node not in self.busy]
         # A hot node that must be drained (it stayed hot, or a fault appeared) comes first:
         # it is cordoned already and waits only for a slot.
-        granted = {p.node for p in st.pending if p.escalation}
         self.queue = [Candidate(escalation_verdict(n), "thermal escalation",
                                 "cordoned for heat; must be drained", escalation=True)
                       for n, _ in sorted(st.slot_requests.items(), key=lambda kv: kv[1])
-                      if n not in granted]
+                      if n not in self._granted]
         self.queue += [Candidate(manual_verdict(m), m.operator, m.reason) for m in st.manual]
         manual_nodes = {m.node for m in st.manual}
         # Most severe first, then longest waiting.
@@ -188,7 +238,8 @@ class Admission:
                 f"{s.breaker_max_flagged_nodes}); resume after checking the fleet")
 
     def _pool(self, node: str) -> str:
-        return self.obs.pool_of.get(node, "")
+        lease = self.state.leases.get(node) if self.leases else None
+        return lease.pool if lease is not None else self.obs.pool_of.get(node, "")
 
     def pool_in_use(self, pool: str) -> int:
         return sum(1 for n in self.in_use if self._pool(n) == pool)

@@ -3,9 +3,11 @@
 Each tick: one activity observes the whole fleet (list nodes, scrape, evaluate);
 then, in workflow code, admission under the budget and the circuit breaker, and
 remediation children started with ParentClosePolicy.ABANDON so they outlive
-every continue-as-new of this workflow. The detector is the only admitter, and
-it counts slots from the nodes' state labels each tick, so a crash anywhere
-never lets more nodes out of service than the budget.
+every continue-as-new of this workflow. The detector is the only admitter: each
+start holds a lease (workflows/leases.py) for the remediation's whole life, freed
+only when Temporal says the remediation closed cleanly, so a slow claim, a crash
+or a node rewriting its own labels never lets more nodes out of service than the
+budget.
 """
 
 from __future__ import annotations
@@ -37,7 +39,19 @@ with workflow.unsafe.imports_passed_through():
     from workflows import errors
     from workflows.admission import Admission
     from workflows.commands import checked_command
-    from workflows.ids import REQUEST_SLOT_SIGNAL, SLOT_GRANTED_SIGNAL, remediation_workflow_id
+    from workflows.ids import (
+        CONFIRM_LEASE_UPDATE,
+        REQUEST_SLOT_SIGNAL,
+        SLOT_GRANTED_SIGNAL,
+        remediation_workflow_id,
+    )
+    from workflows.leases import (
+        CLEAN_CLOSE,
+        Lease,
+        LeaseAnswer,
+        LeaseCheck,
+    )
+    from workflows.leases import check as check_lease
     from workflows.messages import (
         AdmissionReport,
         DetectorInput,
@@ -53,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         RemediationInput,
         RunningRemediations,
         RunningRemediationsInput,
+        SlotGrant,
         SlotRequest,
         merge_observations,
     )
@@ -65,6 +80,8 @@ NODE_ACTIONS = (Action.THERMAL, Action.RESET, Action.REBOOT, Action.QUARANTINE)
 # histories recorded before that look-up replay without it.
 THERMAL_OUTSIDE_PATCH = "thermal-cordons-outside-budget"
 SEED_PENDING_PATCH = "detector-seeds-pending-from-visibility"
+# Slots are leases held for a remediation's life (runs recorded before count labels).
+LEASES_PATCH = "slots-are-leases"
 _NO_PAYLOAD = RawValue(Payload())
 
 
@@ -98,6 +115,8 @@ class DetectorWorkflow:
         self.seeded: set[str] = set()
         # Nodes whose remediation-<node> was found running when this detector started it.
         self.elsewhere: set[str] = set()
+        # Slots are leases (a run recorded before them: labels, as it ran).
+        self.leases_mode = False
 
     pinned = False
     """True in PinnedDetectorWorkflow: what a versioned worker registers."""
@@ -114,6 +133,8 @@ class DetectorWorkflow:
             last_errors=self.last_errors, ticks_total=self.state.ticks_total,
             started_total=self.state.started_total, orphans=self.orphans,
             rejected_commands=self.rejected,
+            leases=sorted(self.state.leases.values(), key=lambda lease: lease.node),
+            quarantined=sorted(n for n, lease in self.state.leases.items() if lease.quarantined),
         )
 
     @workflow.update(description="Stop admitting new remediations; running ones continue. "
@@ -179,8 +200,14 @@ class DetectorWorkflow:
         except Exception as err:  # a stray client's payload: recorded, never raised
             self._reject_signal(REQUEST_SLOT_SIGNAL, None, f"bad slot request: {err}"[:500])
             return
-        # Granted only while the node is labelled cordoned (see Admission): a request for
-        # any other node is dropped at the next tick.
+        if self.leases_mode:
+            refused = self._lease_refusal(req.node, req.token)
+            if refused:
+                self._reject_signal(REQUEST_SLOT_SIGNAL, None, f"slot request for {req.node} "
+                                                               f"refused: {refused}")
+                return
+        # Granted only while the node holds a heat cordon's lease (labelled cordoned, for
+        # a detector run recorded before leases): any other request is dropped.
         if req.node not in self.state.slot_requests:
             self.state.slot_requests = {**self.state.slot_requests, req.node: workflow.now()}
             workflow.logger.info("%s asks for a drain slot: %s", req.node, req.reason)
@@ -201,6 +228,38 @@ class DetectorWorkflow:
             at=workflow.now(), name=name[:100], operator=who, why=why[:500])][-20:]
         workflow.logger.warning("signal %s%s rejected: %s", name[:100],
                                 f" from {who}" if who else "", why[:500])
+
+    @workflow.update(name=CONFIRM_LEASE_UPDATE,
+                     description="Internal — sent by a remediation before each disruptive "
+                                 "step, not by people: is its lease live?")
+    async def confirm_lease(self, chk: LeaseCheck) -> LeaseAnswer:
+        lease = self.state.leases.get(chk.node)
+        if lease is None:  # a detector run recorded before leases: labels count
+            return LeaseAnswer(live=True, why="this detector run counts labels")
+        if lease.adopted and not lease.token and chk.token:
+            lease.token = chk.token  # learnt at the first confirmation (see workflows/leases.py)
+        lease.confirmed_at = workflow.now()
+        return LeaseAnswer(live=True)
+
+    @confirm_lease.validator
+    def _check_confirm_lease(self, chk: LeaseCheck) -> None:
+        # Refused here, so a stray client's guesses never grow this workflow's history.
+        if not self.leases_mode:
+            return
+        if not self.state.leases_ready:
+            # Just started: what runs is not adopted yet. Ask again, not a refusal.
+            raise ApplicationError("the detector is starting: it has not yet adopted the "
+                                   "remediations already running", type=errors.DETECTOR_NOT_RUNNING)
+        answer = check_lease(self.state.leases, chk)
+        if not answer.live:
+            raise ApplicationError(answer.why, type=errors.LEASE_REFUSED)
+
+    def _lease_refusal(self, node: str, token: str) -> str:
+        """Why a grant or request carrying ``token`` does not match ``node``'s lease."""
+        answer = check_lease(self.state.leases, LeaseCheck(node=node, token=token))
+        if answer.live and not self.state.leases[node].token and token:
+            self.state.leases[node].token = token
+        return "" if answer.live else answer.why
 
     @workflow.update(description="Remediate a node now, through the same budget.")
     async def remediate(self, req: ManualRemediation) -> OperatorAck:
@@ -226,18 +285,30 @@ class DetectorWorkflow:
                                  "gone (terminated): remove our label and taint, uncordon if "
                                  "we cordoned it.")
     async def release_orphan(self, req: OrphanRelease) -> OperatorAck:
-        await workflow.execute_activity(
-            act.release_orphan, req, start_to_close_timeout=timedelta(minutes=2),
-            retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=[
-                errors.NOT_FOUND, errors.NOT_ORPHAN]),
-            summary=f"release orphan {req.node}")
+        lease = self.state.leases.get(req.node)
+        try:
+            await workflow.execute_activity(
+                act.release_orphan, req, start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=[
+                    errors.NOT_FOUND, errors.NOT_ORPHAN]),
+                summary=f"release orphan {req.node}")
+        except ActivityError as err:
+            cause = err.cause
+            # An orphan lease whose node shows nothing of ours (its claim never landed):
+            # nothing to release on the node, the record's slot is what the operator frees.
+            if not (lease is not None and lease.orphan and isinstance(cause, ApplicationError)
+                    and cause.type == errors.NOT_ORPHAN):
+                raise
+        if lease is not None and lease.orphan:
+            del self.state.leases[req.node]
         self.orphans = [n for n in self.orphans if n != req.node]
         self.wake = True
         return self._ack(f"{req.node} released by {req.operator}")
 
     @release_orphan.validator
     def _check_release_orphan(self, req: OrphanRelease) -> None:
-        if req.node not in self.orphans:
+        lease = self.state.leases.get(req.node)
+        if req.node not in self.orphans and not (lease is not None and lease.orphan):
             raise ApplicationError(
                 f"{req.node} is not an orphan (orphans: {', '.join(self.orphans) or 'none'}); "
                 "a running remediation is released with `gpu-remediate release` or `abort`",
@@ -266,6 +337,9 @@ class DetectorWorkflow:
         seeded = workflow.info().continued_run_id is not None or \
             not workflow.patched(SEED_PENDING_PATCH)
         self.thermal_outside = workflow.patched(THERMAL_OUTSIDE_PATCH)
+        self.leases_mode = workflow.patched(LEASES_PATCH)
+        if self.leases_mode:
+            seeded = True  # leases adopt what runs instead (see _refresh_leases)
         while True:
             # An update that arrives during this tick wakes the next one at once.
             self.wake = False
@@ -275,8 +349,14 @@ class DetectorWorkflow:
                 seeded = await self._seed_pending()
             elif self.seeded:
                 closed |= await self._seeded_closed()
-            # Until they are known, admitting could overrun the budget: observe nothing.
-            obs = await self._observe() if seeded else None
+            if self.leases_mode:
+                # Until what already runs is adopted, admitting could overrun the budget.
+                obs = await self._observe() if await self._adopt() else None
+                if obs is not None:
+                    self._refresh_leases(obs)
+            else:
+                # Until they are known, admitting could overrun the budget: observe nothing.
+                obs = await self._observe() if seeded else None
             if obs is not None:
                 await self._admit(obs, closed)
             ticks += 1
@@ -336,6 +416,64 @@ class DetectorWorkflow:
                              ", ".join(fresh[:20]))
         return True
 
+    async def _adopt(self) -> bool:
+        """A detector that did not continue from one with leases first adopts every
+        remediation running on its task queue: each holds a slot until it closes, and its
+        token is learnt at its first confirmation. False (admit nothing) until visibility
+        answers."""
+        st, now = self.state, workflow.now()
+        if not st.leases_ready:
+            try:
+                found = await self._running_remediations("adopt the remediations already "
+                                                         "running")
+            except ActivityError as err:
+                self.last_errors = [f"listing running remediations failed: {err.cause or err}; "
+                                    "admitting nothing until it answers"]
+                workflow.set_current_details(f"**{self.last_errors[0]}**")
+                return False
+            for r in found.remediations:
+                if r.node not in st.leases:
+                    st.leases[r.node] = Lease(
+                        node=r.node, token="", granted_at=r.started or now,
+                        workflow_id=r.workflow_id, state=_node_state(r.state), adopted=True)
+            if found.truncated:
+                workflow.logger.warning("only the first %d running remediations were listed",
+                                        len(found.remediations))
+            st.leases_ready = True
+            workflow.logger.info("%d running remediations adopted: %s",
+                                 len(found.remediations),
+                                 ", ".join(r.node for r in found.remediations[:20]))
+        return True
+
+    def _lease_workflows(self) -> list[str]:
+        return sorted({lease.workflow_id for lease in self.state.leases.values()
+                       if lease.workflow_id and not lease.orphan})
+
+    def _refresh_leases(self, obs: FleetObservation) -> None:
+        """The record brought up to date with what Temporal said, in the observation, of
+        each lease holder's workflow: running (its state, from the RemediationState search
+        attribute the remediation writes), closed cleanly (completed, or cancelled: its
+        cleanup ran) and its lease ends, or closed any other way and its lease is an
+        orphan's, which keeps its slot until an operator releases the node. A lease not
+        looked up (started since) is kept as it is."""
+        st = self.state
+        by_id = {h.workflow_id: h for h in obs.lease_holders}
+        for node, lease in sorted(st.leases.items()):
+            h = by_id.get(lease.workflow_id)
+            if h is None or lease.orphan:
+                continue
+            if h.status == "RUNNING":
+                lease.state = _node_state(h.state, lease.state)
+            elif h.status in CLEAN_CLOSE:
+                del st.leases[node]
+                workflow.logger.info("lease of %s ended: %s %s", node, lease.workflow_id,
+                                     h.status.lower())
+            else:
+                lease.orphan = (f"{lease.workflow_id} {h.status.lower().replace('_', ' ')} "
+                                "without giving the node back")
+                workflow.logger.warning("lease of %s kept as an orphan's: %s", node,
+                                        lease.orphan)
+
     async def _seeded_closed(self) -> set[str]:
         """Seeded nodes whose remediation no longer runs (asked before the observation,
         so their labels in it are the truth). Visibility may lag: a closed one still
@@ -359,11 +497,15 @@ class DetectorWorkflow:
         # Past the shard size, several activities observe disjoint parts of the fleet in
         # parallel (they spread over worker replicas); below it, one does.
         shards = max(1, -(-self.last_managed // s.observe_shard_size))
+        leases = self._lease_workflows() if self.leases_mode else []
         try:
             parts = await asyncio.gather(*(workflow.execute_activity(
                 act.observe_fleet, ObserveInput(policy=s.policy, pool_label=s.pool_label,
                                                 shard=i, shards=shards,
-                                                track_xid_repeats=not s.dry_run),
+                                                track_xid_repeats=not s.dry_run,
+                                                lease_workflows=leases if i == 0 else [],
+                                                lease_task_queue=workflow.info().task_queue
+                                                if leases and i == 0 else ""),
                 task_queue=s.observe_task_queue,
                 start_to_close_timeout=s.observe_timeout,
                 heartbeat_timeout=s.observe_heartbeat_timeout,
@@ -395,7 +537,10 @@ class DetectorWorkflow:
         self.last_errors = obs.errors[:10]
         self.orphans = obs.orphans
         adm = Admission(self.settings, st, obs, self.last_tick, closed or set(),
-                        thermal_outside=self.thermal_outside)
+                        thermal_outside=self.thermal_outside, leases=self.leases_mode)
+        if self.leases_mode:
+            self.orphans = sorted(set(obs.orphans) | {n for n, lease in st.leases.items()
+                                                      if lease.orphan})
         self.busy = adm.busy
         self.budget = adm.budget
         waiting: list[str] = []
@@ -411,7 +556,8 @@ class DetectorWorkflow:
                 else:
                     st.slot_requests.pop(c.node, None)
                 continue
-            if await self._start(c.verdict, c.who, c.why, slot=not adm.outside_budget(c)):
+            if await self._start(c.verdict, c.who, c.why, slot=not adm.outside_budget(c),
+                                 pool=obs.pool_of.get(c.node, "")):
                 adm.admit(c)
             else:
                 # remediation-<node> already runs, started by someone else (a CLI, an earlier
@@ -446,28 +592,42 @@ class DetectorWorkflow:
                 self.last_report = report
 
     async def _grant_slot(self, node: str) -> bool:
-        """Tell a heat cordon's remediation it may drain; its slot is held from now until
-        its label leaves 'cordoned' (or the pending grace passes)."""
+        """Tell a heat cordon's remediation it may drain. With leases, its lease takes a
+        slot from now for the rest of its life; before them, the slot was held until its
+        label left 'cordoned' (or the pending grace passed)."""
+        lease = self.state.leases.get(node) if self.leases_mode else None
         try:
             await workflow.get_external_workflow_handle(remediation_workflow_id(node)).signal(
-                SLOT_GRANTED_SIGNAL)
+                SLOT_GRANTED_SIGNAL, *([SlotGrant(token=lease.token)] if lease else []))
         except FailureError as err:
             workflow.logger.warning("%s asked for a drain slot but cannot be told: %s",
                                     remediation_workflow_id(node), err)
             return False
+        if lease is not None:
+            lease.slot = True
+            return True
         self.state.pending = [*self.state.pending,
                               PendingStart(node=node, at=workflow.now(), escalation=True)]
         return True
 
-    async def _start(self, verdict: Verdict, who: str, why: str, *, slot: bool = True) -> bool:
+    async def _start(self, verdict: Verdict, who: str, why: str, *, slot: bool = True,
+                     pool: str = "") -> bool:
         s, st = self.settings, self.state
         node = verdict.node
+        wid = remediation_workflow_id(node)
+        token = ""
+        if self.leases_mode:
+            # Granted before the start: the lease holds the slot from this instant on.
+            token = str(workflow.uuid4())
+            st.leases[node] = Lease(node=node, token=token, granted_at=workflow.now(),
+                                    workflow_id=wid, slot=slot, requested_by=who[:253],
+                                    pool=pool)
         try:
             handle = await workflow.start_child_workflow(
                 "RemediationWorkflow",
                 RemediationInput(node=node, verdict=verdict, settings=s.remediation,
                                  policy=s.policy, dry_run=s.dry_run, requested_by=who,
-                                 reason=why, holds_slot=slot),
+                                 reason=why, holds_slot=slot, lease_token=token),
                 id=remediation_workflow_id(node),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                 search_attributes=TypedSearchAttributes([
@@ -481,6 +641,12 @@ class DetectorWorkflow:
         except WorkflowAlreadyStartedError:
             workflow.logger.warning("%s already runs: counted in the budget, not started again",
                                     remediation_workflow_id(node))
+            if self.leases_mode:
+                # Not ours (a direct start): its token is not this lease's, so it can take no
+                # step; the lease holds the slot until it closes, then the node is admitted
+                # again.
+                st.leases[node].token = f"held-for-{token}"
+                return False
             st.pending = [*st.pending, PendingStart(node=node, at=workflow.now(), slot=slot)]
             return False
         self.children[node] = handle
@@ -506,6 +672,14 @@ class DetectorWorkflow:
         if obs.errors:
             lines.append(f"{len(obs.errors)} exporter errors, first: {obs.errors[0]}")
         workflow.set_current_details("\n\n".join(lines))
+
+
+def _node_state(value: str, default: NodeState = NodeState.HEALTHY) -> NodeState:
+    """A RemediationState search attribute (written by the remediation itself) as a state."""
+    try:
+        return NodeState(value)
+    except ValueError:
+        return default
 
 
 def _evidence(verdict: Verdict, who: str, why: str, dry_run: bool) -> str:

@@ -22,6 +22,8 @@ JOB_CONFLICT: Final = "JobConflict"
 JOB_TEMPLATE_REFUSED: Final = "JobTemplateRefused"
 THERMAL_UNCHANGED: Final = "ThermalUnchanged"
 NOT_ORPHAN: Final = "NotOrphan"
+DETECTOR_NOT_RUNNING: Final = "DetectorNotRunning"
+LEASE_REFUSED: Final = "LeaseRefused"
 
 ERROR_TYPES: Final[dict[str, str]] = {
     NODE_GONE: "The node was deleted, or replaced by another machine under its name (another "
@@ -36,6 +38,10 @@ ERROR_TYPES: Final[dict[str, str]] = {
     JOB_TEMPLATE_REFUSED: "The Job template fails the worker's checks: not retried.",
     THERMAL_UNCHANGED: "A heat watch saw no change yet: the poll of a wait by retry (benign).",
     NOT_ORPHAN: "release-orphan found the node's remediation running again.",
+    DETECTOR_NOT_RUNNING: "A lease cannot be confirmed: the detector is not running (retried: "
+                          "no disruptive step is taken meanwhile).",
+    LEASE_REFUSED: "The detector holds no live lease for this remediation (a direct start, a "
+                   "wrong token, an orphan's lease): it takes no disruptive step.",
 }
 """Every failure type, and what it means."""
 

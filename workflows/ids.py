@@ -34,6 +34,8 @@ def remediation_workflow_id(node: str) -> str:
 
 REQUEST_SLOT_SIGNAL = "request_slot"
 SLOT_GRANTED_SIGNAL = "slot_granted"
+CONFIRM_LEASE_UPDATE = "confirm_lease"
+"""The detector's update a remediation's activity calls before each disruptive step."""
 
 
 def shard_of(node: str, shards: int) -> int:

@@ -21,6 +21,7 @@ from pydantic import (
 from policy.config import PolicySettings
 from policy.models import Action, Verdict
 from workflows.ids import DETECTOR_REQUESTER, MAX_OPERATOR_CHARS, MAX_REASON_CHARS
+from workflows.leases import Lease, LeaseStatus
 from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
 from workflows.transitions import NodeState, Outcome, Step
 
@@ -62,6 +63,10 @@ class RemediationInput(_Message):
         default=True,
         description="Started in a drain slot. false: a thermal cordon admitted outside the "
                     "budget, which asks the detector for a slot before it drains.")
+    lease_token: str = Field(
+        default="", max_length=100,
+        description="The detector's lease for this remediation (workflows/leases.py): "
+                    "confirmed before every disruptive step.")
 
 
 class HistoryEntry(_Message):
@@ -152,6 +157,16 @@ class SlotRequest(_Message):
 
     node: str = Field(min_length=1, max_length=253)
     reason: Reason = ""
+    token: str = Field(default="", max_length=100,
+                       description="The requester's lease token: a request without it is "
+                                   "refused and recorded.")
+
+
+class SlotGrant(_Message):
+    """The detector's answer to a slot request, carrying the lease's token (a grant
+    without it, from a stray client, is refused and recorded)."""
+
+    token: str = Field(default="", max_length=100)
 
 
 class RejectedCommand(_Message):
@@ -458,6 +473,14 @@ class DetectorState(_Message):
         description="Labelled nodes without a running workflow: `release-orphan` accepts them.")
     rejected: list[RejectedCommand] = Field(
         default_factory=list, description="The last rejected or unknown signals (the view).")
+    leases: dict[str, Lease] = Field(
+        default_factory=dict,
+        description="The budget's record: one lease per remediation, held for its whole life "
+                    "(workflows/leases.py).")
+    leases_ready: bool = Field(
+        default=False,
+        description="The remediations running when leases began (a detector that did not "
+                    "continue from one with leases) have been adopted.")
 
 
 class DetectorInput(_Message):
@@ -473,6 +496,12 @@ class ObserveInput(_Message):
     track_xid_repeats: bool = Field(
         default=True, description="Record app-XID sightings on the nodes (off in dry-run: "
                                   "it writes node annotations).")
+    lease_workflows: list[str] = Field(
+        default_factory=list,
+        description="The detector's lease holders: their workflows are looked up in Temporal "
+                    "with the observation (one shard asks), so the record costs no extra "
+                    "activity per tick.")
+    lease_task_queue: str = Field(default="", max_length=1000)
 
 
 class NodeStatus(_Message):
@@ -480,6 +509,10 @@ class NodeStatus(_Message):
     state: NodeState
     workflow_id: str = ""
     excluded: bool = False
+    tainted: bool = Field(default=False, description="Carries our taint (a kubelet cannot "
+                                                     "write taints).")
+    label: str = Field(default="", description="The state label as the node shows it (the "
+                                               "mirror): compared with the record.")
 
 
 class NeighbourHold(_Message):
@@ -512,6 +545,10 @@ class FleetObservation(_Message):
         description="Nodes another controller is acting on (activities/neighbours.py) that "
                     "are flagged or out of service: never admitted while it acts; counted "
                     "against the budget while out of service.")
+    lease_holders: list[LeaseStatus] = Field(
+        default_factory=list,
+        description="What Temporal says of each lease holder's workflow (ObserveInput."
+                    "lease_workflows): running and its state, or closed and how.")
 
 
 class OrphanRelease(_Message):
@@ -536,6 +573,7 @@ def merge_observations(parts: list[FleetObservation]) -> FleetObservation:
         pool_of={k: v for p in parts for k, v in p.pool_of.items()},
         pool_sizes=pool_sizes,
         held=sorted((h for p in parts for h in p.held), key=lambda h: h.node),
+        lease_holders=[s for p in parts for s in p.lease_holders],
     )
 
 
@@ -553,6 +591,10 @@ class DetectorView(_Message):
     orphans: list[str] = Field(default_factory=list)
     rejected_commands: list[RejectedCommand] = Field(
         default_factory=list, description="Operator signals not applied, and why.")
+    leases: list[Lease] = Field(
+        default_factory=list, description="The budget's record: who holds a lease, and why.")
+    quarantined: list[str] = Field(
+        default_factory=list, description="Quarantined nodes, from the record.")
 
 
 class AdmissionReport(_Message):

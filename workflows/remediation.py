@@ -1,10 +1,12 @@
 """RemediationWorkflow: one durable remediation of one GPU node (`remediation-<node>`).
 
 Healthy -> [AwaitingApproval] -> Draining -> Repairing -> Validating -> Healthy,
-Cordoned for heat, Quarantined for what a repair cannot fix. The node's label
-is the truth (it holds the budget slot); this workflow is its only writer while
-it runs. No execution timeout: a terminated remediation keeps its node's label
-and so its slot until an operator releases it (fail closed).
+Cordoned for heat, Quarantined for what a repair cannot fix. It acts only under
+the lease the detector granted it (workflows/leases.py), confirmed before every
+disruptive step; the lease holds its budget slot until it closes. The node's label
+is the record's mirror, written by this workflow only. No execution timeout: a
+terminated remediation leaves an orphan lease and keeps its slot until an operator
+releases the node (fail closed).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         REQUEST_SLOT_SIGNAL,
         SLOT_GRANTED_SIGNAL,
     )
+    from workflows.leases import LeaseCheck
     from workflows.messages import (
         ClaimInput,
         ClaimResult,
@@ -54,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         RemediationResume,
         RemediationView,
         ReturnInput,
+        SlotGrant,
         SlotRequest,
         StateInput,
         ThermalCheckInput,
@@ -102,6 +106,13 @@ REJECTIONS_KEPT = 20
 _NO_PAYLOAD = RawValue(Payload())
 # Operator commands that exist both as an update and as a signal of the same name.
 SIGNALS = ("approve", "reject", "quarantine", "release", "repaired")
+# Acts only under a live lease from the detector (runs recorded before leases: as they ran).
+LEASE_PATCH = "remediation-holds-a-lease"
+# A confirmation of the lease is one short call, retried while the detector cannot answer.
+LEASE_CALL = timedelta(seconds=30)
+LEASE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
+                          maximum_interval=timedelta(seconds=10),
+                          non_retryable_error_types=[*errors.NOT_RETRIED])
 # An activity's argument and result (the call helpers are generic in both).
 A = TypeVar("A")
 R = TypeVar("R")
@@ -109,6 +120,14 @@ R = TypeVar("R")
 
 class NodeGone(Exception):
     """The node was deleted while we remediated it."""
+
+
+class NoLease(Exception):
+    """The detector holds no live lease for this remediation: it takes no disruptive step."""
+
+
+class ClaimFailed(Exception):
+    """The claim could not complete within ``claim_timeout``: ended without the node."""
 
 
 def node_job_name(kind: str, node: str, run_id: str, attempt: int) -> str:
@@ -170,6 +189,7 @@ class RemediationWorkflow:
         # granted (signal slot_granted); one admitted in a slot has it from the start.
         self.slot_granted = self.inp.holds_slot
         self.uid = r.uid if r else ""
+        self._lease_gate: bool | None = None
         if r is None or (self.view.quarantine_ordered_by is None
                          and self.view.quarantine_policy_reason is None):
             # Also a run continued from a release whose view did not show them yet.
@@ -282,6 +302,10 @@ class RemediationWorkflow:
 
     @repaired.validator
     def _check_repaired(self, cmd: OperatorCommand) -> None:
+        if self.repaired_order is not None and self.view.step == Step.EXTERNAL:
+            raise ApplicationError(
+                f"a repair was already reported by {self.repaired_order.operator}; "
+                "validation follows", type=errors.REJECTED)
         if self.view.step != Step.EXTERNAL:
             raise ApplicationError(
                 f"{self.inp.node} is not waiting for an external repair (it is "
@@ -318,8 +342,25 @@ class RemediationWorkflow:
         await self._signal("repaired", raw, self._check_repaired, self._do_repaired)
 
     @workflow.signal(name=SLOT_GRANTED_SIGNAL,
-                     description="From the detector: a drain slot for this heat cordon.")
-    def grant_slot(self) -> None:
+                     description="Internal — sent by the detector, not by people: a drain "
+                                 "slot for this heat cordon, with its lease token. One sent "
+                                 "by hand is refused and recorded.")
+    async def grant_slot(self, raw: RawValue = _NO_PAYLOAD) -> None:
+        if not self._gated():
+            self.slot_granted = True
+            return
+        try:
+            grant = SlotGrant.model_validate(
+                workflow.payload_converter().from_payload(raw.payload)
+                if raw.payload.data else {})
+        except Exception as err:  # a stray client's payload: recorded, never raised
+            await self._reject_signal(SLOT_GRANTED_SIGNAL, None, f"bad grant: {err}"[:300])
+            return
+        if grant.token != self.inp.lease_token:
+            await self._reject_signal(SLOT_GRANTED_SIGNAL, None,
+                                      "internal signal without this remediation's lease "
+                                      "token: only the detector grants drain slots")
+            return
         self.slot_granted = True
 
     @workflow.signal(dynamic=True, description="Any other signal name is recorded as rejected, "
@@ -374,6 +415,58 @@ class RemediationWorkflow:
     def _ack(self, message: str) -> OperatorAck:
         return OperatorAck(state=self.view.state, message=message)
 
+    # ------------------------------------------------------------ the lease
+
+    def _gated(self) -> bool:
+        """Acts only under a live lease: decided once per run (the first look records the
+        patch marker), so a run recorded before leases replays as it ran."""
+        if self._lease_gate is None:
+            self._lease_gate = workflow.patched(LEASE_PATCH)
+        return self._lease_gate
+
+    async def _confirm_lease(self, step: str) -> None:
+        """Before a disruptive step (claim, drain, repair, validation Job): the detector
+        must still hold this remediation's lease. Asked again while the detector cannot
+        answer: before the claim for up to ``claim_timeout`` (no answer is no lease, and
+        the node is left untouched); after it, for as long as it takes (the node stays
+        held, and a detector started again adopts this remediation)."""
+        if not self._gated() or self.inp.dry_run:
+            return
+        if self.inp.verdict.node != self.inp.node:
+            raise NoLease(f"the verdict names {self.inp.verdict.node!r}, not {self.inp.node!r}")
+        wait = None if self.claim_started else self.inp.settings.claim_timeout
+        try:
+            answer = await self._call(
+                act.confirm_lease,
+                LeaseCheck(node=self.inp.node, token=self.inp.lease_token,
+                           workflow_id=workflow.info().workflow_id, step=step[:100]),
+                timeout=LEASE_CALL, heartbeat=False, retry=LEASE_RETRY,
+                schedule_to_close=wait, summary=f"confirm the lease before {step}")
+        except ActivityError as err:
+            if not _timed_out(err):
+                raise
+            raise NoLease(f"the detector did not confirm the lease within {wait}: "
+                          f"{_cause(err)}") from err
+        if not answer.live:
+            raise NoLease(answer.why)
+
+    async def _no_lease(self, refused: NoLease) -> RemediationResult:
+        """No live lease. Before the claim: end without touching the node, and say why.
+        After it (a lease lost mid-way, which only an operator's release-orphan or a stray
+        detector can cause): hold the node for a human, the fail-closed way."""
+        why = f"no live lease from the detector: {refused}"
+        workflow.logger.warning("%s: %s", self.inp.node, why)
+        if self.claim_started:
+            await self._restore_operands(best_effort=True)
+            self.release_order = None
+            return await self._quarantine(why, self._acknowledged_xids())
+        self._set(NodeState.HEALTHY, Step.RELEASED)
+        self._details(f"not started: {why}")
+        await self._tell("LeaseRefused", f"{workflow.info().workflow_id} took no step: {why}")
+        self.released = True
+        return RemediationResult(node=self.inp.node, outcome=Outcome.RELEASED, attempts=0,
+                                 message=why)
+
     # ------------------------------------------------------------ main flow
 
     @workflow.run
@@ -385,6 +478,11 @@ class RemediationWorkflow:
                 result = await (self._resume(inp.resume) if inp.resume else self._remediate())
             except _GiveUp as give_up:
                 result = await self._finish(Outcome.RELEASED, str(give_up))
+            except NoLease as refused:
+                result = await self._no_lease(refused)
+            except ClaimFailed as failed:
+                result = RemediationResult(node=self.inp.node, outcome=Outcome.RELEASED,
+                                           attempts=0, message=str(failed))
             except NodeGone as gone:
                 result = await self._node_gone(gone)
             except ActivityError as err:
@@ -493,6 +591,11 @@ class RemediationWorkflow:
         if not due or self.inp.dry_run or not workflow.patched("continue-as-new-in-loops"):
             return
         await workflow.wait_condition(workflow.all_handlers_finished)
+        # An abort that came while the last step ran (the quarantine write does not look
+        # for one) must not be left behind with this run: it takes effect here.
+        if not self.aborting and workflow.cancellation_reason() is not None and \
+                workflow.patched("abort-carried-past-continue-as-new"):
+            raise asyncio.CancelledError()
         v = self.view
         view = v.model_copy(update={"plan": v.plan[-PLAN_KEPT:]})
         workflow.continue_as_new(self.inp.model_copy(update={"resume": RemediationResume(
@@ -513,14 +616,25 @@ class RemediationWorkflow:
 
     async def _claim(self, state: NodeState) -> ClaimResult:
         info = workflow.info()
+        await self._confirm_lease("the claim")
         self.claim_started = True
-        claim = await self._node_call(
-            act.claim_node,
-            ClaimInput(node=self.inp.node, state=state, reason=self.view.reason,
-                       action=self.action, workflow_id=info.workflow_id, run_id=info.run_id,
-                       now=workflow.now(), dry_run=self.inp.dry_run),
-            summary=f"cordon and taint {self.inp.node}",
-        )
+        arg = ClaimInput(node=self.inp.node, state=state, reason=self.view.reason,
+                         action=self.action, workflow_id=info.workflow_id, run_id=info.run_id,
+                         now=workflow.now(), dry_run=self.inp.dry_run)
+        summary = f"cordon and taint {self.inp.node}"
+        if not self._gated():
+            claim = await self._node_call(act.claim_node, arg, summary=summary)
+        else:
+            timeout = self.inp.settings.claim_timeout
+            try:
+                claim = await self._call(act.claim_node, arg, timeout=NODE_CALL,
+                                         heartbeat=False, summary=summary,
+                                         schedule_to_close=timeout)
+            except ActivityError as err:
+                if not _timed_out(err):
+                    raise
+                await self._claim_failed(f"the claim did not complete within {timeout}: "
+                                         f"{_cause(err)}")
         self.claimed = True
         self.view.previously_cordoned = claim.previously_cordoned
         self._set(state, Step.CLAIMED)
@@ -530,6 +644,23 @@ class RemediationWorkflow:
         self.gpus = claim.gpus
         self.boot_id, self.uid = claim.boot_id, claim.uid
         return claim
+
+    async def _claim_failed(self, why: str) -> None:
+        """The API would not take the claim in time (a brownout, an RBAC change, a slow
+        webhook). A late attempt may still have landed: take back whatever it wrote (only
+        if the node's annotation names this run), record why, and end. If even that cannot
+        be done the run fails, and its lease stays as an orphan's: fail closed."""
+        workflow.metric_meter().create_counter(
+            "gpu_remediate_claims_failed",
+            "Remediations ended because their claim did not complete in time.").add(1)
+        self._set(NodeState.HEALTHY, Step.RELEASED)
+        self._details(why)
+        await self._release_call(Outcome.RELEASED, why, {}, claim_unconfirmed=True,
+                                 retry=ABORT_READ_RETRY)
+        self.released = True
+        await self._tell("ClaimFailed", f"{self.inp.node}: {why}; the lease is freed and the "
+                                        "detector may admit it again")
+        raise ClaimFailed(why)
 
     async def _await_approval(self) -> bool:
         s = self.inp.settings.approval
@@ -623,15 +754,21 @@ class RemediationWorkflow:
             if wait <= timedelta(0):
                 return ThermalWatchResult(outcome="recovered" if state == "cool" else "hot",
                                           message=last)
+            watch = self._call(
+                act.check_thermal,
+                ThermalCheckInput(node=self.inp.node, policy=self.inp.policy, now=state),
+                timeout=timedelta(minutes=1), heartbeat=False,
+                retry=RetryPolicy(initial_interval=t.poll_interval, backoff_coefficient=1.0,
+                                  maximum_interval=t.poll_interval,
+                                  non_retryable_error_types=[*errors.NOT_RETRIED]),
+                schedule_to_close=wait, summary=f"watch {self.inp.node} temperature")
             try:
-                look = await self._call(
-                    act.check_thermal,
-                    ThermalCheckInput(node=self.inp.node, policy=self.inp.policy, now=state),
-                    timeout=timedelta(minutes=1), heartbeat=False,
-                    retry=RetryPolicy(initial_interval=t.poll_interval, backoff_coefficient=1.0,
-                                      maximum_interval=t.poll_interval,
-                                      non_retryable_error_types=[*errors.NOT_RETRIED]),
-                    schedule_to_close=wait, summary=f"watch {self.inp.node} temperature")
+                if workflow.patched("quarantine-interrupts-the-heat-watch"):
+                    look = await self._unless_quarantined(watch)
+                    if look is None:
+                        return ThermalWatchResult(outcome="hot", message="quarantine ordered")
+                else:
+                    look = await watch
             except ActivityError as err:
                 if not _timed_out(err):
                     raise
@@ -646,6 +783,22 @@ class RemediationWorkflow:
             state, last = look.outcome, look.message
             cool_since = workflow.now()
             self._details(f"cordoned for heat: {state} ({look.message})")
+
+    async def _unless_quarantined(self, call: Awaitable[R]) -> R | None:
+        """``call``'s result, or None as soon as a quarantine is ordered (the call is then
+        cancelled): an operator's order does not wait for a watch that may take an hour."""
+        task = asyncio.ensure_future(call)
+        try:
+            await workflow.wait_condition(lambda: task.done() or self._quarantine_due())
+        except asyncio.CancelledError:
+            task.cancel()  # an abort: the look goes with it
+            raise
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ActivityError):
+            await task
+        return None
 
     def _escalate(self, verdict: Verdict, why: str) -> None:
         self.action = verdict.action
@@ -671,7 +824,8 @@ class RemediationWorkflow:
             why = self.view.reason
             try:
                 await workflow.get_external_workflow_handle(detector).signal(
-                    REQUEST_SLOT_SIGNAL, SlotRequest(node=self.inp.node, reason=why[:500]))
+                    REQUEST_SLOT_SIGNAL, SlotRequest(node=self.inp.node, reason=why[:500],
+                                                     token=self.inp.lease_token))
                 self._details(f"must be drained ({why}); cordoned, waiting for a drain slot "
                               f"from {detector}")
             except FailureError as err:
@@ -685,6 +839,7 @@ class RemediationWorkflow:
         d = self.inp.settings.drain
         if self.drain_started is None:
             await self._wait_for_slot()
+            await self._confirm_lease("the drain")
             if self.view.state != NodeState.DRAINING:
                 await self._enter(NodeState.DRAINING, Step.DRAIN, "DrainStarted",
                                   f"draining {self.inp.node}")
@@ -771,6 +926,7 @@ class RemediationWorkflow:
                     return await self._quarantine(f"{kind} failed: {repair.message}", acked)
             if self._quarantine_due():
                 return await self._quarantine(self._quarantine_reason(), acked)
+            await self._confirm_lease("the validation")
             await self._enter(NodeState.VALIDATING, Step.VALIDATE, "ValidationStarted",
                               f"attempt {attempt}: validation Job on all {self.gpus} GPUs")
             check = await self._validate(attempt)
@@ -790,6 +946,7 @@ class RemediationWorkflow:
         """One repair: a Job, or a hand-off to whoever does it (`external`)."""
         s = self.inp.settings
         method = s.reset_method if kind == "gpu-reset" else s.reboot_method
+        await self._confirm_lease(f"the {kind}")
         if method != "external":
             await self._enter(NodeState.REPAIRING, Step(kind), "RepairStarted",
                               f"attempt {attempt}/{s.max_repair_attempts}: {kind}")
@@ -798,13 +955,19 @@ class RemediationWorkflow:
             if kind == "gpu-reset" and workflow.patched("reset-beside-gpu-operator"):
                 return await self._reset(attempt)
             return await self._job(kind, attempt)
+        # A `repaired` the validator accepts from here on takes effect: it may arrive while
+        # the state below is still being written (before: cleared after that write).
+        kept = workflow.patched("repaired-accepted-is-kept")
+        if kept:
+            self.repaired_order = None
         await self._enter(NodeState.REPAIRING, Step.EXTERNAL, "ExternalRepairRequested",
                           f"attempt {attempt}: {kind} handed off; waiting for `gpu-remediate "
                           f"repaired {self.inp.node}`", event_type="Warning")
         self._plan(f"wait for an external {kind} and the `repaired` update")
         if self.inp.dry_run:
             return NodeJobResult(succeeded=True, message="dry-run", job_name="")
-        self.repaired_order = None
+        if not kept:
+            self.repaired_order = None
         try:
             await workflow.wait_condition(
                 lambda: self.repaired_order is not None or self.quarantine_order is not None,
@@ -1083,6 +1246,18 @@ class RemediationWorkflow:
                                              event_type=event_type),
                               summary=f"event {reason}")
 
+    async def _tell(self, reason: str, message: str) -> None:
+        """A Warning Event on the way out (a few tries): the API that failed the step may
+        refuse it too, and the run must still end. The result and the log say it anyway."""
+        try:
+            await self._call(act.record_event,
+                             NodeEventInput(node=self.inp.node, reason=reason, message=message),
+                             timeout=NODE_CALL, heartbeat=False, retry=ABORT_READ_RETRY,
+                             check_cancel=False, summary=f"event {reason}")
+        except ActivityError as err:
+            workflow.logger.warning("could not record %s on %s: %s", reason, self.inp.node,
+                                    _cause(err))
+
     async def _quarantine(self, why: str, acked: dict[str, int] | None = None, *,
                           applied: bool = False) -> RemediationResult:
         """Keep the node cordoned and tainted until an operator releases it.
@@ -1107,6 +1282,13 @@ class RemediationWorkflow:
             await workflow.wait_condition(lambda: self.release_order is not None)
             order = self.release_order
             assert order is not None
+            try:
+                await self._confirm_lease("the release validation")
+            except NoLease as refused:
+                # Stays quarantined; the operator sees why the release did nothing.
+                self.release_order = None
+                self._details(f"release by {order.operator} refused: {refused}")
+                continue
             self.view.attempt += 1
             # The node stays labelled quarantined while it is validated: quarantined nodes
             # hold no budget slot, and an operator's release must not take one that the
@@ -1213,7 +1395,8 @@ class RemediationWorkflow:
                                  attempts=self.view.attempt, message=why)
 
     async def _release_call(self, outcome: Outcome, why: str, acked: dict[str, int], *,
-                            claim_unconfirmed: bool = False) -> None:
+                            claim_unconfirmed: bool = False,
+                            retry: RetryPolicy = NODE_RETRY) -> None:
         info = workflow.info()
         reasons = {Outcome.HEALTHY: "RemediationSucceeded",
                    Outcome.QUARANTINED: "NodeQuarantined",
@@ -1224,7 +1407,7 @@ class RemediationWorkflow:
                     Outcome.QUARANTINED: "keep cordoned and tainted: quarantined",
                     Outcome.RELEASED: "remove taint and label; uncordon if we cordoned",
                     Outcome.ABORTED: "remove taint and label; uncordon if we cordoned"}[outcome])
-        await self._node_call(
+        await self._call(
             act.release_node,
             ReleaseInput(
                 node=self.inp.node, outcome=outcome,
@@ -1239,6 +1422,7 @@ class RemediationWorkflow:
                 event_message=f"{outcome}: {why}", dry_run=self.inp.dry_run,
                 claim_unconfirmed=claim_unconfirmed, uid=self.uid, run_id=info.run_id,
             ),
+            timeout=NODE_CALL, heartbeat=False, retry=retry,
             summary=f"{outcome}: release {self.inp.node}", check_cancel=False,
         )
 

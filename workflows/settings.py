@@ -214,6 +214,13 @@ class RemediationSettings(_Model):
                     "hold) continues as new past this many history events, or sooner when "
                     "the server suggests it, so a run never outgrows its history.",
     )
+    claim_timeout: timedelta = Field(
+        default=timedelta(minutes=10), gt=timedelta(0), le=timedelta(hours=24),
+        description="A claim (or a confirmation of the remediation's lease with the "
+                    "detector) that cannot complete within this ends the remediation without "
+                    "touching the node, frees its lease and says why (Event ClaimFailed). "
+                    "Its lease holds the slot meanwhile, however long the API browns out.",
+    )
 
     @model_validator(mode="after")
     def _heartbeats_outlast_pauses(self) -> RemediationSettings:

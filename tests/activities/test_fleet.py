@@ -424,10 +424,16 @@ async def test_markers_that_disagree_count_the_node_out_of_service(
     from workflows.messages import DetectorState
     from workflows.settings import DetectorSettings
 
-    adm = Admission(DetectorSettings(), DetectorState(), obs, datetime.now(UTC))
+    # A detector run recorded before leases counted from these markers, failing closed.
+    adm = Admission(DetectorSettings(), DetectorState(), obs, datetime.now(UTC), leases=False)
     assert adm.in_use == ["gpu-node-03"] and adm.queue == []
     assert adm.quarantined == 0, "only our taint makes a quarantine count"
     assert any(e.startswith("gpu-node-03: ") and says in e for e in obs.errors), obs.errors
+    # With leases the record decides: no lease, no slot and no quarantine, whatever the
+    # markers say (an orphan under our taint is adopted: see the next test).
+    adm = Admission(DetectorSettings(), DetectorState(leases_ready=True), obs,
+                    datetime.now(UTC))
+    assert adm.in_use == [] and adm.quarantined == 0
 
 
 class _Described:
@@ -519,8 +525,14 @@ async def test_a_state_label_alone_holds_no_budget_slot(
                for e in obs.errors), obs.errors
     assert UNCLAIMED_LABELS._value.get() == 1  # type: ignore[attr-defined]
     adm = Admission(DetectorSettings(max_unavailable=3), DetectorState(), obs,
-                    datetime.now(UTC))
+                    datetime.now(UTC), leases=False)
     assert adm.in_use == ["gpu-node-01", "gpu-node-04"]
+    # With leases: the orphan under our taint is adopted as an orphan's lease (fail
+    # closed); gpu-node-01's running remediation holds the lease the detector granted (or
+    # adopted from visibility when it started), not one its label could give it.
+    state = DetectorState(leases_ready=True)
+    leased = Admission(DetectorSettings(max_unavailable=3), state, obs, datetime.now(UTC))
+    assert leased.in_use == ["gpu-node-04"] and state.leases["gpu-node-04"].orphan
     assert [c.node for c in adm.queue] == ["gpu-node-03"], "flagged, it can be claimed"
     assert adm.blocked(adm.queue[0]) is None
 

@@ -26,10 +26,13 @@ from activities.visibility import (
     RunningRemediation,
     RunningRemediations,
     RunningRemediationsInput,
+    VisibilityActivities,
+    described,
 )
 from policy.models import Action, Finding, Verdict
 from workflows import transitions
 from workflows.ids import remediation_workflow_id, shard_of
+from workflows.leases import LeaseAnswer, LeaseCheck, LeaseStatus
 from workflows.messages import (
     AdmissionReport,
     ClaimInput,
@@ -138,6 +141,15 @@ class FakeCluster:
     # What Temporal visibility lists as running remediations (by node), or its error.
     visible_remediations: list[str] = field(default_factory=list)
     visibility_error: str | None = None
+    # Leases: with a detector's ID, a remediation's confirmation goes to that detector (the
+    # real activity); without one, the fake answers (``lease_refused``: why it says no).
+    detector_id: str = ""
+    lease_refused: str = ""
+    # What Temporal says of remediations that closed (by node: COMPLETED, TERMINATED, ...);
+    # visible_remediations are running. Any other lease holder is described for real.
+    closed_remediations: dict[str, str] = field(default_factory=dict)
+    # An API brownout for a node's claim: this many attempts fail with a 500 first.
+    claim_failures: dict[str, int] = field(default_factory=dict)
 
     def node(self, name: str) -> FakeNode:
         return self.nodes.setdefault(name, FakeNode(name))
@@ -182,6 +194,11 @@ class FakeCluster:
             if gate is not None:
                 gate.wait(30)
             with cluster.lock:
+                if cluster.claim_failures.get(inp.node, 0) > 0:
+                    cluster.claim_failures[inp.node] -= 1
+                    cluster.calls.append(("claim_failed", inp))
+                    raise ApplicationError("patch node: 500 Internal Server Error",
+                                           type="ServerError")
                 cluster.calls.append(("claim_node", inp))
                 n = cluster.node(inp.node)
                 mine = n.state != NodeState.HEALTHY
@@ -393,7 +410,27 @@ class FakeCluster:
                                            allocatable_gpus=have, message="restarted")
 
         @activity.defn(name="observe_fleet")
-        def observe_fleet(inp: ObserveInput) -> FleetObservation:
+        async def observe_fleet(inp: ObserveInput) -> FleetObservation:
+            obs = observed(inp)
+            if inp.lease_workflows:
+                obs.lease_holders = [await lease_status(w) for w in inp.lease_workflows]
+            return obs
+
+        async def lease_status(wid: str) -> LeaseStatus:
+            # The time-skipping server has no visibility list: the scripted running and
+            # closed remediations, and a describe for each other.
+            node = wid.removeprefix("remediation-")
+            with cluster.lock:
+                running = node in cluster.visible_remediations
+                closed = cluster.closed_remediations.get(node)
+                state = cluster.node(node).state.value if node in cluster.nodes else ""
+            if running:
+                return LeaseStatus(workflow_id=wid, status="RUNNING", state=state)
+            if closed:
+                return LeaseStatus(workflow_id=wid, status=closed)  # type: ignore[arg-type]
+            return await described(activity.client(), wid)
+
+        def observed(inp: ObserveInput) -> FleetObservation:
             with cluster.lock:
                 cluster.calls.append(("observe_fleet", inp))
                 if cluster.observe_error:
@@ -402,7 +439,8 @@ class FakeCluster:
                 # Like the real activity: each shard sees its own part of the fleet.
                 mine = {n: node for n, node in cluster.nodes.items()
                         if shard_of(n, inp.shards) == inp.shard}
-                remediating = [NodeStatus(node=n.name, state=n.state)
+                remediating = [NodeStatus(node=n.name, state=n.state, tainted=n.tainted,
+                                          label=n.state.value)
                                for n in mine.values() if n.state != NodeState.HEALTHY]
                 busy = {r.node for r in remediating}
                 return FleetObservation(
@@ -438,8 +476,26 @@ class FakeCluster:
                 if cluster.visibility_error:
                     raise RuntimeError(cluster.visibility_error)
                 return RunningRemediations(remediations=[
-                    RunningRemediation(node=n, workflow_id=remediation_workflow_id(n))
+                    RunningRemediation(node=n, workflow_id=remediation_workflow_id(n),
+                                       state=cluster.node(n).state.value)
                     for n in cluster.visible_remediations])
+
+        @activity.defn(name="confirm_lease")
+        async def confirm_lease(chk: LeaseCheck) -> LeaseAnswer:
+            """The real confirmation, with the detector that started the remediation (or
+            ``detector_id``); a remediation started alone is answered here."""
+            with cluster.lock:
+                cluster.calls.append(("confirm_lease", chk))
+            if cluster.lease_refused:
+                return LeaseAnswer(live=False, why=cluster.lease_refused)
+            client = activity.client()
+            detector = cluster.detector_id
+            if not detector:
+                desc = await client.get_workflow_handle(activity.info().workflow_id).describe()
+                detector = desc.parent_id or ""
+            if not detector:
+                return LeaseAnswer(live=True)
+            return await VisibilityActivities(client, detector_id=detector).confirm_lease(chk)
 
         @activity.defn(name="record_event")
         def record_event(inp: NodeEventInput) -> None:
@@ -451,7 +507,7 @@ class FakeCluster:
                 watch_thermal, read_node_health, observe_fleet, report_admission, record_event,
                 check_node_returned, poll_node_job, delete_node_job, list_running_remediations,
                 check_thermal, pause_gpu_operands, restore_gpu_operands, check_operands_gone,
-                check_operands_back, check_gpus_free, restart_device_plugin]
+                check_operands_back, check_gpus_free, restart_device_plugin, confirm_lease]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

@@ -12,6 +12,7 @@ heartbeats.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 import typing
@@ -121,10 +122,18 @@ class Unkind:
         return out
 
     def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        hints = typing.get_type_hints(fn)
+        if inspect.iscoroutinefunction(fn):
+            async def acall(inp: Any) -> Any:
+                self.enter(name, inp)
+                return await fn(inp)
+            acall.__annotations__ = hints
+            acall.__name__ = name
+            return activity.defn(name=name)(acall)
+
         def call(inp: Any) -> Any:
             self.enter(name, inp)
             return fn(inp)
-        hints = typing.get_type_hints(fn)
         call.__annotations__ = hints
         call.__name__ = name
         return activity.defn(name=name)(call)
@@ -166,6 +175,9 @@ MATRIX: list[tuple[str, Hold, str]] = [
     ("thermal watch, between looks", Hold("check_thermal", "retrying"), "thermal"),
     ("thermal watch, a look completes anyway", Hold("check_thermal", "gate"), "thermal"),
     ("final release, retrying", Hold("release_node", "retrying"), "reboot"),
+    # The quarantine's write does not look for a cancel, and the run then hands over to
+    # the hold run: the abort must be carried, not left behind with this run.
+    ("quarantine write, completes anyway", Hold("release_node", "gate"), "quarantine"),
 ]
 
 

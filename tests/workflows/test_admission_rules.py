@@ -1,4 +1,10 @@
-"""Admission as pure code: budget, pools, quarantine cap, priority, breaker, pending starts."""
+"""Admission as pure code: budget, pools, quarantine cap, priority, breaker, leases.
+
+Slots are counted from the detector's record (its leases). Most rules here are written
+with the fleet's remediations as node states; ``admission`` turns those into the record a
+detector would hold for them (one lease each, a heat cordon's outside the budget), so the
+rules are checked against leases. ``leases=False`` checks a detector run recorded before
+leases (labels and pending starts), which replays as it ran."""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from policy.models import Action
 from tests.workflows.fakes import xid_verdict
 from workflows.admission import Admission
+from workflows.leases import Lease
 from workflows.messages import DetectorState, FleetObservation, NodeStatus, PendingStart
 from workflows.settings import DetectorSettings
 from workflows.transitions import NodeState
@@ -14,9 +21,35 @@ from workflows.transitions import NodeState
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 
+def recorded(state: DetectorState, obs: FleetObservation, now: datetime = NOW) -> None:
+    """The record a detector holds for the remediations ``obs`` shows: one lease each (a
+    heat cordon's outside the budget), with the state Temporal reports; leases of nodes no
+    longer shown end (their remediation closed). A lease already held keeps its slot."""
+    shown = {r.node: r for r in obs.remediating}
+    for node in [n for n in state.leases if n not in shown]:
+        del state.leases[node]
+    for node, r in shown.items():
+        lease = state.leases.get(node)
+        if lease is None:
+            state.leases[node] = Lease(node=node, token="t", granted_at=now,
+                                       workflow_id=f"remediation-{node}",
+                                       slot=r.state != NodeState.CORDONED, state=r.state,
+                                       pool=obs.pool_of.get(node, ""))
+        else:
+            lease.state = r.state
+
+
+def admission(settings: DetectorSettings, state: DetectorState, obs: FleetObservation,
+              now: datetime = NOW, *, leases: bool = True) -> Admission:
+    if leases:
+        recorded(state, obs, now)
+    return Admission(settings, state, obs, now, leases=leases)
+
+
 def decide(settings: DetectorSettings, obs: FleetObservation,
-           state: DetectorState | None = None) -> tuple[list[str], list[str]]:
-    adm = Admission(settings, state or DetectorState(), obs, NOW)
+           state: DetectorState | None = None, *,
+           leases: bool = True) -> tuple[list[str], list[str]]:
+    adm = admission(settings, state or DetectorState(), obs, NOW, leases=leases)
     started, waiting = [], []
     for c in adm.queue:
         why = adm.blocked(c)
@@ -38,18 +71,19 @@ def obs(verdicts: list, remediating: list | None = None, managed: int = 10,
                             remediating=remediating or [], pool_of=pool_of, pool_sizes=sizes)
 
 
-def test_budget_counts_labelled_nodes_and_pending_starts() -> None:
+def test_before_leases_the_budget_counted_labelled_nodes_and_pending_starts() -> None:
     state = DetectorState(pending=[PendingStart(node="n9", at=NOW - timedelta(seconds=5))])
     o = obs([xid_verdict("n1"), xid_verdict("n2")],
             [NodeStatus(node="n8", state=NodeState.REPAIRING)])
-    started, waiting = decide(DetectorSettings(max_unavailable=3), o, state)
+    started, waiting = decide(DetectorSettings(max_unavailable=3), o, state, leases=False)
     assert started == ["n1"]
     assert waiting == ["n2: budget full (3/3)"]
 
 
-def test_a_stale_pending_start_frees_its_slot_after_the_grace_period() -> None:
+def test_before_leases_a_stale_pending_start_freed_its_slot_after_the_grace_period() -> None:
     state = DetectorState(pending=[PendingStart(node="n9", at=NOW - timedelta(minutes=6))])
-    started, _ = decide(DetectorSettings(max_unavailable=1), obs([xid_verdict("n1")]), state)
+    started, _ = decide(DetectorSettings(max_unavailable=1), obs([xid_verdict("n1")]), state,
+                        leases=False)
     assert started == ["n1"]
 
 
@@ -89,7 +123,7 @@ def test_the_outcome_breaker_trips_on_remediations_ending_in_quarantine() -> Non
     decide(settings, obs([], _quarantined("old1", "old2", "old3")), state)
     assert state.recently_quarantined == {} and not state.breaker_open
     for tick, q in enumerate((["a"], ["a", "b"])):
-        adm = Admission(settings, state, obs([], _quarantined("old1", "old2", "old3", *q)),
+        adm = admission(settings, state, obs([], _quarantined("old1", "old2", "old3", *q)),
                         NOW + timedelta(minutes=10 * (tick + 1)))
         assert not state.breaker_open, adm
     started, waiting = decide(settings, obs([xid_verdict("n1")], _quarantined(
@@ -105,12 +139,12 @@ def test_quarantines_outside_the_window_or_released_do_not_count() -> None:
                                 breaker_quarantine_window=timedelta(minutes=30))
     state = DetectorState(quarantined_seen=[])
     for minutes, q in ((0, ["a"]), (20, ["b"]), (40, ["b", "c"]), (45, ["c", "d"])):
-        Admission(settings, state, obs([], _quarantined(*q)), NOW + timedelta(minutes=minutes))
+        admission(settings, state, obs([], _quarantined(*q)), NOW + timedelta(minutes=minutes))
     # a (at 0) left the window; b, c, d are within it: three, at the limit.
     assert sorted(state.recently_quarantined) == ["b", "c", "d"] and state.breaker_open
     off = DetectorState(quarantined_seen=[])
     for minutes, q in ((0, ["a"]), (1, ["a", "b"]), (2, ["a", "b", "c"])):
-        Admission(settings.model_copy(update={"breaker_max_quarantines": 0}), off,
+        admission(settings.model_copy(update={"breaker_max_quarantines": 0}), off,
                   obs([], _quarantined(*q)), NOW + timedelta(minutes=minutes))
     assert not off.breaker_open, "0 turns the outcome breaker off"
 
@@ -268,18 +302,18 @@ def test_a_heat_cordon_that_must_drain_waits_for_a_slot_first_in_line() -> None:
                         state)
     assert waiting == ["c1: budget full (1/1)", "n1: budget full (1/1)"]
     assert "c1" in state.slot_requests, "the request stands while it waits"
-    # The slot frees: c1 first; the grant is recorded by the detector as a pending start.
+    # The slot frees: c1 first; the detector's grant makes its lease take a slot.
     started, waiting = decide(DetectorSettings(max_unavailable=1),
                               obs([xid_verdict("n1")], [cordoned]), state)
     assert started == ["c1"] and waiting == ["n1: budget full (1/1)"]
     assert state.slot_requests == {}
-    state.pending = [PendingStart(node="c1", at=NOW, escalation=True)]
+    state.leases["c1"].slot = True
     _, waiting = decide(DetectorSettings(max_unavailable=1),
                         obs([xid_verdict("n1")], [cordoned]), state)
-    assert waiting == ["n1: budget full (1/1)"], "still labelled cordoned: the slot is held"
+    assert waiting == ["n1: budget full (1/1)"], "still cordoned: the granted slot is held"
     started, _ = decide(DetectorSettings(max_unavailable=2), obs(
         [xid_verdict("n1")], [NodeStatus(node="c1", state=NodeState.DRAINING)]), state)
-    assert started == ["n1"] and state.pending == [], "its label took the slot over"
+    assert started == ["n1"], "draining, it holds one slot of two"
 
 
 def test_a_slot_request_for_a_node_not_cordoned_is_dropped() -> None:

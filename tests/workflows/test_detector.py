@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import pytest_asyncio
@@ -38,6 +38,7 @@ from policy.models import Action
 from tests.conftest import binary
 from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
 from workflows.detector import DetectorWorkflow
+from workflows.leases import Lease
 from workflows.messages import (
     DetectorInput,
     DetectorState,
@@ -191,21 +192,32 @@ async def test_sharded_observation_keeps_the_budget_across_shards(detector_ts_en
     assert sorted(cluster.claimed) == sorted(names[:6])
 
 
-async def test_labelled_nodes_hold_slots_and_cordoned_counts_per_setting(detector_ts_env):
-    """Truth is on the nodes: slots held by labels the detector did not set count too."""
+def heat_lease(node: str) -> DetectorState:
+    """A detector that holds a heat cordon's lease (outside the budget) for ``node``."""
+    return DetectorState(leases_ready=True, leases={node: Lease(
+        node=node, token="t", granted_at=datetime(2026, 1, 1, tzinfo=UTC),
+        workflow_id=f"remediation-{node}", slot=False, state=NodeState.CORDONED)})
+
+
+async def test_leases_hold_slots_and_cordoned_counts_per_setting(detector_ts_env):
+    """The record decides: a heat cordon's lease counts per setting, and a state label a
+    node wrote on itself (no lease, no taint) holds nothing."""
     env = detector_ts_env
     for counts, expect_start in ((True, False), (False, True)):
         cluster, names = fleet(10)
         cluster.nodes[names[0]].state = NodeState.CORDONED  # a thermal remediation
+        cluster.visible_remediations = [names[0]]
+        cluster.nodes[names[2]].state = NodeState.DRAINING  # its kubelet's own word
         cluster.verdicts = [xid_verdict(names[1])]
         s = settings(max_unavailable=1, cordoned_counts_against_budget=counts)
         async with worker_for(env.client, cluster) as queue:
-            detector = await start(env.client, queue, s)
+            detector = await start(env.client, queue, s, heat_lease(names[0]))
             try:
                 view = await ticks(detector, 2)
             finally:
                 await cleanup(env.client, detector, cluster)
         assert (started_children(cluster) == [names[1]]) is expect_start, counts
+        assert names[2] not in view.in_flight, "a forged label holds no slot"
         if not expect_start:
             assert view.in_flight == [names[0]]
             assert view.waiting == [f"{names[1]} (reboot: budget full (1/1))"]
@@ -219,6 +231,7 @@ async def test_most_severe_first_then_longest_waiting(detector_ts_env):
     cluster, names = fleet(12)
     holder, early, *rest = names
     cluster.nodes[holder].state = NodeState.DRAINING  # the only slot is taken
+    cluster.visible_remediations = [holder]
     cluster.verdicts = [xid_verdict(early, 79, Action.REBOOT)]
     async with worker_for(env.client, cluster) as queue:
         # No quarantine cap: the quarantine order started first would hold back the rest.
@@ -241,6 +254,8 @@ async def test_most_severe_first_then_longest_waiting(detector_ts_env):
                 quarantine, early, late, reset, thermal]
             assert started_children(cluster) == []
             cluster.nodes[holder].state = NodeState.HEALTHY  # the slot frees up
+            cluster.visible_remediations = []
+            cluster.closed_remediations[holder] = "COMPLETED"
             await until(lambda: len(set(started_children(cluster))) == 5, timeout=20,
                         what="all five started, one at a time")
             order = list(dict.fromkeys(started_children(cluster)))
@@ -347,6 +362,7 @@ async def test_manual_remediation_goes_through_budget_and_validator(local_env):
     holder, target, quarantined = names[:3]
     cluster.nodes[holder].state = NodeState.DRAINING
     cluster.nodes[quarantined].state = NodeState.QUARANTINED
+    cluster.visible_remediations = [holder, quarantined]
     async with worker_for(local_env.client, cluster) as queue:
         detector = await start(local_env.client, queue, settings(max_unavailable=1))
         try:
@@ -370,6 +386,8 @@ async def test_manual_remediation_goes_through_budget_and_validator(local_env):
             assert view.waiting == [f"{target} (reset: budget full (1/1))"]
             assert started_children(cluster) == []
             cluster.nodes[holder].state = NodeState.HEALTHY
+            cluster.visible_remediations = [quarantined]
+            cluster.closed_remediations[holder] = "COMPLETED"
             await until(lambda: started_children(cluster) == [target], what="manual start")
             child = await local_env.client.get_workflow_handle(f"remediation-{target}").describe()
             details = await child.static_details()
@@ -481,6 +499,8 @@ async def test_breaker_state_survives_continue_as_new(local_env):
 
 
 async def test_children_are_abandoned_not_terminated(local_env):
+    """A remediation outlives its detector; it takes its next disruptive step once a
+    detector runs again and adopts it (it cannot know the lease's token: it learns it)."""
     env = local_env
     cluster, names = fleet(10)
     gate = threading.Event()
@@ -503,11 +523,26 @@ async def test_children_are_abandoned_not_terminated(local_env):
             await asyncio.sleep(0.3)
             assert (await child.describe()).status == WorkflowExecutionStatus.RUNNING
             gate.set()
-            result = await asyncio.wait_for(child.result(), 10)
+            # Rebooted, it waits for a detector to confirm its lease before validating.
+            await until(lambda: cluster.nodes[names[0]].state == NodeState.REPAIRING
+                        and any(c[0] == "check_node_returned" for c in cluster.calls))
+            await asyncio.sleep(1)
+            assert (await child.describe()).status == WorkflowExecutionStatus.RUNNING
+            assert not any(c[0] == "run_node_job" and c[1].kind == "validate"
+                           for c in cluster.calls), "no validation without a lease"
+            cluster.visible_remediations = [names[0]]
+            again = await start(env.client, queue, s)
+            cluster.detector_id = again.id
+            result = await asyncio.wait_for(child.result(), 20)
             assert result["outcome"] == "healthy"
+            cluster.visible_remediations = []
+            assert (await ticks(again, 2)).leases == [], "its close ends the lease"
         finally:
             gate.set()
             await cleanup(env.client, detector, cluster)
+            if cluster.detector_id:
+                await cleanup(env.client, env.client.get_workflow_handle(cluster.detector_id),
+                              cluster)
 
 
 # ------------------------------------------------------------------ history size
@@ -516,6 +551,7 @@ async def test_children_are_abandoned_not_terminated(local_env):
 async def _first_run_history_length(client: Client, size: int, ticks_per_run: int) -> int:
     cluster, names = fleet(size)
     cluster.nodes[names[0]].state = NodeState.DRAINING  # budget full: a waiting node too
+    cluster.visible_remediations = [names[0]]
     cluster.verdicts = [xid_verdict(names[1])]
     s = settings(max_unavailable=1, ticks_per_run=ticks_per_run,
                  interval=timedelta(milliseconds=200))
@@ -543,6 +579,7 @@ async def test_history_events_per_tick_do_not_depend_on_fleet_size(detector_ts_e
     assert small == large
     longer = await _first_run_history_length(env.client, 10, 8)
     per_tick = (longer - small) / 2
+    # The lease holders (one is held here) are looked up inside the observation.
     assert per_tick <= 12, f"{per_tick} events per idle tick"
 
 
@@ -620,6 +657,7 @@ async def test_a_fresh_detector_counts_starts_whose_claim_has_not_landed(local_e
             await first.terminate("detector stop")
             cluster.verdicts = [xid_verdict(slow), xid_verdict(other)]
             second = await start(client, queue, s)
+            cluster.detector_id = second.id  # the one detector (a fixed ID in production)
             view = await ticks(second, 2)
             assert view.in_flight == [slow], "the running child holds the only slot"
             assert view.waiting == [f"{other} (reboot: budget full (1/1))"]
@@ -656,10 +694,10 @@ async def test_a_fresh_detector_admits_nothing_until_visibility_answers(detector
             await cleanup(env.client, detector, cluster)
 
 
-async def test_seeded_starts_hold_slots_until_labelled_or_closed(detector_ts_env):
-    """What visibility lists holds a slot until the observation shows its label (then the
-    label holds it) or visibility no longer lists it (or the pending grace passes, as for
-    the detector's own starts)."""
+async def test_adopted_remediations_hold_slots_until_they_close(detector_ts_env):
+    """What visibility lists when the detector starts is adopted: each holds a slot
+    whatever its node's label says, until Temporal says it closed. A clean close frees it;
+    a terminated one keeps it as an orphan's (fail closed) until release-orphan."""
     env = detector_ts_env
     cluster, names = fleet(10)
     stuck, labelled, ending, flagged = names[:4]
@@ -673,22 +711,28 @@ async def test_seeded_starts_hold_slots_until_labelled_or_closed(detector_ts_env
             view = await ticks(detector, 2)
             assert view.in_flight == sorted([stuck, labelled, ending])
             assert view.waiting == [f"{flagged} (reboot: budget full (3/3))"]
+            assert {lease.node for lease in view.leases if lease.adopted} == {
+                stuck, labelled, ending}
             # ending's remediation closed without ever claiming its node.
             cluster.visible_remediations = [stuck, labelled]
+            cluster.closed_remediations[ending] = "COMPLETED"
             await until(lambda: started_children(cluster) == [flagged], what="admission")
             view = await ticks(detector, 2)
             assert stuck in view.in_flight and labelled in view.in_flight
             assert ending not in view.in_flight
+            # A label that says healthy frees nothing; a terminated remediation neither.
             cluster.nodes[labelled].state = NodeState.HEALTHY
-            cluster.visible_remediations = []
-            await ticks(detector, 2)
+            cluster.visible_remediations = [stuck]
+            cluster.closed_remediations[labelled] = "TERMINATED"
+            view = await ticks(detector, 2)
+            assert labelled in view.in_flight and labelled in view.orphans
             with cluster.lock:
                 asked = sum(1 for c in cluster.calls if c[0] == "list_running_remediations")
             await ticks(detector, 3)
             with cluster.lock:
                 assert asked == sum(1 for c in cluster.calls
-                                    if c[0] == "list_running_remediations"), \
-                    "no more look-ups once no seeded start is pending"
+                                    if c[0] == "list_running_remediations") == 1, \
+                    "visibility is asked once, when the detector starts"
         finally:
             await cleanup(env.client, detector, cluster)
 
@@ -700,7 +744,9 @@ async def test_continue_as_new_carries_fleet_size_busy_nodes_orphans_and_rejecti
     cluster, names = fleet(9)
     busy, orphan = names[:2]
     cluster.nodes[busy].state = NodeState.DRAINING
+    cluster.visible_remediations = [busy]
     cluster.nodes[orphan].state = NodeState.DRAINING
+    cluster.nodes[orphan].tainted = True
     cluster.orphans = [orphan]
     s = settings(max_unavailable=2, observe_shard_size=4, ticks_per_run=3)
     async with worker_for(local_env.client, cluster) as queue:
@@ -748,6 +794,7 @@ async def test_a_heat_cordon_takes_no_slot_and_drains_only_in_one(local_env):
     cluster, names = fleet(10)
     holder, hot_node = names[0], names[1]
     cluster.nodes[holder].state = NodeState.DRAINING  # the only slot is taken
+    cluster.visible_remediations = [holder]
     cluster.thermal_results = [ThermalWatchResult(outcome="hot", message="93 C")]
     cluster.verdicts = [xid_verdict(hot_node, 0, Action.THERMAL)]
     # Real time (the dev server): seconds stand for the production minutes.
@@ -767,6 +814,8 @@ async def test_a_heat_cordon_takes_no_slot_and_drains_only_in_one(local_env):
             view = await dview(detector)
             assert f"{hot_node} (drain for heat: budget full (1/1))" in view.waiting, view
             cluster.nodes[holder].state = NodeState.HEALTHY  # the slot frees
+            cluster.visible_remediations = []
+            cluster.closed_remediations[holder] = "COMPLETED"
             await until(lambda: cluster.nodes[hot_node].state == NodeState.QUARANTINED, 30,
                         "drained in the freed slot and quarantined")
         finally:
@@ -774,3 +823,64 @@ async def test_a_heat_cordon_takes_no_slot_and_drains_only_in_one(local_env):
     assert any(c[0] == "drain_node" and c[1].node == hot_node for c in cluster.calls)
     assert "still hot" in cluster.nodes[hot_node].history[-1].outcome
     assert cluster.max_out_of_service(cordoned_counts=False) == 1
+
+
+# ------------------------------------------------------------------ leases
+
+
+async def test_a_claim_in_a_brownout_holds_its_lease_and_nothing_lands_together(local_env):
+    """An API brownout where reads work and writes fail: the first claim fails with 500
+    for as long as its retries last (backoff 1, 2, 4, 8 s: about 15 s, here dozens of
+    ticks; in production any length up to claim_timeout). Its lease holds the only slot
+    the whole time, with no timer: the second node is admitted only once the first
+    remediation is over, never beside it."""
+    cluster, names = fleet(10)
+    first, second = names[:2]
+    cluster.claim_failures[first] = 5
+    cluster.verdicts = [xid_verdict(first), xid_verdict(second)]
+    s = settings(max_unavailable=1, interval=timedelta(milliseconds=200), **NO_BREAKER)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, s)
+        try:
+            await until(lambda: any(c[0] == "claim_failed" for c in cluster.calls),
+                        what="the first claim failing")
+            view = await ticks(detector, 10, timeout=30)
+            assert view.in_flight == [first] and cluster.claimed == []
+            assert view.waiting == [f"{second} (reboot: budget full (1/1))"]
+            await until(lambda: cluster.claimed == [first, second]
+                        and all(n.state == NodeState.HEALTHY for n in cluster.nodes.values()),
+                        timeout=90, what="both remediated, one after the other")
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+    with cluster.lock:
+        assert sum(1 for c in cluster.calls if c[0] == "claim_failed") == 5
+    assert cluster.max_out_of_service() == 1, "the waiting claim never landed beside another"
+
+
+async def test_a_claim_that_cannot_complete_ends_untouched_and_frees_its_lease(local_env):
+    """A claim that fails for longer than claim_timeout ends the remediation without the
+    node, says why (Event ClaimFailed), and its lease is freed: the next node is admitted,
+    still one at a time."""
+    cluster, names = fleet(10)
+    first, second = names[:2]
+    cluster.claim_failures[first] = 10**6
+    cluster.verdicts = [xid_verdict(first), xid_verdict(second)]
+    fast_claim = FAST.model_copy(update={"claim_timeout": timedelta(seconds=4)})
+    s = settings(max_unavailable=1, interval=timedelta(milliseconds=300),
+                 remediation=fast_claim, **NO_BREAKER)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, s)
+        child = local_env.client.get_workflow_handle(f"remediation-{first}")
+        try:
+            await until(lambda: any(c[0] == "claim_failed" for c in cluster.calls),
+                        what="the first claim failing")
+            result = await asyncio.wait_for(child.result(), 30)
+            cluster.verdicts = [xid_verdict(second)]
+            await until(lambda: second in cluster.claimed, timeout=30,
+                        what="the second node admitted once the first claim gave up")
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+    assert result["outcome"] == "released" and "claim did not complete" in result["message"]
+    assert any(n == first and reason == "ClaimFailed" for n, reason, _ in cluster.events)
+    assert first not in cluster.claimed and not cluster.nodes[first].tainted
+    assert cluster.max_out_of_service() == 1

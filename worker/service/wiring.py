@@ -71,4 +71,5 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
 def worker_activities(settings: Settings, client: Client) -> list[Callable[..., Any]]:
     """Every activity the worker registers: the cluster's, and the visibility look-up a
     fresh detector makes to learn which remediations already run."""
-    return [*build_activities(settings), VisibilityActivities(client).list_running_remediations]
+    vis = VisibilityActivities(client)
+    return [*build_activities(settings), vis.list_running_remediations, vis.confirm_lease]
