@@ -73,7 +73,7 @@ def _parse_float(text: str) -> float:
     return value
 
 
-def _depth(text: str) -> int:
+def depth(text: str) -> int:
     """Deepest bracket nesting, counted without recursion (strings skipped)."""
     depth = deepest = 0
     in_string = escaped = False
@@ -100,7 +100,7 @@ def load_json(annotation: str, text: str) -> Any:
     (a ``ValueError``) otherwise."""
     if len(text) > MAX_ANNOTATION_BYTES:
         raise _BadValue(f"{len(text)} characters, more than {MAX_ANNOTATION_BYTES}")
-    if _depth(text) > MAX_DEPTH:
+    if depth(text) > MAX_DEPTH:
         raise _BadValue(f"nested deeper than {MAX_DEPTH}")
     try:
         return json.loads(text, parse_constant=_reject_constant, parse_float=_parse_float)
