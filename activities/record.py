@@ -350,20 +350,21 @@ class RecordStore:
                 "data": {RECORD_KEY: text}}
 
     def update(self, node: str, change: Callable[[NodeRecord | None], NodeRecord | None],
-               now: datetime) -> NodeRecord | None:
+               now: datetime, known: Loaded | None = None) -> NodeRecord | None:
         """Apply ``change`` to the node's current record (None: there is none yet) and write
         the result (None: nothing to write), guarded by resourceVersion: a 409 reads again
-        and applies ``change`` to the fresh record. Raises ``RecordUnreadable`` for a record
+        and applies ``change`` to the fresh record. ``known``: the record as just listed
+        (saves a read; a stale one costs a 409). Raises ``RecordUnreadable`` for a record
         that cannot be parsed: it is never overwritten."""
-        for _ in range(CONFLICT_RETRIES):
-            current = self.read(node)
+        for attempt in range(CONFLICT_RETRIES):
+            current = known if known is not None and attempt == 0 else self.read(node)
             if current.problem:
                 raise RecordUnreadable(node, current.problem)
             new = change(current.record)
             if new is None:
                 return current.record
             new = new.model_copy(update={"updated": now}).bounded(now)
-            body = self._body(new, current.resource_version)
+            body = client.V1ConfigMap.model_validate(self._body(new, current.resource_version))
             try:
                 if current.exists:
                     self.core.replace_namespaced_config_map(
