@@ -298,6 +298,8 @@ def report_unreadable(core: client.CoreV1Api, node: str, problem: str) -> None:
 class RecordStore:
     """Read, list and write the records (sync: called from the worker's thread pool)."""
 
+    core: client.CoreV1Api
+
     def __init__(self, core: client.CoreV1Api, namespace: str | None = None) -> None:
         self.core = core
         self.namespace = namespace

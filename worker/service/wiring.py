@@ -18,6 +18,7 @@ from activities.node_return import NodeReturnActivities
 from activities.nodes import NodeActivities
 from activities.operands import OperandActivities
 from activities.prometheus_source import PrometheusSource
+from activities.record import set_record_namespace
 from activities.visibility import VisibilityActivities
 from worker.config import Settings
 
@@ -49,6 +50,7 @@ def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
 
 def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     set_event_namespace(settings.kubernetes.event_namespace)
+    set_record_namespace(settings.record_namespace())
     api = kube_client(settings)
     nodes, drain = NodeActivities(api), DrainActivities(api)
     jobs = JobActivities(api, settings.jobs)
