@@ -422,8 +422,10 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         async def one(node: GpuNode, change: RecordChange | None) -> None:
             async with sem:
                 try:
+                    # Not listed: none yet (a create that finds one is a 409, read again).
                     await asyncio.to_thread(self._write_record, node, change,
-                                            records.get(node.name), now)
+                                            records.get(node.name) or Loaded(node.name, None),
+                                            now)
                 except Exception as err:  # one node's record never fails the observation
                     log.warning("could not write the record of %s: %s", node.name, err)
 

@@ -45,7 +45,8 @@ def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
             url=e.prometheus_url, window=e.prometheus_window, timeout_seconds=e.timeout_seconds,
             node_label=e.prometheus_node_labels, headers=headers, policy=settings.policy)
     return FleetActivities(api, e, prometheus=prometheus,
-                           node_selector=settings.kubernetes.node_selector)
+                           node_selector=settings.kubernetes.node_selector,
+                           record_namespace=settings.record_namespace())
 
 
 def build_activities(settings: Settings) -> list[Callable[..., Any]]:
