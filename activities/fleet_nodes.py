@@ -179,7 +179,7 @@ def _gpu_node(n: client.V1Node) -> GpuNode:
                    "; ".join(x for x in (note, exclude_note) if x),
                    neighbour_hold(labels, ann, _taint_keys(n)),
                    bool(getattr(getattr(n, "spec", None), "unschedulable", False)),
-                   _tainted(n), n.metadata.uid or "", ann)
+                   _tainted(n), getattr(n.metadata, "uid", None) or "", ann)
 
 
 class NodeListing:
