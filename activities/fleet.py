@@ -384,6 +384,16 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         except RecordUnreadable as err:
             report_unreadable(self.core, node.name, err.problem)
             return
+        before = node.record.uid if node.record is not None else ""
+        if rec is not None and before and rec.uid != before:
+            # The name came back under another UID: the GPUs said which machine it is.
+            same = rec.previous_uid == before
+            record_node_event(
+                self.core, node.name, reason="RecordKept" if same else "RecordReset",
+                message=(f"node re-created (uid {before} -> {rec.uid}) with GPUs its record "
+                         "has seen: its history and acknowledgements carry over") if same
+                else (f"another machine under this name (uid {before} -> {rec.uid}, none of "
+                      "its GPUs seen before): it starts a new record"))
         ann, rv = node.annotations, node.resource_version
         for _ in range(4):
             if rec is None:

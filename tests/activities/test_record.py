@@ -8,6 +8,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -327,3 +328,30 @@ async def test_sightings_live_in_the_record_and_one_list_reads_them_all(
     record = stored(cluster, "gpu-node-03")
     assert sorted(x for track in record["sightings"].values() for x, _ in track["seen"]) \
         == [13, 31]
+
+
+def _uuids(gpu_sim: ThreadedGpuSim, node: str) -> list[str]:
+    text = httpx.get(f"{gpu_sim.url}/nodes/{node}/metrics").text
+    return sorted({part.split('"', 2)[1] for line in text.splitlines() if 'UUID="' in line
+                   for part in line.split("UUID=")[1:]})
+
+
+async def test_a_recreated_node_keeps_its_record_and_another_machine_starts_afresh(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    store = RecordStore(cluster.core, NS)
+    same, other = "gpu-node-01", "gpu-node-02"
+    mine = _uuids(gpu_sim, same)
+    assert mine
+    for node, gpus in ((same, mine), (other, ["GPU-from-another-machine"])):
+        store.update(node, lambda cur, node=node, gpus=gpus: NodeRecord(
+            node=node, uid="uid-before", gpus=gpus, history=[entry()],
+            acknowledged={gpus[0]: 79}), NOW)
+    await observe(FleetActivities(cluster.api, template(gpu_sim), record_namespace=NS))
+    kept = stored(cluster, same)
+    assert kept["uid"] == cluster.node(same).metadata.uid and kept["previous_uid"] == "uid-before"
+    assert len(kept["history"]) == 1 and set(mine) <= set(kept["gpus"])
+    assert cluster.events(same, "RecordKept")
+    fresh = stored(cluster, other)
+    assert fresh["uid"] == cluster.node(other).metadata.uid
+    assert fresh.get("history", []) == [] and fresh["gpus"] == _uuids(gpu_sim, other)
+    assert cluster.events(other, "RecordReset")
