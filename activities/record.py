@@ -318,6 +318,8 @@ class RecordStore:
                 return Loaded(node, None)
             raise_typed(err, f"read the record of {node}")
         loaded = parse_configmap(json.loads(raw.data))
+        if not loaded.problem:
+            _reported_unreadable.pop(node, None)  # repaired: a new damage is news again
         return Loaded(node, loaded.record, loaded.resource_version, True, loaded.problem)
 
     def list(self) -> dict[str, Loaded]:
@@ -333,6 +335,8 @@ class RecordStore:
             loaded = parse_configmap(item)
             if loaded.node:
                 out[loaded.node] = loaded
+                if not loaded.problem:
+                    _reported_unreadable.pop(loaded.node, None)
         return out
 
     def _body(self, rec: NodeRecord, rv: str) -> dict[str, Any]:
