@@ -7,9 +7,12 @@ size, the nesting, the types and the ranges of a value before anything trusts it
 ``RecursionError`` on ``"[" * 100000``, turns ``1e999`` into ``inf`` (and ``int(inf)`` raises
 ``OverflowError``), and a naive timestamp makes every later subtraction raise ``TypeError``.
 
-Callers decide what unreadable means: the detector reports that node as unreadable (one
-node, with the reason; the tick goes on), while a release or an abort reads it as empty and
-goes on, so a bad annotation never keeps a node out of service.
+What decides is the node's record (activities/record.py), not these annotations: they mirror
+it. They are read for two things only: seeding a record once, on the upgrade to records
+(unreadable parts seed nothing), and noticing a mirror that disagrees with its record
+(``StateMismatch``: the record wins and rewrites it). A release whose record is unreadable
+writes its history here only, reading an unreadable annotation as empty, so a bad
+annotation never keeps a node out of service.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ def _parse_float(text: str) -> float:
     return value
 
 
-def _depth(text: str) -> int:
+def depth(text: str) -> int:
     """Deepest bracket nesting, counted without recursion (strings skipped)."""
     depth = deepest = 0
     in_string = escaped = False
@@ -100,7 +103,7 @@ def load_json(annotation: str, text: str) -> Any:
     (a ``ValueError``) otherwise."""
     if len(text) > MAX_ANNOTATION_BYTES:
         raise _BadValue(f"{len(text)} characters, more than {MAX_ANNOTATION_BYTES}")
-    if _depth(text) > MAX_DEPTH:
+    if depth(text) > MAX_DEPTH:
         raise _BadValue(f"nested deeper than {MAX_DEPTH}")
     try:
         return json.loads(text, parse_constant=_reject_constant, parse_float=_parse_float)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from kubernetes import client
@@ -41,9 +42,12 @@ def record_node_event(
     reason: str,
     message: str,
     event_type: str = "Normal",
+    before_each_try: Callable[[], None] | None = None,
 ) -> None:
     """Create a core/v1 Event on the node. An Event is best effort: losing one never
-    fails a remediation, so API errors are logged, not raised."""
+    fails a remediation, so API errors are logged, not raised. ``before_each_try``: called
+    before every attempt (a drain heartbeats there, so retries never outlast its heartbeat
+    timeout)."""
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = {
         "apiVersion": "v1",
@@ -63,6 +67,8 @@ def record_node_event(
     }
     event = client.CoreV1Event.model_validate(body)
     for attempt, pause in enumerate(EVENT_RETRY_PAUSES):
+        if before_each_try is not None:
+            before_each_try()
         try:
             core.create_namespaced_event(_namespace, event, _request_timeout=REQUEST_TIMEOUT)
             return

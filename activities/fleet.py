@@ -14,11 +14,11 @@ admission report in activities/admission_report.py.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -27,10 +27,11 @@ from temporalio import activity
 from activities import metrics
 from activities.admission_report import AdmissionReporting
 from activities.counter_rates import CounterRates
+from activities.events import record_node_event
 from activities.exporter_settings import ExporterSettings
-from activities.fleet_nodes import GpuNode, NodeListing, _gpu_node
+from activities.fleet_nodes import GpuNode, NodeListing
 from activities.kube import REQUEST_TIMEOUT
-from activities.node_keys import A_ACK_XIDS, A_XID_SIGHTINGS, STATE_LABEL, TAINT_KEY
+from activities.node_keys import HISTORY_LIMIT, STATE_LABEL, TAINT_KEY
 from activities.nodes import NodeActivities
 from activities.notices import (
     APPLICATION_XID,
@@ -46,10 +47,23 @@ from activities.notices import send as send_notices
 from activities.observation_budget import bound_observation
 from activities.orphans import OrphanActivities
 from activities.prometheus_source import PrometheusSource
+from activities.record import (
+    MIRROR_KINDS,
+    STATE_MISMATCH,
+    Loaded,
+    NodeRecord,
+    RecordStore,
+    RecordUnreadable,
+    mirror_annotations,
+    mirror_mismatches,
+    reconcile_identity,
+    report_unreadable,
+    seed_from_annotations,
+)
 from activities.scrape import ExporterReading
 from activities.thermal import ThermalActivities
 from activities.visibility import lease_statuses
-from activities.xid_sightings import Tracks, dump_tracks, new_warnings, observe, repeat_counts
+from activities.xid_sightings import Tracks, new_warnings, observe, repeat_counts
 from policy.models import NODE_ACTIONS, Action, NodeReadings, Verdict
 from policy.rules import (
     LINK_SIGNALS,
@@ -75,26 +89,60 @@ def _still_shown(acked: dict[str, int], readings: NodeReadings) -> dict[str, int
     return {k: v for k, v in acked.items() if shown.get(k) == v}
 
 
-def _learned(node: GpuNode, r: NodeReadings, inp: ObserveInput,
-             now: float) -> tuple[Tracks, dict[str, str | None]]:
-    """What one observation teaches about a node: its XID tracks (for the verdict) and the
-    annotations to write (empty when nothing changed).
+RecordChange = Callable[[NodeRecord | None], NodeRecord | None]
 
-    Only a node in service learns: one in remediation has its XIDs being handled, and its
-    release rewrites the same annotations. Dry-run writes nothing.
-    """
+
+def _next_record(node: GpuNode, base: NodeRecord, r: NodeReadings, inp: ObserveInput,
+                 now: float) -> NodeRecord:
+    """The node's record after one observation of it: its identity checked against the GPUs
+    it shows (activities/record.py, ``reconcile_identity``) and, for a node in service, its
+    XID sightings and the acknowledgements it still shows. A node in remediation has its XIDs
+    being handled; its release writes them."""
+    rec, _ = reconcile_identity(base, node.uid, {g.uuid for g in r.gpus if g.uuid},
+                                datetime.fromtimestamp(now, UTC))
     if node.state != NodeState.HEALTHY:
-        return node.xid_tracks, {}
-    annotations: dict[str, str | None] = {}
-    tracks = node.xid_tracks
+        return rec
     if inp.track_xid_repeats:
-        tracks = observe(node.xid_tracks, r, inp.policy, now)
-        if (text := dump_tracks(tracks)) != dump_tracks(node.xid_tracks):
-            annotations[A_XID_SIGHTINGS] = text
-    kept = _still_shown(node.acknowledged, r)
-    if kept != node.acknowledged:
-        annotations[A_ACK_XIDS] = json.dumps(kept, sort_keys=True) if kept else None
-    return tracks, annotations
+        rec = rec.model_copy(update={"sightings": observe(rec.sightings, r, inp.policy, now)})
+    return rec.model_copy(update={"acknowledged": _still_shown(rec.acknowledged, r)})
+
+
+def _same(a: NodeRecord, b: NodeRecord) -> bool:
+    return a.model_dump(exclude={"updated"}) == b.model_dump(exclude={"updated"})
+
+
+def _record_change(node: GpuNode, r: NodeReadings, inp: ObserveInput,
+                   now: float) -> RecordChange:
+    """What one observation does to the node's record, applied to the record as it is when
+    written (a 409 applies it again to the fresh one). None: nothing to write. A node without
+    a record is seeded from its annotations (the upgrade to records), written only when
+    there is something to keep."""
+    def change(current: NodeRecord | None) -> NodeRecord | None:
+        base = current if current is not None else seed_from_annotations(
+            node.name, node.uid, node.annotations, datetime.fromtimestamp(now, UTC))
+        new = _next_record(node, base, r, inp, now)
+        if current is None:
+            keep = new.history or new.acknowledged or new.sightings or \
+                new.seeded_from_annotations
+            return new if keep else None
+        return None if _same(new, current) else new
+    return change
+
+
+def _learned(node: GpuNode, r: NodeReadings, inp: ObserveInput,
+             now: float) -> tuple[Tracks, RecordChange | None]:
+    """What one observation teaches about a node: its XID tracks (for the verdict) and the
+    change to write to its record (None: nothing changed). An unreadable record is never
+    written; the node is judged with no acknowledgements and no sightings."""
+    if node.record is None:
+        return {}, None
+    change = _record_change(node, r, inp, now)
+    new = change(node.record if node.record_exists else None)
+    after = new or node.record
+    # The verdict judges by the record as this observation leaves it (a replaced machine
+    # inherits no acknowledgement).
+    node.acknowledged = dict(after.acknowledged)
+    return after.sightings, (change if new is not None else None)
 
 
 NOTICE_REPEAT = timedelta(hours=6)
@@ -114,9 +162,15 @@ async def _heartbeat_every(seconds: float) -> None:
 class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
                       ExporterReading, NodeListing):
     def __init__(self, api: client.ApiClient, exporter: ExporterSettings, *,
-                 prometheus: PrometheusSource | None = None, node_selector: str = "") -> None:
+                 prometheus: PrometheusSource | None = None, node_selector: str = "",
+                 record_namespace: str | None = None) -> None:
         self.core = client.CoreV1Api(api)
-        self.nodes = NodeActivities(api)
+        self.nodes = NodeActivities(api, record_namespace)
+        self.records = RecordStore(self.core, record_namespace)
+        """The node records (activities/record.py); None: ``record.set_record_namespace``'s."""
+        self._records_lock = threading.Lock()
+        self._records_listed: tuple[float, dict[str, Loaded]] | None = None
+        self._mismatch_reported: dict[str, str] = {}
         self.exporter = exporter
         self.prometheus = prometheus
         """The Prometheus source that ``exporter.mode == "prometheus"`` reads."""
@@ -156,21 +210,28 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         listed = [n for n in await asyncio.to_thread(self.list_gpu_nodes)
                   if shard_of(n.name, inp.shards) == inp.shard]
         nodes = [n for n in listed if not n.excluded]
-        # A node whose annotations cannot be read is unreadable (that node only, with the
-        # reason), never judged on half its state; its remediation, if any, goes on.
+        # Acknowledgements and sightings from the records (one List per tick), never from
+        # the annotations: those only mirror them.
+        records = await asyncio.to_thread(self.list_records)
+        now_dt = datetime.now(UTC)
+        for n in nodes:
+            n.use_record(records.get(n.name), now_dt)
         names = [n.name for n in nodes if not n.unreadable]
         readings, errors = await self.read_many(names, nodes, inp.policy.links)
         errors.update({n.name: f"{n.name}: {n.unreadable}" for n in nodes if n.unreadable})
         verdicts: list[Verdict] = []
         app_only: list[Verdict] = []
         xid_warnings: list[Notice] = []
-        writes: list[tuple[GpuNode, NodeReadings, dict[str, str | None]]] = []
+        writes: list[tuple[GpuNode, RecordChange | None]] = []
         now = time.time()
         for node in nodes:
             r = readings.get(node.name)
             if r is None:
+                if node.record is not None and mirror_mismatches(
+                        node.record, node.annotations, HISTORY_LIMIT, now_dt):
+                    writes.append((node, None))
                 continue
-            tracks, annotations = _learned(node, r, inp, now)
+            tracks, change = _learned(node, r, inp, now)
             verdict = evaluate_node(r, inp.policy, acknowledged_xids=node.acknowledged,
                                     xid_repeats=repeat_counts(tracks, inp.policy, now))
             # alert and diagnose are reported (Events, metric), never admitted: see
@@ -185,13 +246,14 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
                     Notice(node=node.name, reason=w.reason, message=w.message,
                            fingerprint=f"{w.finding.gpu}/{w.finding.value:g}/{now}")
                     for w in new_warnings(node.xid_tracks, tracks, verdict, inp.policy, now))
-            if annotations:
-                writes.append((node, r, annotations))
+            if change is not None or node.record is None or mirror_mismatches(
+                    node.record, node.annotations, HISTORY_LIMIT, now_dt):
+                writes.append((node, change))
         # What the tick learned is written only by the detector's own observation: not in
         # its dry-run (track_xid_repeats off), not outside a worker (`gpu-remediate plan`
         # changes nothing; its verdicts use the same tracks, kept in memory).
         if inp.track_xid_repeats and activity.in_activity():
-            await self._annotate_many(writes, inp, now)
+            await self._record_many(writes, records, now_dt)
         labelled = [n for n in listed if n.state != NodeState.HEALTHY]
         orphans = await self.find_orphans(labelled)
         # Ours is what carries our taint or has its remediation running. A state label
@@ -293,44 +355,96 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         for n in sent:
             metrics.NODE_EVENTS.labels(n.reason).inc()
 
-    async def _annotate_many(
-            self, writes: list[tuple[GpuNode, NodeReadings, dict[str, str | None]]],
-            inp: ObserveInput, now: float, attempts: int = 4) -> None:
-        """Write what this tick learned: acknowledgements the exporter no longer shows
-        (it restarted, the XID series reset; the same XID again counts as new) and XID
-        sightings. Each patch is conditional on the node's resourceVersion; on a conflict
-        (a kubelet heartbeat, a claim, a release) the node is read again and what to write
-        is recomputed from its fresh annotations, so nothing is lost and a concurrent
-        release is never overwritten with stale sightings."""
+    def _report_mismatch(self, node: GpuNode) -> None:
+        """Count and announce a mirror that disagrees with the record, once per change: the
+        same disagreement tick after tick (a write that keeps failing) is not news."""
+        if node.record is None:
+            return
+        found = mirror_mismatches(node.record, node.annotations, HISTORY_LIMIT,
+                                  datetime.now(UTC))
+        if not found:
+            self._mismatch_reported.pop(node.name, None)
+            return
+        signature = repr(sorted((k, node.annotations.get(k, "")) for k in found))
+        if self._mismatch_reported.get(node.name) == signature:
+            return
+        self._mismatch_reported[node.name] = signature
+        for key in found:
+            STATE_MISMATCH.labels(MIRROR_KINDS[key]).inc()
+        record_node_event(
+            self.core, node.name, reason="StateMismatch", event_type="Warning",
+            message="the node's annotations disagree with the controller's record, which "
+                    "decides and rewrites them: " + "; ".join(found.values()))
+
+    def _write_record(self, node: GpuNode, change: RecordChange | None, known: Loaded | None,
+                      now: datetime) -> None:
+        """The record first (guarded by resourceVersion), then its mirror on the node
+        (guarded too: a 409 re-reads node and record and recomputes, so a concurrent
+        release's mirror is never overwritten with an older record)."""
+        if node.record_problem:
+            report_unreadable(self.core, node.name, node.record_problem)
+            return
+        self._report_mismatch(node)
+        rec = node.record
+        try:
+            if change is not None:
+                rec = self.records.update(node.name, change, now, known) or rec
+        except RecordUnreadable as err:
+            report_unreadable(self.core, node.name, err.problem)
+            return
+        before = node.record.uid if node.record is not None else ""
+        if rec is not None and before and rec.uid != before:
+            # The name came back under another UID: the GPUs said which machine it is.
+            same = rec.previous_uid == before
+            record_node_event(
+                self.core, node.name, reason="RecordKept" if same else "RecordReset",
+                message=(f"node re-created (uid {before} -> {rec.uid}) with GPUs its record "
+                         "has seen: its history and acknowledgements carry over") if same
+                else (f"another machine under this name (uid {before} -> {rec.uid}, none of "
+                      "its GPUs seen before): it starts a new record"))
+        ann, rv = node.annotations, node.resource_version
+        for _ in range(4):
+            if rec is None:
+                return
+            diff = mirror_mismatches(rec, ann, HISTORY_LIMIT, now)
+            if not diff:
+                return
+            want = mirror_annotations(rec, HISTORY_LIMIT)
+            meta: dict[str, object] = {"annotations": {k: want[k] for k in diff}}
+            if rv:
+                meta["resourceVersion"] = rv
+            try:
+                self.core.patch_node(node.name, {"metadata": meta},
+                                     _request_timeout=REQUEST_TIMEOUT)
+                return
+            except ApiException as err:
+                if err.status != 409:
+                    log.warning("could not mirror the record on %s: %s", node.name, err.status)
+                    return
+            try:
+                fresh = self.core.read_node(node.name, _request_timeout=REQUEST_TIMEOUT)
+                loaded = self.records.read(node.name)
+            except ApiException as err:
+                log.warning("could not re-read %s: %s", node.name, err.status)
+                return
+            ann = dict(fresh.metadata.annotations or {}) if fresh.metadata else {}
+            rv = (fresh.metadata.resource_version if fresh.metadata else "") or ""
+            rec = loaded.record if loaded.record is not None else rec
+
+    async def _record_many(self, writes: list[tuple[GpuNode, RecordChange | None]],
+                           records: dict[str, Loaded], now: datetime) -> None:
+        """Write what this tick learned to the records (acknowledgements the exporter no
+        longer shows, XID sightings, identity) and their mirrors, 8 nodes at a time."""
         sem = asyncio.Semaphore(8)
 
-        async def one(node: GpuNode, r: NodeReadings,
-                      annotations: dict[str, str | None]) -> None:
-            for attempt in range(attempts):
-                meta: dict[str, object] = {"annotations": annotations}
-                if node.resource_version:
-                    meta["resourceVersion"] = node.resource_version
+        async def one(node: GpuNode, change: RecordChange | None) -> None:
+            async with sem:
                 try:
-                    async with sem:
-                        await asyncio.to_thread(self.core.patch_node, node.name,
-                                                {"metadata": meta},
-                                                _request_timeout=REQUEST_TIMEOUT)
-                    return
-                except ApiException as err:
-                    if err.status != 409 or attempt == attempts - 1:
-                        log.warning("could not update %s on %s: %s",
-                                    ", ".join(sorted(annotations)), node.name, err.status)
-                        return
-                try:
-                    async with sem:
-                        fresh = await asyncio.to_thread(self.core.read_node, node.name,
-                                                        _request_timeout=REQUEST_TIMEOUT)
-                except ApiException as err:
-                    log.warning("could not re-read %s: %s", node.name, err.status)
-                    return
-                node = _gpu_node(fresh)
-                _, annotations = _learned(node, r, inp, now)
-                if not annotations:
-                    return  # taken into remediation, or someone wrote the same
+                    # Not listed: none yet (a create that finds one is a 409, read again).
+                    await asyncio.to_thread(self._write_record, node, change,
+                                            records.get(node.name) or Loaded(node.name, None),
+                                            now)
+                except Exception as err:  # one node's record never fails the observation
+                    log.warning("could not write the record of %s: %s", node.name, err)
 
-        await asyncio.gather(*(one(n, r, a) for n, r, a in writes))
+        await asyncio.gather(*(one(n, c) for n, c in writes))

@@ -2,9 +2,11 @@
 
 Listing (with a node selector, the selected nodes plus every node in remediation), the
 slim parse of the raw NodeList, and what each node's labels, taints and annotations say:
-its remediation state (failing closed), opt-out, our workflow, acknowledged XIDs, XID
-sightings and other controllers at work. ``NodeListing`` is a part of
-``FleetActivities`` (activities/fleet.py), which sets up the state it reads.
+its remediation state (failing closed), opt-out, our workflow and other controllers at work.
+Acknowledged XIDs and XID sightings come from the node's record (activities/record.py, one
+List of the records per tick), never from its annotations, which only mirror it.
+``NodeListing`` is a part of ``FleetActivities`` (activities/fleet.py), which sets up the
+state it reads.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from kubernetes import client
@@ -32,6 +35,7 @@ from activities.node_keys import (
     STATE_LABEL,
     TAINT_KEY,
 )
+from activities.record import Loaded, NodeRecord, RecordStore, seed_from_annotations
 from activities.xid_sightings import Tracks
 from workflows.ids import remediation_workflow_id
 from workflows.transitions import NodeState
@@ -59,6 +63,30 @@ class GpuNode:
     unschedulable: bool = False
     tainted: bool = False
     """Carries our taint: the one marker of ours a kubelet cannot write (see _state)."""
+    uid: str = ""
+    annotations: dict[str, str] = field(default_factory=dict)
+    record: NodeRecord | None = None
+    """The node's record (``use_record``); a seed from its annotations while it has none;
+    None when it is unreadable (``record_problem``)."""
+    record_exists: bool = False
+    record_problem: str = ""
+
+    def use_record(self, loaded: Loaded | None, now: datetime) -> None:
+        """Take acknowledged XIDs and sightings from the node's record: the annotations'
+        values (and whether they could be read) no longer decide anything. Without a record
+        (the upgrade to records) they seed one, once. An unreadable record leaves none: no
+        acknowledgement (every XID shown counts) and no sightings."""
+        self.unreadable = ""
+        if loaded is not None and loaded.problem:
+            self.record, self.record_exists, self.record_problem = None, True, loaded.problem
+            self.acknowledged, self.xid_tracks = {}, {}
+            return
+        if loaded is not None and loaded.record is not None:
+            self.record, self.record_exists = loaded.record, True
+        else:
+            self.record = seed_from_annotations(self.name, self.uid, self.annotations, now)
+        self.acknowledged = dict(self.record.acknowledged)
+        self.xid_tracks = dict(self.record.sightings)
 
 
 def _state(value: str | None, tainted: bool = False) -> tuple[NodeState, str]:
@@ -102,7 +130,7 @@ def _slim_nodes(body: bytes) -> list[client.V1Node]:
                   for t in spec.get("taints") or []]
         nodes.append(client.V1Node(
             metadata=client.V1ObjectMeta(
-                name=md.get("name"), labels=md.get("labels"),
+                name=md.get("name"), labels=md.get("labels"), uid=md.get("uid"),
                 annotations=md.get("annotations"),
                 resource_version=md.get("resourceVersion")),
             spec=client.V1NodeSpec(unschedulable=spec.get("unschedulable"),
@@ -151,12 +179,7 @@ def _gpu_node(n: client.V1Node) -> GpuNode:
                    "; ".join(x for x in (note, exclude_note) if x),
                    neighbour_hold(labels, ann, _taint_keys(n)),
                    bool(getattr(getattr(n, "spec", None), "unschedulable", False)),
-                   _tainted(n))
-
-
-def _acknowledged(text: str | None) -> dict[str, int]:
-    # The one defensive reader (activities/annotations.py); unreadable reads as none here.
-    return node_annotations.parse_acknowledged(A_ACK_XIDS, text).value
+                   _tainted(n), getattr(n.metadata, "uid", None) or "", ann)
 
 
 class NodeListing:
@@ -164,8 +187,23 @@ class NodeListing:
 
     core: client.CoreV1Api
     node_selector: str
+    records: RecordStore
     _list_lock: threading.Lock
     _listed: tuple[float, list[client.V1Node]] | None
+    _records_lock: threading.Lock
+    _records_listed: tuple[float, dict[str, Loaded]] | None
+
+    def list_records(self) -> dict[str, Loaded]:
+        """Every node's record, by node name: one List per observation, shared by the shards
+        of one tick running here at once as the node list is (``_list_nodes``)."""
+        called = time.monotonic()
+        with self._records_lock:
+            shared = self._records_listed
+            if shared is not None and shared[0] >= called:
+                return shared[1]
+            records = self.records.list()
+            self._records_listed = (time.monotonic(), records)
+            return records
 
     def _list_nodes(self) -> list[client.V1Node]:
         """Every node, or with a selector the selected ones plus every node in remediation:
@@ -227,8 +265,16 @@ class NodeListing:
         return nodes
 
     def acknowledged_xids(self, node: str) -> dict[str, int]:
+        """The node's acknowledged XIDs from its record; none (every XID shown counts) when
+        it is unreadable; from its annotations while it has no record yet."""
+        loaded = self.records.read(node)
+        if loaded.problem:
+            return {}
+        if loaded.record is not None:
+            return dict(loaded.record.acknowledged)
         try:
             n = self.core.read_node(node, _request_timeout=REQUEST_TIMEOUT)
         except ApiException as err:
             raise_typed(err, f"read node {node}")
-        return _acknowledged(meta_dict(n, "annotations").get(A_ACK_XIDS))
+        return node_annotations.parse_acknowledged(
+            A_ACK_XIDS, meta_dict(n, "annotations").get(A_ACK_XIDS)).value

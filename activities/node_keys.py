@@ -1,8 +1,10 @@
 """The label, annotation and taint keys this controller writes on nodes.
 
-Everything durable about a remediation lives on the node under one prefix, so
-``kubectl get nodes -L gpu-remediate.io/state`` shows the fleet's state and a
-crash of every worker loses nothing.
+A remediation in flight is visible on its node under one prefix, so
+``kubectl get nodes -L gpu-remediate.io/state`` shows the fleet's state. What the controller
+remembers across remediations (history, acknowledged XIDs, XID sightings) lives in the node's
+record (activities/record.py), where a kubelet cannot write; the annotations of those names
+only mirror it.
 """
 
 import hashlib
@@ -47,6 +49,7 @@ IN_FLIGHT_ANNOTATIONS = (A_REASON, A_ACTION, A_STEP, A_WORKFLOW, A_RUN, A_SINCE,
                          A_PRECORDONED, A_ORPHAN, A_ADDED_MARKS)
 
 HISTORY_LIMIT = 20
+"""Entries the history annotation mirrors (the record keeps more: activities/record.py)."""
 
 # A label value holds at most 63 characters; a node name may have up to 253.
 LABEL_VALUE_MAX = 63

@@ -46,6 +46,15 @@ from activities.node_keys import (
     STATE_LABEL,
     TAINT_KEY,
 )
+from activities.record import (
+    NodeRecord,
+    RecordStore,
+    RecordUnreadable,
+    mirror_annotations,
+    report_unreadable,
+    seed_from_annotations,
+    with_release,
+)
 from activities.xid_sightings import clear_sightings, dump_tracks, parse_tracks
 from workflows import errors
 from workflows.messages import ClaimInput, ClaimResult, HistoryEntry, ReleaseInput, StateInput
@@ -56,6 +65,9 @@ log = logging.getLogger(__name__)
 _HISTORY = TypeAdapter(list[HistoryEntry])
 MERGE_PATCH = "application/merge-patch+json"
 CONFLICT_RETRIES = 8
+RECORD_UNREADABLE = "RecordUnreadable"
+"""The type of a claim's failure while the node's record cannot be parsed: retried, so
+the claim goes on once an operator repairs or deletes the record."""
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
 
@@ -109,11 +121,37 @@ def _observe_state_time(node: Any, now: datetime) -> None:
     metrics.STATE_SECONDS.labels(state).observe(max(0.0, (now - started).total_seconds()))
 
 
+def _claim_landed(ann: dict[str, str], inp: ReleaseInput) -> bool:
+    """Whether the node carries this remediation's claim (an abort may come before the claim
+    reported back)."""
+    return ann.get(A_WORKFLOW) == inp.history.workflow_id and \
+        (not inp.run_id or ann.get(A_RUN) == inp.run_id)
+
+
+def _annotations_only(ann: dict[str, str], inp: ReleaseInput) -> dict[str, str | None]:
+    """The release's history and acknowledgements merged into the node's annotations, for a
+    node whose record cannot be read (kept untouched as evidence)."""
+    history = [h for h in parse_history(ann.get(A_HISTORY))
+               if h.workflow_id != inp.history.workflow_id
+               or h.started != inp.history.started]
+    history = [*history, inp.history][-HISTORY_LIMIT:]
+    out: dict[str, str | None] = {A_HISTORY: _HISTORY.dump_json(history).decode()}
+    if inp.acknowledged_xids:
+        acked = parse_acknowledged(ann.get(A_ACK_XIDS))
+        acked.update(inp.acknowledged_xids)
+        out[A_ACK_XIDS] = json.dumps(acked, sort_keys=True)
+        # Repeat escalation counts from this repair on.
+        if tracks := parse_tracks(ann.get(A_XID_SIGHTINGS)):
+            out[A_XID_SIGHTINGS] = dump_tracks(clear_sightings(tracks, inp.acknowledged_xids))
+    return out
+
+
 class NodeActivities:
     """Claim, state changes and release of a node (sync: run in the worker's thread pool)."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, record_namespace: str | None = None) -> None:
         self.core = client.CoreV1Api(api)
+        self.records = RecordStore(self.core, record_namespace)
 
     # A JSON merge patch replaces the taint list whole, so it is always sent with the
     # resourceVersion it was computed from: someone else's concurrent taint makes it 409.
@@ -145,10 +183,38 @@ class NodeActivities:
                 raise_typed(err, f"patch node {name}", node_itself=True)
         raise ApplicationError(f"node {name} kept changing under us", type=errors.CONFLICT)
 
+    def _read_node(self, name: str) -> Any:
+        try:
+            return self.core.read_node(name, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            raise_typed(err, f"read node {name}", node_itself=True)
+
+    def _claim_record(self, inp: ClaimInput) -> NodeRecord | None:
+        """The node's record, read before anything is written to the node (None: none yet).
+        Unreadable: the claim fails, retried, and touches nothing (a history nobody can read
+        must not make a repeat offender look new)."""
+        loaded = self.records.read(inp.node)
+        if loaded.problem:
+            report_unreadable(self.core, inp.node, loaded.problem)
+            raise ApplicationError(str(RecordUnreadable(inp.node, loaded.problem)),
+                                   type=RECORD_UNREADABLE)
+        return loaded.record
+
+    def _seed_record(self, inp: ClaimInput, seeded: NodeRecord) -> None:
+        """A node without a record yet (the upgrade to records): the one written from its
+        annotations at the claim, so that from now on they decide nothing."""
+        try:
+            self.records.update(inp.node, lambda cur: cur or seeded, inp.now)
+        except RecordUnreadable as err:  # written unreadable since our read
+            report_unreadable(self.core, inp.node, err.problem)
+            raise ApplicationError(str(err), type=RECORD_UNREADABLE) from err
+
     @activity.defn
     def claim_node(self, inp: ClaimInput) -> ClaimResult:
-        """Cordon, taint, label and annotate the node in one guarded patch."""
+        """Cordon, taint, label and annotate the node in one guarded patch, once its history
+        is read from its record (activities/record.py), never from its annotations."""
         seen: dict[str, Any] = {}
+        record = self._claim_record(inp)
 
         def build(node: Any) -> dict[str, Any] | None:
             ann = meta_dict(node, "annotations")
@@ -159,7 +225,12 @@ class NodeActivities:
             # A retry of our own claim must not mistake our cordon for an admin's.
             pre = ann.get(A_PRECORDONED) == "true" if mine else bool(node.spec.unschedulable)
             seen["pre"] = pre
-            seen["history"] = parse_history(ann.get(A_HISTORY))
+            # From the record; a node without one yet is seeded from its annotations
+            # (written below): the last time they are trusted.
+            source = record or seed_from_annotations(inp.node, node.metadata.uid or "", ann,
+                                                     inp.now)
+            seen["seed"] = None if record else source
+            seen["history"] = list(source.history)
             # The GPUs to expect back: the node's declared count (GPU feature discovery),
             # or its capacity if larger. Capacity alone misses a GPU already gone at claim.
             capacity = (node.status.capacity or {}) if node.status else {}
@@ -198,6 +269,8 @@ class NodeActivities:
             }
 
         self._patch_guarded(inp.node, build)
+        if seen["seed"] is not None and not inp.dry_run:
+            self._seed_record(inp, seen["seed"])
         if not seen["mine"]:
             metrics.REMEDIATIONS_STARTED.labels(inp.action.value, str(inp.dry_run).lower()).inc()
         metrics.REMEDIATION_TRANSITIONS.labels(inp.state.value, str(inp.dry_run).lower()).inc()
@@ -242,6 +315,34 @@ class NodeActivities:
             event_type=inp.event_type,
         )
 
+    def _release_record(self, inp: ReleaseInput) -> NodeRecord | None:
+        """Write the remediation's end to the node's record, before the node is touched:
+        the history entry, the XIDs it remediated, their sightings cleared. None when there
+        is nothing to write (the claim never landed; another machine under the name) or the
+        record is unreadable: then it is kept as it is (never overwritten), reported, and the
+        release goes on (a record must never keep a node out of service), writing to the
+        annotations only."""
+        node = self._read_node(inp.node)
+        ann = meta_dict(node, "annotations")
+        uid = (node.metadata.uid if node.metadata else "") or ""
+        if inp.uid and uid != inp.uid:
+            return None  # the guarded patch refuses it (NodeGone)
+        if inp.claim_unconfirmed and not _claim_landed(ann, inp):
+            return None
+        now = inp.history.finished or inp.history.started
+
+        def change(current: NodeRecord | None) -> NodeRecord:
+            base = current or seed_from_annotations(inp.node, uid, ann, now)
+            if not base.uid:
+                base = base.model_copy(update={"uid": uid})
+            return with_release(base, inp.history, inp.acknowledged_xids)
+
+        try:
+            return self.records.update(inp.node, change, now)
+        except RecordUnreadable as err:
+            report_unreadable(self.core, inp.node, err.problem)
+            return None
+
     @activity.defn
     def release_node(self, inp: ReleaseInput) -> None:
         """End a remediation: record history, then return the node or keep it quarantined.
@@ -251,18 +352,20 @@ class NodeActivities:
         """
         untouched: list[bool] = []
         kept: list[bool] = []
+        record: NodeRecord | None = None
         if not inp.dry_run:
+            record = self._release_record(inp)
+
             def build(node: Any) -> dict[str, Any] | None:
                 kept.clear()  # computed again from each fresh read
                 ann = meta_dict(node, "annotations")
                 uncordon = inp.uncordon
+                if inp.claim_unconfirmed and not _claim_landed(ann, inp):
+                    untouched.append(True)
+                    return None
                 if inp.claim_unconfirmed:
-                    # Aborted before the claim reported back: the node is ours only if the
-                    # claim's patch landed, and then its annotation says who cordoned first.
-                    if ann.get(A_WORKFLOW) != inp.history.workflow_id or \
-                            (inp.run_id and ann.get(A_RUN) != inp.run_id):
-                        untouched.append(True)
-                        return None
+                    # Aborted before the claim reported back: the node is ours (the claim's
+                    # patch landed), and its annotation says who cordoned first.
                     uncordon = ann.get(A_PRECORDONED) != "true"
                 if uncordon and meta_dict(node, "labels").get(EXCLUDE_LABEL) == "true":
                     # An admin took the node over during the remediation (`kubectl cordon`
@@ -271,22 +374,14 @@ class NodeActivities:
                     uncordon = False
                     kept.append(True)
                 _observe_state_time(node, inp.history.finished or inp.history.started)
-                history = [h for h in parse_history(ann.get(A_HISTORY))
-                           if h.workflow_id != inp.history.workflow_id
-                           or h.started != inp.history.started]
-                history = [*history, inp.history][-HISTORY_LIMIT:]
                 annotations: dict[str, str | None] = {
-                    A_HISTORY: _HISTORY.dump_json(history).decode(),
                     A_TRANSITION: (inp.history.finished or inp.history.started).isoformat(),
                 }
-                if inp.acknowledged_xids:
-                    acked = parse_acknowledged(ann.get(A_ACK_XIDS))
-                    acked.update(inp.acknowledged_xids)
-                    annotations[A_ACK_XIDS] = json.dumps(acked, sort_keys=True)
-                    # Repeat escalation counts from this repair on.
-                    if tracks := parse_tracks(ann.get(A_XID_SIGHTINGS)):
-                        annotations[A_XID_SIGHTINGS] = dump_tracks(
-                            clear_sightings(tracks, inp.acknowledged_xids))
+                if record is not None:
+                    # The record is written: the annotations mirror it, whatever they held.
+                    annotations.update(mirror_annotations(record, HISTORY_LIMIT))
+                else:
+                    annotations.update(_annotations_only(ann, inp))
                 spec: dict[str, Any] = {}
                 if inp.outcome == Outcome.QUARANTINED:
                     state = NodeState.QUARANTINED.value

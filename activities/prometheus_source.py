@@ -326,7 +326,7 @@ def assemble_readings(
     thermal_hold: timedelta,
     clock_mode: ClockMode = "held",
     policy: PolicySettings | None = None,
-    acknowledged_xids: Mapping[str, int] | None = None,
+    acknowledged_by_node: Mapping[str, Mapping[str, int]] | None = None,
 ) -> PrometheusRead:
     """Fold parsed query answers into one ``NodeReadings`` per requested node (pure, no I/O).
 
@@ -335,7 +335,9 @@ def assemble_readings(
     differently when the window still holds older series (exporter down or target dropped).
     """
     config = policy or PolicySettings()
-    acked = acknowledged_xids or {}
+    # Keyed by (node, GPU UUID), never by UUID alone: one node's acknowledgement (its
+    # record, or a forged annotation) must not hide another node's XID.
+    acked = acknowledged_by_node or {}
     wanted = set(nodes)
     out = PrometheusRead()
     gpus: dict[str, dict[str, _Gpu]] = {}
@@ -475,7 +477,7 @@ def assemble_readings(
         for key, gpu in per_node.items():
             fields: dict[str, Any] = dict(gpu.values)
             if gpu.xids:
-                chosen = choose_xid(gpu.xids, config, acked.get(key))
+                chosen = choose_xid(gpu.xids, config, (acked.get(node) or {}).get(key))
                 fields["xid"] = chosen
                 ordered = sorted(gpu.xids, key=lambda x: (gpu.xid_first[x], x))
                 out.xids_seen.setdefault(node, {})[key] = ordered
@@ -656,7 +658,7 @@ class PrometheusSource:
         nodes: list[str],
         *,
         thermal_hold: timedelta,
-        acknowledged_xids: Mapping[str, int] | None = None,
+        acknowledged_by_node: Mapping[str, Mapping[str, int]] | None = None,
     ) -> PrometheusRead:
         """``read`` with the side information (every XID seen, clock reasons seen, warnings)."""
         if not nodes:
@@ -709,7 +711,7 @@ class PrometheusSource:
             thermal_hold=thermal_hold,
             clock_mode=self.clock_mode,
             policy=self.policy,
-            acknowledged_xids=acknowledged_xids,
+            acknowledged_by_node=acknowledged_by_node,
         )
         out.warnings = warnings
         return out
@@ -719,17 +721,18 @@ class PrometheusSource:
         nodes: list[str],
         *,
         thermal_hold: timedelta,
-        acknowledged_xids: Mapping[str, int] | None = None,
+        acknowledged_by_node: Mapping[str, Mapping[str, int]] | None = None,
     ) -> tuple[dict[str, NodeReadings], dict[str, str]]:
         """``(readings, errors)`` for ``nodes``, the shape ``FleetActivities.scrape_many`` returns.
 
         Every requested node is in exactly one of the two maps. ``thermal_hold``: how long a
         temperature (and, in ``held`` mode, a clock-event reason) must have lasted to count; zero
-        reads the last value instead. ``acknowledged_xids`` (GPU key -> XID already remediated)
-        only steers which XID a reading carries when the window holds several.
+        reads the last value instead. ``acknowledged_by_node`` (node -> GPU key -> XID already
+        remediated there) only steers which XID a reading carries when the window holds
+        several.
         """
         result = await self.read_detailed(
-            nodes, thermal_hold=thermal_hold, acknowledged_xids=acknowledged_xids
+            nodes, thermal_hold=thermal_hold, acknowledged_by_node=acknowledged_by_node
         )
         return result.readings, result.errors
 

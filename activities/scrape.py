@@ -183,10 +183,9 @@ class ExporterReading:
             dict[str, NodeReadings], dict[str, str]]:
         prom = self.prometheus
         if self.exporter.mode == "prometheus" and prom is not None:
-            acked = {k: v for n in nodes for k, v in n.acknowledged.items()}
             readings, errors = await prom.read(
                 names, thermal_hold=self.exporter.prometheus_thermal_hold,
-                acknowledged_xids=acked)
+                acknowledged_by_node={n.name: n.acknowledged for n in nodes})
             for _ in errors:
                 metrics.SCRAPE_ERRORS.labels("prometheus").inc()
             return readings, errors

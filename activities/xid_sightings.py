@@ -3,8 +3,9 @@
 NVIDIA's workflow for application-class XIDs (13, 31, 32, ...) is "no node action, unless it
 keeps happening on the same GPU". One scrape cannot tell: the ``DCGM_FI_DEV_XID_ERRORS`` gauge
 holds only the last XID number. So the detector remembers, per GPU, what it saw last and when
-each app XID appeared, in a node annotation (state lives on the node, survives worker and
-detector restarts, and is visible with ``kubectl``). A *sighting* is:
+each app XID appeared, in the node's record (activities/record.py: a ConfigMap a kubelet cannot
+write, so a node cannot wipe its own sightings; it survives worker and detector restarts) and
+mirrored in a node annotation for ``kubectl``. A *sighting* is:
 
 - the gauge changing to an app XID (a new value; the same value tick after tick is one event);
 - a rise of the exporter's opt-in ``DCGM_EXP_XID_ERRORS_COUNT{xid=...}`` (occurrences in a

@@ -33,7 +33,12 @@ from policy.config import PolicySettings
 from policy.fields import unknown_fields
 from worker.yamlfile import load_yaml
 from workflows.ids import TASK_QUEUE, observe_task_queue
-from workflows.settings import DetectorSettings, RemediationSettings
+from workflows.settings import (
+    POOL_LABEL,
+    DetectorSettings,
+    RemediationSettings,
+    node_writable_label,
+)
 
 
 class _Section(BaseModel):
@@ -99,6 +104,11 @@ class KubernetesSettings(_Section):
         default="default", pattern=f"^{_DNS_LABEL}$",
         description="Namespace of the Events recorded on nodes (the original tool's "
                     "-event-namespace). `kubectl describe node` shows them from any namespace.")
+    record_namespace: str | None = Field(
+        default=None, pattern=f"^{_DNS_LABEL}$",
+        description="Namespace of the node records, one ConfigMap per node that a kubelet "
+                    "cannot write (activities/record.py). null: jobs.namespace, which exists "
+                    "wherever the worker runs; RBAC grants ConfigMaps only there.")
     node_selector: str = Field(
         default="",
         description="Label selector of the GPU nodes to manage, e.g. "
@@ -228,6 +238,30 @@ class Settings(BaseSettings):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @model_validator(mode="after")
+    def _trust_and_heartbeats(self) -> Settings:
+        from activities.drain import min_heartbeat_timeout
+
+        problems = []
+        label = self.detector.pool_label
+        if label and node_writable_label(label) and not self.detector.trust_node_writable_labels:
+            problems.append(
+                f"detector.pool_label: {label!r} can be written by a node's own kubelet (a "
+                "node moving itself between pools lets one admit past its limit); use a label "
+                f"under node-restriction.kubernetes.io/, e.g. {POOL_LABEL}, or set "
+                "detector.trust_node_writable_labels: true")
+        if self.remediation.heartbeat_timeout < min_heartbeat_timeout():
+            problems.append(
+                f"remediation.heartbeat_timeout: at least {min_heartbeat_timeout()}: a drain "
+                "heartbeats after every API call, and each call needs that long inside it")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def record_namespace(self) -> str:
+        """Where the node records live (kubernetes.record_namespace)."""
+        return self.kubernetes.record_namespace or self.jobs.namespace
 
     @classmethod
     def settings_customise_sources(

@@ -24,6 +24,18 @@ from pydantic import (
 from policy.config import PolicySettings
 from policy.models import Action
 
+POOL_LABEL = "node-restriction.kubernetes.io/gpu-remediate-pool"
+"""The pool label the docs and deploy configuration ship: the NodeRestriction admission
+plugin forbids a kubelet to set labels under this prefix on its own Node."""
+NODE_RESTRICTED_PREFIX = "node-restriction.kubernetes.io/"
+
+
+def node_writable_label(key: str) -> bool:
+    """Whether a kubelet may set this label on its own Node. Kept to the prefix rule: labels
+    under node-restriction.kubernetes.io/ are not; everything else counts as writable (the
+    few other keys a kubelet cannot set are not worth a list that drifts)."""
+    return not key.startswith(NODE_RESTRICTED_PREFIX)
+
 
 class _Model(BaseModel):
     """Settings that travel inside workflow inputs. Decoded from a payload, an unknown field
@@ -287,7 +299,16 @@ class DetectorSettings(_Model):
 
     pool_label: str | None = Field(
         default=None,
-        description="Node label that names a node's pool (node pool, rack, NVLink domain).",
+        description="Node label that names a node's pool (node pool, rack, NVLink domain); "
+                    f"null: no pools. Use a label a kubelet cannot set, e.g. {POOL_LABEL}: "
+                    "one under node-restriction.kubernetes.io/ (any other is refused at start "
+                    "unless trust_node_writable_labels).",
+    )
+    trust_node_writable_labels: bool = Field(
+        default=False,
+        description="Accept a pool_label a kubelet can write on its own Node (outside "
+                    "node-restriction.kubernetes.io/). The risk: a node that moves itself "
+                    "from pool A to pool B lets pool A admit past its limit.",
     )
     pool_max_unavailable: dict[str, int | str] = Field(
         default_factory=dict,

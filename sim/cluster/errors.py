@@ -22,7 +22,7 @@ class FieldError:
     """One entry of a field.ErrorList: `field: Type: detail`."""
 
     field: str
-    kind: str  # Required | Invalid | Unsupported | Duplicate | Forbidden | Immutable
+    kind: str  # Required | Invalid | Unsupported | Duplicate | Forbidden | TooLong
     detail: str
     value: Any = None
 
@@ -32,6 +32,7 @@ class FieldError:
         "Unsupported": ("FieldValueNotSupported", "Unsupported value"),
         "Duplicate": ("FieldValueDuplicate", "Duplicate value"),
         "Forbidden": ("FieldValueForbidden", "Forbidden"),
+        "TooLong": ("FieldValueTooLong", "Too long"),
     }
 
     def text(self) -> str:

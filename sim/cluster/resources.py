@@ -73,6 +73,7 @@ NAMESPACES = ResourceType(
     returns_deleted_object=True,
     short_names=("ns",),
 )
+CONFIGMAPS = ResourceType("", "v1", "configmaps", "ConfigMap", True, short_names=("cm",))
 CORE_EVENTS = ResourceType("", "v1", "events", "Event", True, short_names=("ev",))
 EVENTS = ResourceType("events.k8s.io", "v1", "events", "Event", True, short_names=("ev",))
 PDBS = ResourceType(
@@ -122,6 +123,7 @@ ALL: tuple[ResourceType, ...] = (
     NODES,
     PODS,
     NAMESPACES,
+    CONFIGMAPS,
     CORE_EVENTS,
     EVENTS,
     PDBS,

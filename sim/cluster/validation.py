@@ -149,6 +149,34 @@ def _pdb(spec: dict[str, Any]) -> list[FieldError]:
     return errs
 
 
+_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+CONFIGMAP_MAX_BYTES = 1024 * 1024
+
+
+def _configmap(obj: Obj) -> list[FieldError]:
+    """ValidateConfigMap: keys are config keys, data and binaryData do not share one, and
+    all of it together is at most 1 MiB."""
+    errs: list[FieldError] = []
+    data, binary = obj.get("data") or {}, obj.get("binaryData") or {}
+    size = 0
+    for field, values in (("data", data), ("binaryData", binary)):
+        for key, value in values.items():
+            if len(key) > 253 or not _CONFIG_KEY.match(key):
+                errs.append(FieldError(
+                    f"{field}[{key}]", "Invalid", "a valid config key must consist of "
+                    "alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or "
+                    "'KEY_NAME',  or 'key-name', regex used for validation is "
+                    "'[-._a-zA-Z0-9]+')", key))
+            if field == "binaryData" and key in data:
+                errs.append(FieldError(f"binaryData[{key}]", "Invalid",
+                                       "duplicate of key present in data", key))
+            size += len(key) + len(str(value).encode())
+    if size > CONFIGMAP_MAX_BYTES:
+        errs.append(FieldError("", "TooLong", f"must have at most {CONFIGMAP_MAX_BYTES} bytes",
+                               ""))
+    return errs
+
+
 def validate(rt: r.ResourceType, obj: Obj) -> None:
     errs = _metadata(obj)
     spec = obj.get("spec") or {}
@@ -171,6 +199,8 @@ def validate(rt: r.ResourceType, obj: Obj) -> None:
             )
     elif rt is r.PDBS:
         errs += _pdb(spec)
+    elif rt is r.CONFIGMAPS:
+        errs += _configmap(obj)
     if errs:
         raise errors.invalid(rt, (obj.get("metadata") or {}).get("name", ""), errs)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from activities.nodes import NodeActivities
 from tests.activities.conftest import Cluster, Heartbeats, metric
 from tests.polling import wait_for
 from workflows.messages import DrainInput
-from workflows.settings import DrainSettings
+from workflows.settings import DrainSettings, RemediationSettings
 
 NODE = "gpu-node-01"  # runs team-a/trainer (8 GPUs, PDB min_available 1), DaemonSets, mirror pod
 FAST = DrainSettings(retry_interval=timedelta(seconds=0.2))
@@ -248,7 +250,8 @@ def test_drain_transient_eviction_error_fails_retryably_and_the_retry_drains(
 
 def test_drain_pod_list_survives_a_503_burst(
         cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
-    """GETs are idempotent: the client's urllib3 retries 503 + Retry-After by itself."""
+    """GETs are idempotent: the drain retries a 503 + Retry-After itself (heartbeating; the
+    client's own retries are off, they were unseen by any heartbeat)."""
     cluster.faults({"verb": "list", "resource": "pods", "status": 503, "times": 1,
                     "retry_after": 1})
     assert env.run(acts.drain_node, drain()).outcome == "drained"
@@ -358,3 +361,56 @@ def test_drain_of_a_wedged_node_reports_pods_stuck_terminating_then_counts_them_
     # Only the drain's view: the pod object is still there, Terminating, as on a real
     # cluster until the kubelet returns or the node is deleted.
     assert k.core.read_namespaced_pod("stuck", ns).metadata.deletion_timestamp is not None
+
+
+def test_the_drain_heartbeats_after_every_eviction(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment,
+        heartbeats: Heartbeats) -> None:
+    """One heartbeat per eviction, not one per round: evictions add up, heartbeats don't."""
+    ns = namespace(cluster, "team-c")
+    for name in ("a", "b", "c"):
+        bare_pod(cluster, ns, NODE, name)
+    result = env.run(acts.drain_node, drain())
+    assert result.outcome == "drained"
+    steps = [h.get("step", "") for h in heartbeats.seen if isinstance(h, dict)]
+    for name in ("a", "b", "c"):
+        assert f"evicted team-c/{name}" in steps, steps
+
+
+def test_a_drain_on_an_api_server_taking_20s_per_call_never_misses_its_heartbeat(
+        cluster: Cluster, acts: DrainActivities, env: ActivityEnvironment) -> None:
+    """Issue 29: sequential evictions of 20 s each used to heartbeat once per round, past
+    the 30 s heartbeat timeout, and the node was quarantined "step drain failed". Every
+    call here takes 20 s (the simulator's latency injection); no gap between heartbeats
+    reaches the default heartbeat timeout, and the drain completes."""
+    ns = namespace(cluster, "team-c")
+    for name in ("a", "b"):
+        bare_pod(cluster, ns, NODE, name)
+    trainer = trainer_on(cluster, NODE)
+    beats: list[float] = []
+    timeout = RemediationSettings().heartbeat_timeout
+    env.info = dataclasses.replace(env.info, heartbeat_timeout=timeout)
+    env.on_heartbeat = lambda *_: beats.append(time.monotonic())
+    cluster.faults(*({"verb": verb, "resource": resource, "delay_seconds": 20, "status": None}
+                     for verb, resource in (("get", "nodes"), ("list", "pods"),
+                                            ("create", "pods/eviction"))))
+    started = time.monotonic()
+    result = env.run(acts.drain_node, drain(report_after=600))
+    ended = time.monotonic()
+    assert result.outcome == "drained"
+    assert sorted(result.evicted) == sorted([trainer, "team-c/a", "team-c/b"])
+    marks = [started, *beats, ended]
+    gaps = [b - a for a, b in itertools.pairwise(marks)]
+    assert max(gaps) < timeout.total_seconds(), gaps
+    assert ended - started > 5 * 20, "every call was slowed down"
+    assert cluster.injected()["injected"] >= 7
+
+
+def test_a_drain_call_always_fits_inside_the_heartbeat_timeout() -> None:
+    margin = drain_module.HEARTBEAT_MARGIN_SECONDS
+    for seconds in (5, 10, 27, 30, 60, 3600):
+        call = drain_module.call_timeout_for(timedelta(seconds=seconds))
+        assert call + margin <= seconds and call <= drain_module.MAX_CALL_SECONDS, seconds
+    assert drain_module.call_timeout_for(timedelta(seconds=30)) > 20, \
+        "a 20 s answer must fit the default"
+    assert drain_module.min_heartbeat_timeout() == timedelta(seconds=5)

@@ -19,7 +19,7 @@ from tests.activities.conftest import Cluster
 
 def _fields(n: client.V1Node) -> tuple[Any, ...]:
     spec, status = n.spec, n.status
-    return (n.metadata.name, n.metadata.labels or {}, n.metadata.annotations or {},
+    return (n.metadata.name, n.metadata.uid, n.metadata.labels or {}, n.metadata.annotations or {},
             n.metadata.resource_version, bool(spec.unschedulable),
             sorted((t.key, t.effect, t.value) for t in spec.taints or []),
             dict(status.capacity or {}))

@@ -26,7 +26,7 @@ from activities.observation_budget import MAX_OBSERVATION_BYTES, bound_observati
 from activities.parse_pool import BodyError, ParsePool
 from policy.config import PolicySettings
 from policy.models import Action, Finding, Verdict
-from tests.activities.conftest import Cluster, ThreadedGpuSim
+from tests.activities.conftest import Cluster, ThreadedGpuSim, metric
 from tests.fuzz.hostile import CATEGORIES
 from workflows.messages import (
     ClaimInput,
@@ -111,22 +111,28 @@ def template(gpu: ThreadedGpuSim) -> ExporterSettings:
                             url_template=f"{gpu.url}/nodes/{{node}}/metrics")
 
 
-async def test_hostile_annotations_make_only_their_node_unreadable(
+async def test_hostile_annotations_change_no_decision_and_are_rewritten(
         cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    """Annotations only mirror the record (activities/record.py): garbled ones decide
+    nothing, every node stays readable, and the mirror is rewritten with a StateMismatch."""
     cluster.core.patch_node("gpu-node-01", {"metadata": {"annotations": {
         A_ACK_XIDS: '{"x":1e999}'}}})
     cluster.core.patch_node("gpu-node-02", {"metadata": {"annotations": {
         A_XID_SIGHTINGS: "[" * 100_000}}})
     gpu_sim.client.inject_fault("gpu-node-03", 3, "xid", 79)
+    before = metric("gpu_remediate_state_mismatch_total", kind="acknowledged-xids") or 0.0
     obs = await ActivityEnvironment().run(
         FleetActivities(cluster.api, template(gpu_sim)).observe_fleet,
         ObserveInput(policy=PolicySettings()))
     assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-03", Action.REBOOT)]
-    assert obs.readable_nodes == 2 and len(obs.errors) == 2
-    assert "gpu-node-01: annotation gpu-remediate.io/acknowledged-xids is unreadable: " \
-           "number 1e999 is out of range" in obs.errors
-    assert any(e.startswith("gpu-node-02: annotation gpu-remediate.io/xid-sightings is "
-                            "unreadable: ") for e in obs.errors)
+    assert obs.readable_nodes == 4 and obs.errors == []
+    for node in ("gpu-node-01", "gpu-node-02"):
+        ann = cluster.node(node).metadata.annotations or {}
+        assert A_ACK_XIDS not in ann and A_XID_SIGHTINGS not in ann, node
+        assert [e.message for e in cluster.events(node, "StateMismatch")], node
+    assert "garbled" in cluster.events("gpu-node-01", "StateMismatch")[0].message
+    after = metric("gpu_remediate_state_mismatch_total", kind="acknowledged-xids")
+    assert after == before + 1
 
 
 def test_a_release_finishes_whatever_the_node_wrote(cluster: Cluster) -> None:

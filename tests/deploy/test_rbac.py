@@ -244,6 +244,7 @@ def assert_grants_are_where_the_code_calls(
     assert re.search(r"create_namespaced_event\(\s*_namespace\b", events_source)
     service_source = (ROOT / "worker" / "service" / "wiring.py").read_text()
     assert "set_event_namespace(settings.kubernetes.event_namespace)" in service_source
+    assert "set_record_namespace(settings.record_namespace())" in service_source
     for name, objects in rendered.items():
         roles = _roles_of_worker(objects)
         config = find(objects, "ConfigMap", "gpu-remediate-config")["data"]["config.yaml"]
@@ -256,6 +257,10 @@ def assert_grants_are_where_the_code_calls(
         assert _namespace_of_grant(roles, ("", "events", "create")) == {
             settings.kubernetes.event_namespace
         }, name
+        # The node records: only where the worker keeps them (a kubelet cannot write there).
+        for verb in ("get", "list", "create", "update"):
+            assert _namespace_of_grant(roles, ("", "configmaps", verb)) == {
+                settings.record_namespace()}, (name, verb)
         # Node, pod and eviction calls span namespaces (drain, exporter discovery).
         for perm in (("", "nodes", "patch"), ("", "pods", "list"), ("", "pods/eviction", "create")):
             assert _namespace_of_grant(roles, perm) == {"*"}, perm

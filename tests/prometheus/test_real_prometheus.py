@@ -140,7 +140,8 @@ async def test_most_severe_xid_of_the_window_wins(stack: Stack) -> None:
     assert result.xids_seen[node][reading.uuid] == [48, 13]
     assert action(result, node) == Action.RESET
     # After the 48 was remediated, the 13 is what is left to report.
-    again = await src.read_detailed([node], thermal_hold=HOLD, acknowledged_xids={reading.uuid: 48})
+    again = await src.read_detailed([node], thermal_hold=HOLD,
+                                    acknowledged_by_node={node: {reading.uuid: 48}})
     assert gpu(again, node, "0").xid == 13
     assert action(again, node) == Action.APP
 

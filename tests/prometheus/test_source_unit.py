@@ -334,8 +334,24 @@ async def test_xid_most_severe_in_window_and_acknowledged(fake: FakePrometheus) 
     result = await source.read_detailed(["n1"], thermal_hold=HOLD)
     assert result.readings["n1"].gpus[0].xid == 48
     assert result.xids_seen == {"n1": {UUID0: [13, 48]}}
-    acked = await source.read_detailed(["n1"], thermal_hold=HOLD, acknowledged_xids={UUID0: 48})
+    acked = await source.read_detailed(["n1"], thermal_hold=HOLD,
+                                       acknowledged_by_node={"n1": {UUID0: 48}})
     assert acked.readings["n1"].gpus[0].xid == 13
+
+
+async def test_an_acknowledgement_is_of_one_node_never_of_a_uuid_on_another(
+        fake: FakePrometheus) -> None:
+    """Keyed by (node, GPU UUID): another node acknowledging the same UUID (a forged
+    annotation, a GPU moved between machines) hides nothing here."""
+    now = time.time()
+    fake.present(labels("n1"))
+    fake.matrices["xid"] = [
+        (labels("n1", err_code="13"), [(now - 50, "13")]),
+        (labels("n1", err_code="48"), [(now - 30, "48")]),
+    ]
+    result = await src(fake).read_detailed(["n1"], thermal_hold=HOLD,
+                                           acknowledged_by_node={"n2": {UUID0: 48}})
+    assert result.readings["n1"].gpus[0].xid == 48
 
 
 def test_choose_xid() -> None:

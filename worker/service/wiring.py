@@ -18,6 +18,7 @@ from activities.node_return import NodeReturnActivities
 from activities.nodes import NodeActivities
 from activities.operands import OperandActivities
 from activities.prometheus_source import PrometheusSource
+from activities.record import set_record_namespace
 from activities.visibility import VisibilityActivities
 from worker.config import Settings
 
@@ -44,11 +45,13 @@ def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
             url=e.prometheus_url, window=e.prometheus_window, timeout_seconds=e.timeout_seconds,
             node_label=e.prometheus_node_labels, headers=headers, policy=settings.policy)
     return FleetActivities(api, e, prometheus=prometheus,
-                           node_selector=settings.kubernetes.node_selector)
+                           node_selector=settings.kubernetes.node_selector,
+                           record_namespace=settings.record_namespace())
 
 
 def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     set_event_namespace(settings.kubernetes.event_namespace)
+    set_record_namespace(settings.record_namespace())
     api = kube_client(settings)
     nodes, drain = NodeActivities(api), DrainActivities(api)
     jobs = JobActivities(api, settings.jobs)
