@@ -78,6 +78,7 @@ def test_json_contract_exact_shape(capsys: pytest.CaptureFixture[str], sick_file
                         "value": 79.0,
                         "rule": "xid-79-restart-bm",
                         "action": "reboot",
+                        "detail": "",
                     }
                 ],
             }
@@ -218,6 +219,7 @@ def test_http_source(capsys: pytest.CaptureFixture[str], exporter: str) -> None:
                     "value": 48.0,
                     "rule": "xid-48-workflow-xid-48",
                     "action": "reset",
+                    "detail": "",
                 }
             ],
         }

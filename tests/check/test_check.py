@@ -155,7 +155,7 @@ def test_json_is_exactly_what_evaluate_prints_for_the_same_gpus(
     assert set(report) == {"nodes", "errors"}
     assert set(report["nodes"][0]) == {"node", "action", "findings"}
     for finding in report["nodes"][0]["findings"]:
-        assert set(finding) == {"gpu", "uuid", "signal", "value", "rule", "action"}
+        assert set(finding) == {"gpu", "uuid", "signal", "value", "rule", "action", "detail"}
 
     metric = {
         "gpu_temp": "DCGM_FI_DEV_GPU_TEMP",
@@ -309,6 +309,7 @@ def test_xid_from_the_kernel_log(capsys: pytest.CaptureFixture[str]) -> None:
         "value": 79.0,
         "rule": "xid-79-restart-bm",
         "action": "reboot",
+        "detail": "",
     }
     # XID 31 in two bursts (an hour apart) within the day on GPU 1: the policy's app-XID
     # escalation, which asks for a deeper diagnostic rather than a reset.

@@ -3,7 +3,7 @@
 Other tools script against this command, so its JSON output is a contract:
 
     {"nodes": [{"node", "action", "findings": [{"gpu", "uuid", "signal", "value", "rule",
-                                                "action"}]}],
+                                                "action", "detail"}]}],
      "errors": [{"source", "message"}]}
 
 Exit codes: 0 every source was evaluated, 1 at least one source failed (it is listed in
