@@ -84,6 +84,19 @@ def test_json_contract_exact_shape(capsys: pytest.CaptureFixture[str], sick_file
             }
         ],
         "errors": [],
+        "warnings": [],
+        "blind": [
+            {"node": "gpu-07", "signal": signal, "missing": missing}
+            for signal, missing in [
+                ("ecc-dbe", ["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]),
+                ("row-remap-pending", ["DCGM_FI_DEV_ROW_REMAP_PENDING"]),
+                ("uncorrectable-remap-limit", ["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"]),
+                ("clock-reasons", ["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"]),
+                ("recovery-action", ["DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"]),
+                ("repeat-xid", ["DCGM_EXP_XID_ERRORS_COUNT"]),
+                # The link rules are off by default (policy.links), so not blind.
+            ]
+        ],
     }
 
 

@@ -194,3 +194,21 @@ def test_repeats_are_one_event_and_the_count_is_bounded() -> None:
 def test_a_saved_log_reports_its_end_on_the_xids_clock() -> None:
     _, last = read_xid_log_file(DMESG_T + "[Sun Dec  6 03:19:17 2026] nvidia: still here\n")
     assert last == pytest.approx(1796527157.0)
+
+
+# --- nvidia-smi XML of a pre-Ampere GPU from a newer driver: <remapped_rows> printed as N/A
+# (the facts in NVIDIA's nvidia-smi documentation and netdata issue 10362's XML samples:
+# Volta has no row remapper and keeps its retirements in <retired_pages>).
+def test_pre_ampere_retired_pages_are_read_whatever_remapped_rows_says() -> None:
+    from pathlib import Path
+
+    from worker.probe.smi import parse_nvidia_smi_xml
+
+    xml = (Path(__file__).parent / "fixtures" / "v100_retired_pages.xml").read_text()
+    na = "<remapped_rows>N/A</remapped_rows>\n\t\t<retired_pages>"
+    newer = xml.replace("<retired_pages>", na)
+    assert newer.count("<remapped_rows>N/A") == 2
+    for text in (xml, newer):
+        gpus = parse_nvidia_smi_xml(text).gpus
+        assert [g.retired_pages is not None for g in gpus] == [True, True]
+        assert gpus[1].retired_pages is not None and gpus[1].retired_pages.pending
