@@ -67,7 +67,9 @@ _NVLINK5_RE = re.compile(
     r"\s*(?:pid=[^,]{0,64}, name=[^,]{0,256}, )?"
     r"(?P<unit>[A-Z][A-Z0-9_]{0,40}(?:/[A-Z][A-Z0-9_]{0,40})?)\s+(?P<sev>Fatal|Nonfatal)\s+"
     r"XC[01]\s+i\d{1,3}\s+Link\s+(?P<link>-?\d{1,3})\s+"
-    r"\((?P<intr>0x[0-9a-fA-F]{1,8})\s+(?P<status>0x[0-9a-fA-F]{1,8})"
+    # Both registers whole: followed by a blank or the closing parenthesis, so that a line
+    # cut inside the status ("0x00000100" -> "0x0000") does not decode as another status.
+    r"\((?P<intr>0x[0-9a-fA-F]{1,8})\s+(?P<status>0x[0-9a-fA-F]{1,8})(?=[\s)])"
 )
 _FALLEN_RES = (
     # NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.
