@@ -84,6 +84,15 @@ class SignalWatch:
         node.at = now
         return blind_signals(set(node.seen), config), repeats
 
+    def blind_of(self, node: str, config: PolicySettings, now: float) -> list[BlindSignal] | None:
+        """The node's blind rules as of its readings in this process (for ``plan`` and
+        ``status NODE``); None when this process has not read the node within ``max_age``."""
+        state = self._nodes.get(node)
+        if state is None or state.at < now - self.max_age:
+            return None
+        seen = {f for f, t in state.seen.items() if t >= now - self.max_age}
+        return blind_signals(seen, config)
+
     def forget_older_than(self, now: float) -> None:
         """Drop nodes not read within ``max_age`` (gone from the fleet, another shard's)."""
         cutoff = now - self.max_age

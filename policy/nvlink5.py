@@ -156,7 +156,8 @@ class Decoded:
             else "status"
         printed = f", driver says {d.severity}" if d.severity else ""
         return (f"XID {d.xid} {d.unit}{link}: {what} {keys} is {self.severity} in NVIDIA's "
-                f"144-150 decode, resolution {self.resolution.value}{printed}")
+                f"144-150 decode, resolution {self.resolution.value}{printed} "
+                f"({RESOLUTION_WHY[self.resolution]})")
 
 
 def decode(detail: XidDetail) -> Decoded | None:
@@ -197,6 +198,15 @@ def _rxpipe_action2(detail: XidDetail) -> bool:
     return any(detail.intr_info & mask == code and detail.intr_info & flag
                for mask, code, flag in RXPIPE_ACTION2_BITS)
 
+
+RESOLUTION_WHY: dict[Resolution, str] = {
+    Resolution.IGNORE: "NVIDIA's decode needs no recovery for it: the link or the driver "
+                       "already dealt with it",
+    Resolution.RESET_GPU: "NVIDIA's decode asks for a GPU reset, which also clears link state",
+    Resolution.XID_154_EVAL: "NVIDIA's decode defers to the recovery action XID 154 reports, "
+                             "else an application restart",
+}
+"""Why each resolution acts as it does, said in the finding's detail."""
 
 RESOLUTION_ACTION: dict[Resolution, Action] = {
     Resolution.IGNORE: Action.NONE,

@@ -140,5 +140,7 @@ def test_a_family_seen_recently_is_not_blind_and_old_sightings_expire() -> None:
     assert blind == []  # one scrape without the series is not blindness
     blind, _ = watch.observe(bare, POLICY, 151.0, {})
     assert {b.signal for b in blind} == STOCK_BLIND
+    assert watch.blind_of("n", POLICY, 160.0) == blind
+    assert watch.blind_of("n", POLICY, 500.0) is None and watch.blind_of("x", POLICY, 0) is None
     watch.forget_older_than(1000.0)
     assert len(watch) == 0
