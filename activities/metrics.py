@@ -85,8 +85,8 @@ LINK_FINDINGS = Counter(
 SIGNAL_BLIND_NODES = Gauge(
     "gpu_remediate_signal_blind_nodes",
     "Nodes whose exporter cannot feed a rule (policy/signals.py), by signal: its fields were "
-    "absent from every reading of the node over the recent observations (this process, last "
-    "observation of each shard).", ["signal"])
+    "absent from every reading of the node over the last hour; as of the last observation "
+    "this process ran (with shards, that shard's nodes).", ["signal"])
 
 
 class NodeStates(Collector):

@@ -212,3 +212,56 @@ def test_pre_ampere_retired_pages_are_read_whatever_remapped_rows_says() -> None
         gpus = parse_nvidia_smi_xml(text).gpus
         assert [g.retired_pages is not None for g in gpus] == [True, True]
         assert gpus[1].retired_pages is not None and gpus[1].retired_pages.pending
+
+
+# --- the table docs/check.md prints as "Kernel-log shapes and their verdicts"
+KLOG_SHAPES: tuple[tuple[str, str, str], ...] = (
+    ("dmesg, Xid 79", DMESG, "reboot:xid-79-restart-bm"),
+    ("dmesg -T, Xid 79", DMESG_T, "reboot:xid-79-restart-bm"),
+    ("journalctl -o export, Xid 79", EXPORT, "reboot:xid-79-restart-bm"),
+    ("fallen off the bus, no Xid line", FALLEN_SHORT, "reboot:xid-79-restart-bm"),
+    ("XID 145 RLW_REMAP status 0x100 (Nonfatal)",
+     nvlink5(145, "RLW_REMAP", "Nonfatal", 0x84, 0x100, pci="0000:18:00"),
+     "none:xid-145-rlw-remap-ignore"),
+    ("XID 145 RLW_REMAP status 0x40 (Fatal)",
+     nvlink5(145, "RLW_REMAP", "Fatal", 0x84, 0x40, pci="0000:18:00"),
+     "reset:xid-145-rlw-remap-reset-gpu"),
+    ("XID 145 RLW_SRC_TRACK status 0x4, no XID 154",
+     nvlink5(145, "RLW_SRC_TRACK", "Nonfatal", 0x87, 0x4, pci="0000:18:00"),
+     "app:xid-145-rlw-src-track-xid-154-eval"),
+    ("XID 149 NETIR_LINK_EVT reason 38",
+     nvlink5(149, "NETIR_LINK_EVT", "Fatal", (38 << 20) | 0x11, 0, pci="0000:18:00"),
+     "none:xid-149-netir-link-evt-ignore"),
+    ("XID 145, unit not in the decode sheet",
+     nvlink5(145, "RLW_FUTURE_UNIT", "Nonfatal", 1, 1, pci="0000:18:00"),
+     "reset:xid-145-undecoded"),
+    ("Xid line cut inside the number", "[ 10.0] NVRM: Xid (PCI:0000:18:00): 7\n", "nothing"),
+    ("two messages spliced into one line",
+     "[ 10.0] NVRM: Xid (PCI:0000:18:NVRM: Xid (PCI:0000:3b:00): 79, pid=1, x\n", "nothing"),
+)
+
+
+def klog_verdict(text: str) -> str:
+    events = [_event(x) for x in parse_kernel_log(text)]
+    if not events:
+        return "nothing"
+    gpu = GpuReading(gpu="0", uuid="GPU-a", pci_bus_id="00000000:18:00.0")
+    readings, repeats = attach_xids([gpu], events, PolicySettings(), 8000.0)
+    verdict = evaluate_node(NodeReadings(node="n", gpus=readings), PolicySettings(),
+                            xid_repeats=repeats)
+    return f"{verdict.action.value}:{verdict.findings[0].rule}"
+
+
+@pytest.mark.parametrize(("name", "text", "expect"), KLOG_SHAPES, ids=[s[0] for s in KLOG_SHAPES])
+def test_each_kernel_log_shape_gets_its_verdict(name: str, text: str, expect: str) -> None:
+    assert klog_verdict(text) == expect
+
+
+def test_the_docs_kernel_log_table_is_this_table() -> None:
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "check.md").read_text()
+    section = doc.split("### Kernel-log shapes and their verdicts")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| ([^|]+?) \| `([^`]+)` \|$", section, re.M)
+    assert rows == [(name, expect) for name, _, expect in KLOG_SHAPES]
