@@ -34,6 +34,7 @@ from policy.rules import usable
 XID_COUNT_METRIC = dcgm.XID_COUNT
 
 HEALTH_METRICS = dcgm.FIELD_OF
+INTEGRAL_FIELDS = dcgm.INTEGRAL_FIELDS
 """The metric families the policy reads, and the ``GpuReading`` field each one fills
 (policy/dcgm.py)."""
 
@@ -495,6 +496,10 @@ class _Fleet:
             limit = MAX_XID if field == "xid" else MAX_INT_FIELD
             if not number.is_integer() or number > limit:
                 raise ValueError(f"{name} value {value!r} is not an integer in 0..{limit}")
+        elif field in INTEGRAL_FIELDS and number is not None and not number.is_integer():
+            # A count or a flag with a fraction (1e-300 double-bit errors) is a broken
+            # exporter or a forged line: "> 0" would call it a fault.
+            raise ValueError(f"{name} value {value!r} is not a whole number (a count or flag)")
         xid: int | None = None
         if field == "xid_counts":
             raw_xid = labels.get("xid")
@@ -633,9 +638,30 @@ def _check_is_exposition(text: str, parses: Callable[[str], bool]) -> None:
             if checked >= 200:
                 break
     if content:
+        old_names = _old_namespace_names(text)
+        if old_names:
+            raise ExpositionError(
+                f"the payload uses dcgm-exporter 1.x metric names ({', '.join(old_names)}): the "
+                "exporter runs with --use-old-namespace (-o); remove that option so it serves "
+                "the DCGM_FI_* names gpu-remediate reads"
+            )
         raise ExpositionError(
             "no valid dcgm-exporter sample line found (not a dcgm-exporter /metrics payload?)"
         )
+
+
+_OLD_NAME_RE = re.compile(r"^(dcgm_[a-z0-9_]{1,64})[{ ]", re.M)
+_OLD_NAMES_SHOWN = 4
+
+
+def _old_namespace_names(text: str) -> list[str]:
+    """The 1.x metric names (``dcgm_gpu_temp``, ``dcgm_xid_errors``) the payload holds, a few
+    of them sorted, health ones first; [] when it holds none."""
+    found = set(_OLD_NAME_RE.findall(text[: 1024 * 1024]))
+    health = ("dcgm_xid_errors", "dcgm_gpu_temp", "dcgm_ecc_dbe_volatile_total",
+              "dcgm_retired_pages_dbe")
+    ordered = [n for n in health if n in found] + sorted(found.difference(health))
+    return ordered[:_OLD_NAMES_SHOWN]
 
 
 def _finish(text: str, fleet: _Fleet, parses: Callable[[str], bool]) -> ParseResult:

@@ -36,10 +36,12 @@ from activities.nodes import NodeActivities
 from activities.notices import (
     APPLICATION_XID,
     GPU_LINK_ERRORS,
+    SIGNAL_UNAVAILABLE,
     TELEMETRY_UNAVAILABLE,
     Notice,
     NoticeBook,
     app_xid_notices,
+    blind_notices,
     link_notices,
     telemetry_notices,
 )
@@ -61,6 +63,7 @@ from activities.record import (
     seed_from_annotations,
 )
 from activities.scrape import ExporterReading
+from activities.signal_watch import Repeat, SignalWatch
 from activities.thermal import ThermalActivities
 from activities.visibility import lease_statuses
 from activities.xid_sightings import Tracks, new_warnings, observe, repeat_counts
@@ -70,9 +73,11 @@ from policy.rules import (
     SIG_NVLINK_CRC,
     SIG_NVLINK_ERRORS,
     SIG_PCIE_REPLAY,
+    SIG_XID,
     evaluate_node,
     gpu_key,
 )
+from policy.signals import SIGNAL_NAMES, BlindSignal
 from workflows.ids import shard_of
 from workflows.messages import FleetObservation, NeighbourHold, NodeStatus, ObserveInput
 from workflows.transitions import NodeState
@@ -147,6 +152,23 @@ def _learned(node: GpuNode, r: NodeReadings, inp: ObserveInput,
 
 NOTICE_REPEAT = timedelta(hours=6)
 """A lasting condition (an exporter down all day) is announced again this often."""
+BLIND_NOTICE_REPEAT = timedelta(days=365)
+"""Blind rules are the exporter's configuration: announced once per change (and again after
+a worker restart), not every few hours for as long as the counter file stays as it is."""
+
+
+def _mark_repeats(verdict: Verdict, repeats: list[Repeat]) -> Verdict:
+    """Say in the finding that an acknowledged XID came back, and how it was seen."""
+    by_gpu = {(r.gpu, r.xid): r for r in repeats}
+    findings = []
+    for f in verdict.findings:
+        r = by_gpu.get((gpu_key(f), int(f.value))) if f.signal == SIG_XID else None
+        if r is not None:
+            note = (f"repeat of acknowledged XID {r.xid}: DCGM_EXP_XID_ERRORS_COUNT rose "
+                    f"from {r.before} to {r.after}")
+            f = f.model_copy(update={"detail": f"{f.detail}; {note}" if f.detail else note})
+        findings.append(f)
+    return verdict.model_copy(update={"findings": findings})
 
 
 OBSERVE_HEARTBEAT_SECONDS = 5.0
@@ -179,6 +201,10 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         every node with ``nvidia.com/gpu`` capacity."""
         self.notices = NoticeBook(repeat_after=NOTICE_REPEAT)
         self.rates = CounterRates()
+        self.signals = SignalWatch()
+        """Per node: the exporter families seen recently (blind rules) and the last windowed
+        XID counts (repeats of acknowledged XIDs)."""
+        self.blind_book = NoticeBook(repeat_after=BLIND_NOTICE_REPEAT)
         self._last_listed: dict[tuple[int, int], set[str]] = {}
         self._list_lock = threading.Lock()
         self._listed: tuple[float, list[client.V1Node]] | None = None
@@ -224,6 +250,8 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         xid_warnings: list[Notice] = []
         writes: list[tuple[GpuNode, RecordChange | None]] = []
         now = time.time()
+        blind: dict[str, list[BlindSignal]] = {}
+        self.signals.forget_older_than(now)
         for node in nodes:
             r = readings.get(node.name)
             if r is None:
@@ -232,8 +260,15 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
                     writes.append((node, None))
                 continue
             tracks, change = _learned(node, r, inp, now)
-            verdict = evaluate_node(r, inp.policy, acknowledged_xids=node.acknowledged,
+            blind[node.name], repeats = self.signals.observe(r, inp.policy, now,
+                                                             node.acknowledged)
+            # An acknowledged XID that came back (its windowed count rose) is news again.
+            back = {x.gpu for x in repeats}
+            acked = {k: v for k, v in node.acknowledged.items() if k not in back}
+            verdict = evaluate_node(r, inp.policy, acknowledged_xids=acked,
                                     xid_repeats=repeat_counts(tracks, inp.policy, now))
+            if repeats:
+                verdict = _mark_repeats(verdict, repeats)
             # alert and diagnose are reported (Events, metric), never admitted: see
             # policy.models.NODE_ACTIONS.
             if verdict.action in NODE_ACTIONS:
@@ -277,6 +312,9 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         for state in NodeState:
             metrics.NODES_BY_STATE.labels(state.value).set(
                 sum(1 for n in nodes if n.state == state))
+        for signal in SIGNAL_NAMES:
+            metrics.SIGNAL_BLIND_NODES.labels(signal).set(
+                sum(1 for b in blind.values() if any(x.signal == signal for x in b)))
         metrics.FLAGGED.set(len(verdicts))
         metrics.UNREADABLE.set(len(errors))
         metrics.NODE_STATE.observed(
@@ -284,7 +322,7 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
             gone=self._last_listed.get((inp.shard, inp.shards), set()) - {n.name for n in listed})
         self._last_listed[(inp.shard, inp.shards)] = {n.name for n in listed}
         await self._announce(inp, nodes, errors, app_only, xid_warnings,
-                             [*verdicts, *app_only])
+                             [*verdicts, *app_only], blind)
         # Markers that disagree (a node writing its own state): shown, not announced as
         # telemetry trouble; the node already counts as out of service.
         notes = [f"{n.name}: {n.marker_note}" for n in listed
@@ -315,7 +353,8 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
 
     async def _announce(self, inp: ObserveInput, nodes: list[GpuNode], errors: dict[str, str],
                         app_only: list[Verdict], xid_warnings: list[Notice],
-                        judged: list[Verdict]) -> None:
+                        judged: list[Verdict],
+                        blind: dict[str, list[BlindSignal]] | None = None) -> None:
         """Events for what the observation saw on nodes in service (a node in remediation
         is expected to go quiet while it reboots), rate-limited
         (activities/notices.py): ``TelemetryUnavailable`` for an exporter that could not be
@@ -323,7 +362,8 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         ``XidAlert``, ``GPUDiagnosticNeeded``: each new once, so they go first and are counted
         in ``gpu_remediate_xid_warnings_total`` even past the Event cap), ``GpuLinkErrors`` for
         link rates over policy.links' thresholds (``judged``: every verdict with a finding;
-        counted in ``gpu_remediate_link_error_findings_total``). Dry-run writes none
+        counted in ``gpu_remediate_link_error_findings_total``), ``SignalUnavailable`` for
+        rules a node's exporter cannot feed (``blind``; once per change). Dry-run writes none
         (it changes nothing in the cluster); an Event is never worth failing the observation."""
         names = [n.name for n in nodes]
         in_service = {n.name for n in nodes if n.state == NodeState.HEALTHY}
@@ -338,6 +378,8 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         self.notices.settle(TELEMETRY_UNAVAILABLE, unreadable, names)
         self.notices.settle(APPLICATION_XID, [n.node for n in warned], names)
         self.notices.settle(GPU_LINK_ERRORS, [n.node for n in linked], names)
+        unfed = blind_notices(blind or {})
+        self.blind_book.settle(SIGNAL_UNAVAILABLE, [n.node for n in unfed], names)
         # Off in the detector's dry-run (ObserveInput: no writes to nodes) and outside a
         # worker (`gpu-remediate plan` changes nothing).
         if not inp.track_xid_repeats or not activity.in_activity():
@@ -352,6 +394,10 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         except Exception as err:  # Events are best effort: never fail the observation
             log.warning("could not record node Events: %s", err)
             return
+        try:
+            sent += await send_notices(self.core, self.blind_book, unfed, time.time())
+        except Exception as err:
+            log.warning("could not record SignalUnavailable Events: %s", err)
         for n in sent:
             metrics.NODE_EVENTS.labels(n.reason).inc()
 

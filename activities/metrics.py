@@ -82,6 +82,12 @@ LINK_FINDINGS = Counter(
     "GPUs seen over a link threshold (policy.links), once per observation, by signal: "
     "pcie_replay, nvlink_crc, nvlink_errors.", ["signal"])
 
+SIGNAL_BLIND_NODES = Gauge(
+    "gpu_remediate_signal_blind_nodes",
+    "Nodes whose exporter cannot feed a rule (policy/signals.py), by signal: its fields were "
+    "absent from every reading of the node over the last hour; as of the last observation "
+    "this process ran (with shards, that shard's nodes).", ["signal"])
+
 
 class NodeStates(Collector):
     """``gpu_remediate_node_state{node,state}``: 1 for each node's current state, one series

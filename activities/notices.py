@@ -23,6 +23,7 @@ from kubernetes import client
 from activities.events import record_node_event
 from policy.models import Action, Verdict
 from policy.rules import LINK_SIGNALS
+from policy.signals import BlindSignal
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ APPLICATION_XID = "ApplicationXid"
 REMEDIATION_DEFERRED = "RemediationDeferred"
 CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
 GPU_LINK_ERRORS = "GpuLinkErrors"
+SIGNAL_UNAVAILABLE = "SignalUnavailable"
 
 MAX_EVENTS_PER_TICK = 50
 """A fleet-wide outage (the exporter DaemonSet rolling) would otherwise write an Event per node
@@ -122,6 +124,23 @@ def link_notices(verdicts: Iterable[Verdict]) -> list[Notice]:
         out.append(Notice(node=v.node, reason=GPU_LINK_ERRORS,
                           fingerprint=",".join(f"{g}/{r}" for g, r, _, _ in found),
                           message=f"link errors: {listed} (policy.links)"))
+    return out
+
+
+def blind_notices(blind: dict[str, list[BlindSignal]]) -> list[Notice]:
+    """``SignalUnavailable`` for each node whose exporter cannot feed some rules, naming the
+    rules and the families missing. The fingerprint is the set of blind signals: a node is
+    told again when it changes (a counter file fixed, a rule newly blind), not every tick."""
+    out = []
+    for node, signals in blind.items():
+        if not signals:
+            continue
+        listed = "; ".join(f"{b.signal} (missing {', '.join(b.missing)})" for b in signals)
+        out.append(Notice(node=node, reason=SIGNAL_UNAVAILABLE,
+                          fingerprint=",".join(b.signal for b in signals),
+                          message=f"this node's exporter does not serve what these rules "
+                                  f"read, so they cannot fire here: {listed}. Enable the "
+                                  "fields in dcgm-exporter's counter file (docs/install.md)"))
     return out
 
 

@@ -47,45 +47,57 @@ class Family:
     """The ``GpuReading`` field a scraped sample fills."""
     read: Read
     why: str
+    integral: bool = False
+    """A count, a flag, an XID or a bit mask: a value with a fraction (``1e-300`` double-bit
+    errors) is a malformed reading, never a fault (activities/exposition.py refuses it)."""
 
 
 FAMILIES: tuple[Family, ...] = (
     Family(XID, "xid", "xid",
-           "The last XID the driver logged, per GPU (docs/xid-policy.md)."),
+           "The last XID the driver logged, per GPU (docs/xid-policy.md).", integral=True),
     Family(GPU_TEMP, "gpu_temp", "held", "Heat: counts once it lasts the thermal hold."),
     Family(MEMORY_TEMP, "memory_temp", "held", "Heat in HBM: same rule as the GPU."),
     Family(ECC_DBE_VOLATILE, "ecc_dbe_volatile", "last",
-           "Double-bit ECC errors since the driver loaded: uncorrectable."),
+           "Double-bit ECC errors since the driver loaded: uncorrectable.", integral=True),
     Family(ECC_SBE_VOLATILE, "ecc_sbe_volatile", "last",
-           "Single-bit ECC errors: corrected; carried in the reading, no rule acts on them."),
+           "Single-bit ECC errors: corrected; carried in the reading, no rule acts on them.",
+           integral=True),
     Family(ROW_REMAP_PENDING, "row_remap_pending", "last",
-           "A row remap waits for a GPU reset to take effect."),
+           "A row remap waits for a GPU reset to take effect.", integral=True),
     Family(ROW_REMAP_FAILURE, "row_remap_failure", "last",
-           "The GPU ran out of spare rows: the board needs replacing."),
+           "The GPU ran out of spare rows: the board needs replacing.", integral=True),
     Family(UNCORRECTABLE_REMAPPED_ROWS, "uncorrectable_remapped_rows", "last",
-           "Rows remapped for uncorrectable errors: at uncorrectable_remap_limit, a finding."),
+           "Rows remapped for uncorrectable errors: at uncorrectable_remap_limit, a finding.",
+           integral=True),
     Family(CLOCK_EVENTS, "clock_event_reasons", "clock",
-           "Why the clocks are held down (thermal and power-brake bits)."),
+           "Why the clocks are held down (thermal and power-brake bits).", integral=True),
     Family(CLOCK_THROTTLE, "clock_event_reasons", "clock",
-           "The pre-DCGM-3.3 name of the same field; custom counter files still use it."),
+           "The pre-DCGM-3.3 name of the same field; custom counter files still use it.",
+           integral=True),
     Family(RECOVERY_ACTION, "recovery_action", "last",
-           "The driver's own recovery advice, followed when follow_recovery_action is on."),
+           "The driver's own recovery advice, followed when follow_recovery_action is on.",
+           integral=True),
     Family(PCIE_REPLAY, "pcie_replay_total", "counter",
-           "PCIe replays since the driver loaded: judged as a rate."),
+           "PCIe replays since the driver loaded: judged as a rate.", integral=True),
     Family(NVLINK_CRC_FLIT, "nvlink_crc_flit_total", "counter",
-           "NVLink flow-control CRC errors since the driver loaded: judged as a rate."),
+           "NVLink flow-control CRC errors since the driver loaded: judged as a rate.",
+           integral=True),
     Family(NVLINK_CRC_DATA, "nvlink_crc_data_total", "counter",
-           "NVLink data CRC errors since the driver loaded: judged as a rate."),
+           "NVLink data CRC errors since the driver loaded: judged as a rate.", integral=True),
     Family(NVLINK_REPLAY, "nvlink_replay_total", "counter",
-           "NVLink replays since the driver loaded: judged as a rate."),
+           "NVLink replays since the driver loaded: judged as a rate.", integral=True),
     Family(NVLINK_RECOVERY, "nvlink_recovery_total", "counter",
-           "NVLink recoveries since the driver loaded: judged as a rate."),
+           "NVLink recoveries since the driver loaded: judged as a rate.", integral=True),
     Family(XID_COUNT, "xid_counts", "xid-count",
-           "Opt-in exporter family: occurrences of each XID in a sliding window, label xid."),
+           "Opt-in exporter family: occurrences of each XID in a sliding window, label xid.",
+           integral=True),
 )
 
 FIELD_OF: dict[str, str] = {f.metric: f.field for f in FAMILIES}
 """Metric family -> the ``GpuReading`` field it fills."""
+
+INTEGRAL_FIELDS: frozenset[str] = frozenset(f.field for f in FAMILIES if f.integral)
+"""``GpuReading`` fields whose every sample must be a whole number."""
 
 
 def read_as(read: Read) -> tuple[Family, ...]:

@@ -57,6 +57,27 @@ def most_severe(actions: list[Action]) -> Action:
     return max(actions, key=lambda a: SEVERITY[a], default=Action.NONE)
 
 
+class XidDetail(BaseModel):
+    """What an NVLink5 XID line (144-150) says beyond its number, as the driver prints it:
+
+        NVRM: Xid (PCI:0018:01:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 08 (0x00000082
+        0x00000001 ...)   (one line)
+
+    The unit (NVIDIA's "subcode", in plain text), the driver's fatal/non-fatal word, the link,
+    ``intrInfo`` and ``errorStatus`` (the first two registers): what NVIDIA's "XID 144-150
+    Decode" sheet keys its resolution on (policy/nvlink5.py). Only the kernel log carries it;
+    the exporter's gauge holds the number alone."""
+
+    model_config = ConfigDict(frozen=True)
+
+    xid: int
+    unit: str = Field(max_length=64)
+    severity: str = Field(default="", max_length=16)
+    link: int | None = None
+    intr_info: int = Field(ge=0, le=0xFFFFFFFF)
+    error_status: int = Field(ge=0, le=0xFFFFFFFF)
+
+
 class GpuReading(BaseModel):
     """The health-relevant fields of one GPU, as read from one scrape.
 
@@ -70,6 +91,9 @@ class GpuReading(BaseModel):
     model_name: str = ""
     pci_bus_id: str = ""
     xid: int | None = None
+    xid_detail: XidDetail | None = None
+    """The kernel-log line behind ``xid`` when it is an NVLink5 XID (144-150); None from an
+    exporter, which shows the number only."""
     gpu_temp: float | None = None
     memory_temp: float | None = None
     ecc_dbe_volatile: float | None = None
@@ -121,6 +145,9 @@ class Finding(BaseModel):
     value: float
     rule: str
     action: Action
+    detail: str = ""
+    """What the evidence means where the rule id cannot say it all (a decoded NVLink5 XID:
+    unit, severity, NVIDIA's resolution); empty otherwise."""
 
 
 class Verdict(BaseModel):

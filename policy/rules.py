@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-from policy import dcgm
+from policy import dcgm, nvlink5
 from policy.config import CLOCK_REASON_BITS, PolicySettings
 from policy.models import (
     SEVERITY,
@@ -161,12 +161,41 @@ def _xid_finding(
             return finding(f"xid-154-code-{int(code)}", config.unknown_xid_action)
         return finding(f"xid-154-{recovery.slug}", recovery.action)
 
+    if xid in nvlink5.NVLINK5_XIDS and gpu.xid_detail is not None and gpu.xid_detail.xid == xid:
+        decoded = nvlink5.decode(gpu.xid_detail)
+        if decoded is not None:
+            return _nvlink5_finding(gpu, decoded, config)
+        return finding(f"xid-{xid}-undecoded", row.action).model_copy(update={
+            "detail": f"XID {xid} {gpu.xid_detail.unit} status 0x{gpu.xid_detail.error_status:x}"
+                      " is not in NVIDIA's 144-150 decode as this version knows it: the "
+                      "catalog's fallback applies"})
+
     if xid == 48 and (remap_pending or any(repeats.get(x, 0) > 0 for x in _XID_48_COMPANIONS)):
         return finding("xid-48-drain-and-reset", row.action)
 
     if row.action == Action.APP and _app_xid_repeated(xid, config, repeats):
         return finding(repeated_rule_id(xid), config.app_xid_escalation.action)
     return finding(row.rule_id, row.action)
+
+
+def _nvlink5_finding(gpu: GpuReading, decoded: nvlink5.Decoded, config: PolicySettings) -> Finding:
+    """A decoded NVLink5 XID acts as NVIDIA's decode sheet says: ignore, reset, or for
+    ``XID_154_EVAL`` the recovery action XID 154 reports (restart the app when there is none)."""
+    xid = decoded.detail.xid
+    rule = f"xid-{xid}-{decoded.unit_slug}-{decoded.resolution.slug}"
+    action = nvlink5.RESOLUTION_ACTION[decoded.resolution]
+    detail = decoded.meaning
+    if decoded.resolution == nvlink5.Resolution.XID_154_EVAL:
+        code = usable(gpu.recovery_action)
+        recovery = config.recovery_action(int(code)) if code is not None and code > 0 else None
+        if recovery is not None:
+            rule += f"-{recovery.slug}"
+            action = recovery.action
+            detail += f"; the driver's recovery action is {recovery.name}"
+        else:
+            detail += "; no XID 154 recovery action readable, so the application restarts"
+    return Finding(gpu=gpu.gpu, uuid=gpu.uuid, signal=SIG_XID, value=float(xid), rule=rule,
+                   action=action, detail=detail)
 
 
 def _app_xid_repeated(xid: int, config: PolicySettings, repeats: Mapping[int, int]) -> bool:

@@ -66,6 +66,7 @@ BUCKET_ACTION: dict[Bucket, Action] = {
     Bucket.WORKFLOW_XID_45: Action.NONE,
     # The decode needs the register dump from the kernel log, which the gauge does not carry; a
     # reset is what the catalog prescribes for the fatal outcomes, and it clears link state.
+    # Where the kernel log gives the registers, NVLink5 lines are decoded (policy/nvlink5.py).
     Bucket.WORKFLOW_NVLINK_ERR: Action.RESET,
     Bucket.WORKFLOW_NVLINK5_ERR: Action.RESET,
     # Fallback only: the rules replace it with the recovery action the driver reports.
@@ -162,8 +163,9 @@ _NVJPG = "A JPEG-decoder engine error in one application's work."
 _OFA = "An optical-flow engine error in one application's work."
 _DRIVER_FW = "A driver/firmware-internal event the catalog says needs no action."
 _NVLINK5 = (
-    "NVLink5 error: its subcode decides between ignore and reset, the gauge lacks the "
-    "registers, so assume the fatal subcodes and reset."
+    "NVLink5 error: its subcode decides between ignore and reset. From the kernel log, "
+    "NVIDIA's 144-150 decode sheet decides (policy/nvlink5.py); the exporter's gauge lacks "
+    "the registers, so from it assume the fatal subcodes and reset."
 )
 _PSHC = (
     "Power-smoothing circuitry state; no catalog guidance and no GPU fault: a human checks "

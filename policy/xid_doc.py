@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from policy.nvlink5 import DECODE_SOURCE, RESOLUTION_ACTION, ROWS
 from policy.xid import BUCKET_ACTION, CATALOG_SOURCE, DEFAULT_XID_TABLE, RECOVERY_ACTIONS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "xid-policy.md"
@@ -59,10 +60,36 @@ def render_recovery() -> str:
     return "\n".join(lines)
 
 
+def render_nvlink5() -> str:
+    """NVIDIA's XID 144-150 decode as ``policy.nvlink5`` holds it: one row per unit and
+    resolution, the status values (or link-down reasons) that lead there."""
+    grouped: dict[tuple[int, str, str, str], list[int]] = {}
+    for row in ROWS:
+        key = (row.xid, " / ".join(row.units), row.resolution.value, row.severity)
+        grouped.setdefault(key, []).append(row.key)
+    lines = [
+        f"Source: {DECODE_SOURCE}. {len(ROWS)} rows.",
+        "",
+        "| XID | Unit | Error status (or reason, intrInfo[25:20]) | Severity | NVIDIA resolution "
+        "| Our action |",
+        "|---:|---|---|---|---|---|",
+    ]
+    for (xid, units, resolution, severity), keys in grouped.items():
+        reason = units.startswith("NETIR_LINK_EVT") or units.startswith("NETIR /")
+        shown = ("any" if keys == [-1] else ", ".join(str(k) for k in keys) if reason
+                 else ", ".join(f"0x{k:x}" for k in keys))
+        action = next(a for r, a in RESOLUTION_ACTION.items() if r.value == resolution)
+        ours = (f"{action.value} (or XID 154's recovery action)" if resolution == "XID_154_EVAL"
+                else action.value)
+        lines.append(f"| {xid} | {units} | {shown} | {severity} | {resolution} | {ours} |")
+    return "\n".join(lines)
+
+
 SECTIONS = {
     "xid-buckets": render_buckets,
     "xid-catalog": render_catalog,
     "recovery-actions": render_recovery,
+    "nvlink5-decode": render_nvlink5,
 }
 
 

@@ -84,7 +84,7 @@ class Scenario(BaseModel):
         return [(n, p) for p in self.pools for n in p.node_names()]
 
 
-BUILTIN = ("small", "training", "inference")
+BUILTIN = ("small", "training", "inference", "gpu-operator")
 
 
 def load_scenario(name_or_path: str) -> Scenario:

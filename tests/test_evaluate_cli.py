@@ -78,11 +78,25 @@ def test_json_contract_exact_shape(capsys: pytest.CaptureFixture[str], sick_file
                         "value": 79.0,
                         "rule": "xid-79-restart-bm",
                         "action": "reboot",
+                        "detail": "",
                     }
                 ],
             }
         ],
         "errors": [],
+        "warnings": [],
+        "blind": [
+            {"node": "gpu-07", "signal": signal, "missing": missing}
+            for signal, missing in [
+                ("ecc-dbe", ["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]),
+                ("row-remap-pending", ["DCGM_FI_DEV_ROW_REMAP_PENDING"]),
+                ("uncorrectable-remap-limit", ["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"]),
+                ("clock-reasons", ["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"]),
+                ("recovery-action", ["DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"]),
+                ("repeat-xid", ["DCGM_EXP_XID_ERRORS_COUNT"]),
+                # The link rules are off by default (policy.links), so not blind.
+            ]
+        ],
     }
 
 
@@ -218,6 +232,7 @@ def test_http_source(capsys: pytest.CaptureFixture[str], exporter: str) -> None:
                     "value": 48.0,
                     "rule": "xid-48-workflow-xid-48",
                     "action": "reset",
+                    "detail": "",
                 }
             ],
         }

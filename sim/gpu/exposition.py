@@ -219,6 +219,18 @@ FAMILIES: tuple[Family, ...] = (
 )
 DEFAULT_FAMILIES: tuple[Family, ...] = tuple(f for f in FAMILIES if not f.extra)
 
+STOCK_COUNTER_POOLS: frozenset[str] = frozenset({"gpu-operator"})
+"""Node pools whose exporter serves exactly the stock counter set, as the GPU Operator's
+dcgm-exporter does with /etc/dcgm-exporter/dcp-metrics-included.csv (the same 25 families
+as default-counters.csv: no ECC, remap-pending, clock-event, recovery-action or NVLink error
+fields, and no DCGM_EXP_XID_ERRORS_COUNT), whatever the fleet's switches say. The
+gpu-operator scenario (sim/scenarios/gpu-operator.yaml) is one such pool."""
+
+
+def stock_counters(node: Node) -> bool:
+    """True when ``node``'s exporter runs with the stock counter file."""
+    return node.pool in STOCK_COUNTER_POOLS
+
 
 def _float(v: float) -> str:
     return f"{v:f}"  # Go's %f: always six decimals
@@ -296,8 +308,10 @@ def _labels(gpu: Gpu, host_key: str) -> _Labels:
 _Row = tuple[_Labels, tuple[str | None, ...]]
 
 
-def _row(gpu: Gpu, cols: _Columns, host_key: str, now: float, xid_zero: bool) -> _Row | None:
-    """One GPU's label sets and formatted values (None = series absent)."""
+def _row(gpu: Gpu, cols: _Columns, host_key: str, now: float, xid_zero: bool,
+         stock: bool = False) -> _Row | None:
+    """One GPU's label sets and formatted values (None = series absent); ``stock``: only the
+    stock counter set's families have series."""
     sample = gpu.sample(now, xid_zero)
     if sample is None:
         return None
@@ -307,6 +321,9 @@ def _row(gpu: Gpu, cols: _Columns, host_key: str, now: float, xid_zero: bool) ->
         None if v is None else fmt(v)
         for v, fmt in zip(cols.getter(sample), cols.formats, strict=True)
     )
+    if stock:
+        values = tuple(None if fam.extra else v
+                       for fam, v in zip(cols.families, values, strict=True))
     return _labels(gpu, host_key), values
 
 
@@ -352,16 +369,19 @@ def render_chunks(fleet: Fleet, nodes: Iterable[Node]) -> Iterator[str]:
             row
             for node in nodes
             for gpu in node.gpus
-            if (row := _row(gpu, cols, host_key, now, xid_zero)) is not None
+            if (row := _row(gpu, cols, host_key, now, xid_zero, stock_counters(node)))
+            is not None
         ]
     else:
         rows = []
         for node in nodes:
+            stock = stock_counters(node)
             for gpu in node.gpus:
-                row = _row(gpu, cols, host_key, now, xid_zero)
+                row = _row(gpu, cols, host_key, now, xid_zero, stock)
                 if row is not None:  # a GPU DCGM cannot read has no series at all
                     rows.append(row)
-                    counts += _xid_count_lines(gpu, row[0], now, window_ms)
+                    if not stock:  # the windowed count is opt-in, off in the stock file
+                        counts += _xid_count_lines(gpu, row[0], now, window_ms)
     for col, fam in enumerate(cols.families):
         text = _family_lines(fam, col, rows)
         if text:

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from policy import nvlink5
 from policy.config import PolicySettings
-from policy.models import SEVERITY, Action, GpuReading, NodeReadings
+from policy.models import SEVERITY, Action, GpuReading, NodeReadings, XidDetail
 from policy.rules import XidSighting, evaluate_node, gpu_key, xid_repeat_counts
 from worker.probe.common import (
     NoDriverError,
@@ -123,6 +124,7 @@ class _XidEvent:
     at_s: float | None
     pci: tuple[int, int, int] | None = None
     uuid: str = ""
+    detail: XidDetail | None = None
 
 
 def node_name(node: str | None, env: CheckEnv) -> str:
@@ -210,7 +212,7 @@ def _xid_log(path: str, env: CheckEnv) -> tuple[list[_XidEvent], float | None]:
     except OSError as exc:
         raise UsageError(f"--xid-log {path}: cannot read: {exc.strerror or exc}") from exc
     found, last_s = read_xid_log_file(text)
-    return [_XidEvent(xid=x.xid, at_s=x.at_s, pci=x.pci) for x in found], last_s
+    return [_event(x) for x in found], last_s
 
 
 def _kernel_xids(env: CheckEnv, issues: list[ProbeIssue]) -> list[_XidEvent]:
@@ -219,11 +221,21 @@ def _kernel_xids(env: CheckEnv, issues: list[ProbeIssue]) -> list[_XidEvent]:
     if text is None:
         return []
     found: list[KernelXid] = parse_kernel_log(text)
-    return [_XidEvent(xid=x.xid, at_s=x.at_s, pci=x.pci) for x in found]
+    return [_event(x) for x in found]
 
 
-def _xid_severity(xid: int, config: PolicySettings) -> int:
-    row = config.xid_rule(xid)
+def _event(x: KernelXid) -> _XidEvent:
+    return _XidEvent(xid=x.xid, at_s=x.at_s, pci=x.pci, detail=x.detail)
+
+
+def _xid_severity(event: _XidEvent, config: PolicySettings) -> int:
+    """How bad one logged XID is: an NVLink5 line as NVIDIA's decode sheet resolves it (a
+    non-fatal subcode must not hide a fatal one of the same XID), any other by its row."""
+    if event.detail is not None and event.xid not in config.xid_overrides:
+        decoded = nvlink5.decode(event.detail)
+        if decoded is not None:
+            return SEVERITY[nvlink5.RESOLUTION_ACTION[decoded.resolution]]
+    row = config.xid_rule(event.xid)
     return SEVERITY[row.action if row is not None else config.unknown_xid_action]
 
 
@@ -262,8 +274,9 @@ def attach_xids(
     now = now_s if now_s is not None else 0.0
     for index, seen in per_gpu.items():
         # max() keeps the first of equals: walk newest first so the latest wins.
-        worst = max(reversed(seen), key=lambda e: _xid_severity(e.xid, config))
-        readings[index] = readings[index].model_copy(update={"xid": worst.xid})
+        worst = max(reversed(seen), key=lambda e: _xid_severity(e, config))
+        readings[index] = readings[index].model_copy(
+            update={"xid": worst.xid, "xid_detail": worst.detail})
         key = gpu_key(readings[index])
         for event in seen:
             at = event.at_s if event.at_s is not None and now_s is not None else now

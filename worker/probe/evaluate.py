@@ -3,8 +3,15 @@
 Other tools script against this command, so its JSON output is a contract:
 
     {"nodes": [{"node", "action", "findings": [{"gpu", "uuid", "signal", "value", "rule",
-                                                "action"}]}],
-     "errors": [{"source", "message"}]}
+                                                "action", "detail"}]}],
+     "errors": [{"source", "message"}],
+     "warnings": [{"source", "message"}],
+     "blind": [{"node", "signal", "missing": [metric, ...]}]}
+
+``warnings``: sources read with a caveat (a host label that is the exporter pod's name).
+``blind``: per node, the rules its payload cannot feed because the exporter does not serve
+their fields (policy/signals.py): on the GPU Operator's stock counters, double-bit ECC,
+row-remap-pending, clock reasons, recovery action, NVLink errors and repeat XIDs.
 
 Exit codes: 0 every source was evaluated, 1 at least one source failed (it is listed in
 ``errors`` and contributes no node), 2 bad usage (no source, bad config file).
@@ -19,6 +26,7 @@ does not judge either. HTTP redirects are not followed.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -39,6 +47,7 @@ from activities.exposition import (
 from policy.config import PolicySettings
 from policy.models import GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_fleet
+from policy.signals import node_blind_signals
 from worker.yamlfile import load_yaml
 
 MAX_PAYLOAD_BYTES = FLEET_LIMITS.max_bytes
@@ -52,11 +61,26 @@ class SourceError(BaseModel):
     message: str
 
 
+class NodeBlindSignal(BaseModel):
+    """A rule that cannot fire on a node: its exporter serves none of the families named."""
+
+    node: str
+    signal: str
+    missing: list[str]
+
+
 class EvaluationReport(BaseModel):
     """The JSON document ``evaluate --output json`` prints."""
 
     nodes: list[Verdict] = Field(default_factory=list)
     errors: list[SourceError] = Field(default_factory=list)
+    warnings: list[SourceError] = Field(
+        default_factory=list,
+        description="Sources evaluated with a caveat: a host label that names the exporter's "
+                    "pod rather than a node.")
+    blind: list[NodeBlindSignal] = Field(
+        default_factory=list,
+        description="Per node, the rules its payload cannot feed (policy/signals.py).")
 
     @property
     def ok(self) -> bool:
@@ -162,6 +186,42 @@ def _parse_source(raw: bytes, node: str | None) -> ParseResult:
     return result
 
 
+_POD_SUFFIX_RE = re.compile(r"-[bcdfghjklmnpqrstvwxz2456789]{5}$")
+"""The random suffix Kubernetes gives a DaemonSet's pods (its alphabet has no vowels and no
+0, 1, 3): ``nvidia-dcgm-exporter-x7k2p``."""
+
+
+def looks_like_exporter_pod(name: str) -> bool:
+    """True when a host label reads as dcgm-exporter's pod name, not a node name: what the
+    exporter writes when ``NODE_NAME`` is not set (it then names the pod it runs in)."""
+    return ("dcgm" in name or "exporter" in name) and _POD_SUFFIX_RE.search(name) is not None
+
+
+def _name_nodes(result: ParseResult, node: str | None, source: str,
+                warnings: list[SourceError]) -> list[NodeReadings]:
+    """The source's nodes as the user named them. ``--node`` names the node of a one-host
+    payload whatever its host label says (as the scrape does: one exporter, one node), and
+    picks that node out of a federation payload. Without it, a host label that is an exporter
+    pod's name is used, with a warning saying so."""
+    if node is not None:
+        if len(result.nodes) == 1:
+            return [result.nodes[0].model_copy(update={"node": node})]
+        mine = [n for n in result.nodes if n.node == node]
+        if not mine:
+            names = ", ".join(n.node[:80] for n in result.nodes[:5])
+            raise _SourceFailed(
+                f"the payload holds {len(result.nodes)} hosts ({names}), none named {node}")
+        return mine
+    for readings in result.nodes:
+        if looks_like_exporter_pod(readings.node):
+            warnings.append(SourceError(source=source, message=(
+                f"the host label {readings.node[:80]!r} looks like the dcgm-exporter pod's "
+                "name, not a node name (an exporter without NODE_NAME writes its pod's name "
+                "in its Hostname/hostname label): the verdict is named after the pod; give "
+                "--node NODE, or set NODE_NAME in the exporter")))
+    return result.nodes
+
+
 def _merge(nodes: list[NodeReadings]) -> list[NodeReadings]:
     """One entry per node name; a GPU seen in two sources keeps the first source's reading."""
     merged: dict[str, dict[str, GpuReading]] = {}
@@ -181,11 +241,14 @@ def evaluate_sources(
     for source in sources:
         try:
             result = _parse_source(_read_source(source, timeout_s), node)
+            readings.extend(_name_nodes(result, node, source, report.warnings))
         except _SourceFailed as exc:
             report.errors.append(SourceError(source=source, message=str(exc)))
             continue
-        readings.extend(result.nodes)
-    report.nodes = evaluate_fleet(_merge(readings), config)
+    merged = _merge(readings)
+    report.nodes = evaluate_fleet(merged, config)
+    report.blind = [NodeBlindSignal(node=r.node, signal=b.signal, missing=b.missing)
+                    for r in merged for b in node_blind_signals(r, config)]
     return report
 
 
@@ -213,6 +276,15 @@ def _print_table(report: EvaluationReport, out: TextIO) -> None:
                 f.action.value,
             )
     console.print(table)
+    for w in report.warnings:
+        console.print(f"warning: {w.source}: {w.message}")
+    if report.blind:
+        blind = Table(title="Rules the exporter cannot feed (blind)")
+        for column in ("Node", "Signal", "Missing families"):
+            blind.add_column(column)
+        for b in report.blind:
+            blind.add_row(b.node, b.signal, ", ".join(b.missing))
+        console.print(blind)
     if report.errors:
         errors = Table(title="Sources that failed")
         errors.add_column("Source")

@@ -232,7 +232,10 @@ class _GpuParser:
         return ProbedGpu(
             reading=reading,
             mig_enabled={"enabled": True, "disabled": False}.get(mig),
-            retired_pages=self._retired_pages() if remap is None else None,
+            # Read whatever <remapped_rows> says: pre-Ampere GPUs print it as N/A (no row
+            # remapper) and keep their retirements in <retired_pages>; on row-remap GPUs the
+            # retired-pages values are N/A, which reads as no block at all.
+            retired_pages=self._retired_pages(),
         )
 
 
