@@ -208,3 +208,55 @@ def test_evaluate_refuses_a_policy_file_with_a_key_given_twice(tmp_path: Path) -
         load_policy_config(same_line)
     ok = write(tmp_path, "xid_overrides: {13: none, 31: none}\n")
     assert set(load_policy_config(ok).xid_overrides) == {13, 31}
+
+
+# ---------------------------------------------------------------- limits: the ceiling
+
+
+def test_limits_default_to_the_settings_the_worker_starts_with(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "detector:\n  max_unavailable: 2\n"
+                                             "remediation:\n  approval:\n"
+                                             "    required_for: [reboot]\n"))
+    limits = settings.limits_settings()
+    assert limits.max_unavailable == 2
+    assert [a.value for a in limits.approval_required_for] == ["reboot"]
+    assert limits.dry_run_may_end is True
+
+
+def test_limits_looser_than_the_settings_are_kept(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "detector:\n  max_unavailable: 1\n"
+                                             "limits:\n  max_unavailable: 4\n"))
+    assert settings.detector.max_unavailable == 1
+    assert settings.limits_settings().max_unavailable == 4
+
+
+@pytest.mark.parametrize(("text", "both"), [
+    ("detector:\n  max_unavailable: 3\nlimits:\n  max_unavailable: 2\n",
+     ["detector.max_unavailable = 3", "limits.max_unavailable = 2"]),
+    ("remediation:\n  drain:\n    deadline_policy: force\nlimits:\n  drain_force_allowed: false\n",
+     ["remediation.drain.deadline_policy = force", "limits.drain_force_allowed = false"]),
+    ("remediation:\n  approval:\n    required_for: []\n"
+     "limits:\n  approval_required_for: [reboot]\n",
+     ["remediation.approval.required_for = []", "limits.approval_required_for = [reboot]"]),
+])
+def test_a_limits_section_tighter_than_the_settings_fails_at_start_naming_both(
+        tmp_path: Path, text: str, both: list[str]) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert all(part in str(err.value) for part in both), str(err.value)
+    result = CliRunner().invoke(app, ["worker", "-c", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "limits.max_unavailable" in result.output or "limits." in result.output
+
+
+def test_an_environment_override_past_the_file_limits_fails_at_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_REMEDIATE_DETECTOR__MAX_UNAVAILABLE", "50%")
+    with pytest.raises(ConfigError, match=r"detector\.max_unavailable = 50%"):
+        load_settings(write(tmp_path, "limits:\n  max_unavailable: 10%\n"))
+
+
+def test_an_unknown_limit_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"limits\.max_unavailabel: unknown field"):
+        load_settings(write(tmp_path, "limits:\n  max_unavailabel: 3\n"))

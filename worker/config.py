@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -33,6 +34,7 @@ from policy.config import PolicySettings
 from policy.fields import unknown_fields
 from worker.yamlfile import load_yaml
 from workflows.ids import TASK_QUEUE, observe_task_queue
+from workflows.limits import LimitsSettings, violations
 from workflows.settings import DetectorSettings, RemediationSettings
 
 
@@ -174,6 +176,16 @@ class Settings(BaseSettings):
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    limits: dict[str, Any] | None = Field(
+        default=None,
+        description="How far a Temporal client (`detector reconfigure`, an update, a signal) "
+                    "may loosen the detector's settings: workflows/limits.py LimitsSettings. "
+                    "Each unset limit is the value this file runs with, so by default a "
+                    "client can only tighten.")
+
+    _limits: LimitsSettings | None = PrivateAttr(default=None)
+    _source: Path | None = PrivateAttr(default=None)
+    _overrides: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @field_validator("policy", mode="before")
     @classmethod
@@ -229,6 +241,39 @@ class Settings(BaseSettings):
             raise ValueError("; ".join(problems))
         return self
 
+    @model_validator(mode="after")
+    def _inside_limits(self) -> Settings:
+        # The file is the ceiling of every reconfigure; a file whose own settings are past
+        # its limits is a contradiction the reviewer must see, not a ceiling to guess at.
+        running = self.detector_settings()
+        limits = LimitsSettings.resolve(running, self.limits)
+        over = violations(running, limits)
+        if over:
+            raise ValueError(
+                "limits: tighter than the settings this configuration runs with: "
+                + "; ".join(f"{config_field(v.field)} = {v.requested} but "
+                            f"limits.{v.limit_field} = {v.limit}" for v in over)
+                + " (raise the limit or tighten the setting)")
+        self._limits = limits
+        return self
+
+    def limits_settings(self) -> LimitsSettings:
+        """The ceiling of the detector's settings: the ``limits:`` section, each unset
+        limit the value this configuration runs with."""
+        if self._limits is None:
+            self._limits = LimitsSettings.resolve(self.detector_settings(), self.limits)
+        return self._limits
+
+    @property
+    def source(self) -> Path | None:
+        """The file this configuration was read from (None: defaults and environment)."""
+        return self._source
+
+    def reload(self) -> Settings:
+        """The configuration as its file (and the environment) say now, with the same
+        command-line overrides; without a file, this one."""
+        return self if self._source is None else load_settings(self._source, **self._overrides)
+
     @classmethod
     def settings_customise_sources(
         cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -270,13 +315,23 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         data = loaded
     token = _FILE_DATA.set(data)
     try:
-        return Settings(**nest({k: v for k, v in overrides.items() if v is not None}))
+        settings = Settings(**nest({k: v for k, v in overrides.items() if v is not None}))
+        settings._source = path
+        settings._overrides = dict(overrides)
+        return settings
     except ValidationError as err:
         raise ConfigError(f"{source}: " + format_errors(err)) from err
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from err
     finally:
         _FILE_DATA.reset(token)
+
+
+def config_field(dotted: str) -> str:
+    """Where a field of the detector's settings is set in the configuration file: policy
+    and remediation are sections of their own, the rest is under ``detector``."""
+    head = dotted.split(".")[0]
+    return dotted if head in ("policy", "remediation") else f"detector.{dotted}"
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
@@ -302,7 +357,11 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def format_errors(err: ValidationError) -> str:
     parts = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = ".".join(str(p) for p in e["loc"])
         msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
-        parts.append(f"{loc}: {msg}")
+        if not loc and e["type"] == "value_error" and "error" in e.get("ctx", {}):
+            # A check of the whole file names its own fields.
+            parts.append(str(e["ctx"]["error"]))
+            continue
+        parts.append(f"{loc or '(top level)'}: {msg}")
     return "; ".join(parts)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from workflows.limits import LimitsSettings
 from workflows.messages import (
     AdmissionReport,
     ClaimInput,
@@ -182,3 +183,11 @@ async def restart_device_plugin(inp: DevicePluginInput) -> DevicePluginRestart:
 @activity.defn(name="list_running_remediations")
 async def list_running_remediations(inp: RunningRemediationsInput) -> RunningRemediations:
     raise _reference("list_running_remediations")
+
+
+# ------------------------------------------------------------ limits (activities/limits.py)
+
+@activity.defn(name="read_limits")
+def read_limits() -> LimitsSettings:
+    """The worker's ``limits:`` from its own configuration file (never a client's)."""
+    raise _reference("read_limits")
