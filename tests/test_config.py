@@ -260,3 +260,49 @@ def test_an_environment_override_past_the_file_limits_fails_at_start(
 def test_an_unknown_limit_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"limits\.max_unavailabel: unknown field"):
         load_settings(write(tmp_path, "limits:\n  max_unavailabel: 3\n"))
+
+
+# ---------------------------------------------------------------- the API key from a file
+
+
+def test_the_api_key_comes_from_its_file_and_follows_a_rotation(tmp_path: Path) -> None:
+    from worker.temporal_client import refresh_api_key
+
+    key = tmp_path / "api-key"
+    key.write_text("first-token\n")
+    t = load_settings(write(tmp_path, f"temporal:\n  require_auth: true\n"
+                                      f"  api_key_file: {key}\n")).temporal
+    assert t.current_api_key() == "first-token" and t.auth_problem() == ""
+
+    class Holder:
+        api_key: str | None = "first-token"
+
+    client = Holder()
+    assert refresh_api_key(client, t) is False
+    key.write_text("second-token")
+    assert refresh_api_key(client, t) is True and client.api_key == "second-token"
+    # A Secret being replaced: the file is briefly gone; the last key stays.
+    key.unlink()
+    assert refresh_api_key(client, t) is False and client.api_key == "second-token"
+
+
+def test_a_missing_key_file_is_no_key_and_says_which_file(tmp_path: Path) -> None:
+    t = load_settings(write(tmp_path, "temporal:\n  require_auth: true\n"
+                                      f"  api_key_file: {tmp_path / 'absent'}\n")).temporal
+    assert t.current_api_key() is None
+    assert f"api_key_file {tmp_path / 'absent'} is absent or empty" in t.auth_problem()
+
+
+def test_a_key_file_with_two_tokens_is_refused(tmp_path: Path) -> None:
+    key = tmp_path / "api-key"
+    key.write_text("one\ntwo\n")
+    t = load_settings(write(tmp_path, f"temporal:\n  api_key_file: {key}\n")).temporal
+    with pytest.raises(ConfigError, match="more than one token"):
+        t.current_api_key()
+
+
+def test_a_key_and_a_key_file_together_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_REMEDIATE_TEMPORAL__API_KEY", "k")
+    with pytest.raises(ConfigError, match="api_key and api_key_file: set one"):
+        load_settings(write(tmp_path, f"temporal:\n  api_key_file: {tmp_path / 'k'}\n"))

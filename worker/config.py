@@ -63,6 +63,16 @@ class TemporalSettings(_Section):
     tls: TlsSettings = Field(default_factory=TlsSettings)
     api_key: str | None = Field(default=None, description="Temporal Cloud API key (prefer env).",
                                 repr=False)
+    api_key_file: Path | None = Field(
+        default=None,
+        description="A file holding the API key or JWT (a mounted Secret's key), read at "
+                    "connect and again every api_key_refresh, so a rotated Secret takes "
+                    "effect without a restart. A missing file is no key (the Secret is "
+                    "optional when mTLS is used instead).")
+    api_key_refresh: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="Seconds between reads of api_key_file (the kubelet refreshes a mounted "
+                    "Secret within about a minute).")
     require_auth: bool = Field(
         default=False,
         description="Refuse to connect without a client certificate (mTLS) or an API key. "
@@ -74,13 +84,40 @@ class TemporalSettings(_Section):
                     "the dev server's (frontend port + 1000) for a local address, else none.")
 
 
+    @model_validator(mode="after")
+    def _one_key(self) -> TemporalSettings:
+        if self.api_key and self.api_key_file is not None:
+            raise ValueError("api_key and api_key_file: set one (the file, to rotate it)")
+        return self
+
+    def current_api_key(self) -> str | None:
+        """The API key now: from api_key_file when set (None while it is absent or
+        empty), else api_key."""
+        if self.api_key_file is None:
+            return self.api_key or None
+        try:
+            key = self.api_key_file.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"temporal.api_key_file: cannot read {self.api_key_file}: "
+                              f"{err}") from err
+        if any(c.isspace() or not c.isprintable() for c in key):
+            raise ConfigError(f"temporal.api_key_file: {self.api_key_file} holds more than "
+                              "one token (white space or control characters inside)")
+        return key or None
+
     def auth_problem(self) -> str:
         """Why a connection would not authenticate this worker, or "" (require_auth)."""
-        if not self.require_auth or self.api_key or (self.tls.enabled and self.tls.client_cert):
+        if not self.require_auth or self.current_api_key() or (
+                self.tls.enabled and self.tls.client_cert):
             return ""
+        where = (f"temporal.api_key_file {self.api_key_file} is absent or empty"
+                 if self.api_key_file is not None else
+                 "no API key (temporal.api_key_file or GPU_REMEDIATE_TEMPORAL__API_KEY)")
         return ("temporal.require_auth is set, but there is no client certificate "
-                "(temporal.tls.enabled with client_cert and client_key: mTLS) and no API key "
-                "(GPU_REMEDIATE_TEMPORAL__API_KEY); see docs/install.md, 'Connect to Temporal'")
+                f"(temporal.tls.enabled with client_cert and client_key: mTLS) and {where}; "
+                "see docs/install.md, 'Connect to Temporal'")
 
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
