@@ -102,3 +102,11 @@ def test_an_open_network_value_fails_naming_it(
     with pytest.raises(HelmFailed) as err:
         template(helm, values)
     assert named in err.value.stderr
+
+
+def test_the_chart_sets_the_key_file_and_refuses_another(helm: Path, tmp_path: Path) -> None:
+    from tests.deploy.chart import HelmFailed, template
+
+    with pytest.raises(HelmFailed) as err:
+        template(helm, {"config": {"temporal": {"api_key_file": "/tmp/key"}}})
+    assert "config.temporal.api_key_file" in err.value.stderr
