@@ -20,8 +20,10 @@ import unicodedata
 # Escaped: every character that starts or closes a construct (block markers, emphasis,
 # code, links and images, tables, HTML and entities) and those an autolink needs ('/' of
 # "://" and "//", '.' of a domain). Left as they are, for prose to stay readable: the few
-# that mean nothing on their own.
-_LITERAL = set(":,;\"'%?@$^")
+# that mean nothing on their own, and those that mean something only at the start of a
+# line (a list item, a setext underline), escaped there.
+_AT_START = "-+="
+_LITERAL = set(":,;\"'%?@$^" + _AT_START)
 _ESCAPED = {ord(c): "\\" + c for c in string.punctuation if c not in _LITERAL}
 _SPACES = {"\t", "\n", "\r", "\v", "\f", "\u2028", "\u2029", "\x85"}
 
@@ -43,4 +45,5 @@ def plain(text: str, limit: int) -> str:
     escaped. The result renders as the characters of the (cut) input; it may be up to
     twice ``limit`` long before rendering. Leading and trailing white space goes too: at
     the start of a line, four spaces would open a code block."""
-    return printable(text, limit).strip().translate(_ESCAPED)
+    escaped = printable(text, limit).strip().translate(_ESCAPED)
+    return "\\" + escaped if escaped[:1] in tuple(_AT_START) else escaped

@@ -31,8 +31,9 @@ def literal(text: str) -> str:
     """What a line of Markdown renders as, when it is nothing but text."""
     [para, inline, close] = MD.parse(text)
     assert (para.type, close.type) == ("paragraph_open", "paragraph_close"), text
-    assert {t.type for t in inline.children} <= {"text"}, [t.type for t in inline.children]
-    return "".join(t.content for t in inline.children)
+    assert {t.type for t in inline.children} <= {"text", "softbreak"}, [
+        t.type for t in inline.children]
+    return "".join("\n" if t.type == "softbreak" else t.content for t in inline.children)
 
 
 def hostile_verdict(uuid: str = HOSTILE, **finding: str) -> Verdict:
@@ -77,7 +78,8 @@ def test_the_requester_and_reason_cannot_forge_lines_or_links() -> None:
 def test_the_shipped_details_still_read_as_before() -> None:
     details = _evidence(hostile_verdict(uuid="GPU-1"), "bob", "user report: NaNs",
                         dry_run=True)
-    assert details.startswith("### gpu\\-node\\-7: reboot (dry-run)\n")
+    assert details.startswith("### gpu-node-7: reboot (dry-run)\n")
+    assert "| 3 | GPU-1 | xid | 79 | xid-79 | reboot |" in details
     assert "Requested by **bob**: user report: NaNs" in details
 
 
@@ -95,6 +97,12 @@ def test_printable_drops_control_and_format_characters(text: str, shown: str) ->
 def test_leading_spaces_never_open_a_code_block() -> None:
     assert literal(plain("    indented", 80)) == "indented"
     assert literal(plain("\t1. item", 80)) == "1. item"
+
+
+@pytest.mark.parametrize("line", ["- item", "+ item", "---", "===", "-", "1) x", "> quote"])
+def test_a_line_of_node_text_never_starts_a_block(line: str) -> None:
+    assert literal(plain(line, 80)) == line
+    assert literal("intro\n" + plain(line, 80)) == "intro\n" + line
 
 
 def test_long_text_is_cut_to_the_limit_with_an_ellipsis() -> None:
