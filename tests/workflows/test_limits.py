@@ -229,3 +229,18 @@ def test_a_violation_reads_as_one_line_for_an_operator() -> None:
                        limit_field="drain_deadline_min", limit="1h", why="sooner")
     assert str(v) == ("remediation.drain.deadline: 1s is past the limit "
                       "limits.drain_deadline_min = 1h (sooner)")
+
+
+def test_settings_and_limits_survive_the_wire_unchanged() -> None:
+    # The detector compares a reconfigure's payload with read_limits' result, both decoded
+    # by Temporal's converter: a config's own settings must still be inside its limits.
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    convert = pydantic_data_converter.payload_converter
+    running = DetectorSettings(max_unavailable="10%", pool_max_unavailable={"*": 1},
+                               remediation={"approval": {"required_for": ["reboot"]}})
+    limits = LimitsSettings.from_settings(running)
+    [sent] = convert.from_payloads(convert.to_payloads([running]), [DetectorSettings])
+    [read] = convert.from_payloads(convert.to_payloads([limits]), [LimitsSettings])
+    assert (sent, read) == (running, limits)
+    assert violations(sent, read) == []
