@@ -13,6 +13,7 @@ from temporalio import activity
 
 from activities.kube import REQUEST_TIMEOUT
 from workflows.messages import NodeEventInput
+from workflows.ui_text import printable
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,13 @@ def record_node_event(
     """Create a core/v1 Event on the node. An Event is best effort: losing one never
     fails a remediation, so API errors are logged, not raised. ``before_each_try``: called
     before every attempt (a drain heartbeats there, so retries never outlast its heartbeat
-    timeout)."""
+    timeout).
+
+    The message often carries what a node or its exporter wrote (a GPU's label, a pod's
+    name, an operator's reason): control characters are dropped here, for every caller,
+    so none can forge a line or a terminal escape in `kubectl describe node` or a log
+    pipeline. Markdown is not escaped: an Event is plain text, and a backslash in a UUID
+    would mislead whoever copies it."""
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = {
         "apiVersion": "v1",
@@ -56,8 +63,8 @@ def record_node_event(
         # The kubelet records node Events with the node's name as uid, and
         # `kubectl describe node` searches for exactly that.
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
-        "reason": reason,
-        "message": message[:1024],
+        "reason": printable(reason, 128).strip(),
+        "message": printable(message, 1024),
         "type": event_type,
         "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT,

@@ -208,3 +208,101 @@ def test_evaluate_refuses_a_policy_file_with_a_key_given_twice(tmp_path: Path) -
         load_policy_config(same_line)
     ok = write(tmp_path, "xid_overrides: {13: none, 31: none}\n")
     assert set(load_policy_config(ok).xid_overrides) == {13, 31}
+
+
+# ---------------------------------------------------------------- limits: the ceiling
+
+
+def test_limits_default_to_the_settings_the_worker_starts_with(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "detector:\n  max_unavailable: 2\n"
+                                             "remediation:\n  approval:\n"
+                                             "    required_for: [reboot]\n"))
+    limits = settings.limits_settings()
+    assert limits.max_unavailable == 2
+    assert [a.value for a in limits.approval_required_for] == ["reboot"]
+    assert limits.dry_run_may_end is True
+
+
+def test_limits_looser_than_the_settings_are_kept(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "detector:\n  max_unavailable: 1\n"
+                                             "limits:\n  max_unavailable: 4\n"))
+    assert settings.detector.max_unavailable == 1
+    assert settings.limits_settings().max_unavailable == 4
+
+
+@pytest.mark.parametrize(("text", "both"), [
+    ("detector:\n  max_unavailable: 3\nlimits:\n  max_unavailable: 2\n",
+     ["detector.max_unavailable = 3", "limits.max_unavailable = 2"]),
+    ("remediation:\n  drain:\n    deadline_policy: force\nlimits:\n  drain_force_allowed: false\n",
+     ["remediation.drain.deadline_policy = force", "limits.drain_force_allowed = false"]),
+    ("remediation:\n  approval:\n    required_for: []\n"
+     "limits:\n  approval_required_for: [reboot]\n",
+     ["remediation.approval.required_for = []", "limits.approval_required_for = [reboot]"]),
+])
+def test_a_limits_section_tighter_than_the_settings_fails_at_start_naming_both(
+        tmp_path: Path, text: str, both: list[str]) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert all(part in str(err.value) for part in both), str(err.value)
+    result = CliRunner().invoke(app, ["worker", "-c", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "limits.max_unavailable" in result.output or "limits." in result.output
+
+
+def test_an_environment_override_past_the_file_limits_fails_at_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_REMEDIATE_DETECTOR__MAX_UNAVAILABLE", "50%")
+    with pytest.raises(ConfigError, match=r"detector\.max_unavailable = 50%"):
+        load_settings(write(tmp_path, "limits:\n  max_unavailable: 10%\n"))
+
+
+def test_an_unknown_limit_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"limits\.max_unavailabel: unknown field"):
+        load_settings(write(tmp_path, "limits:\n  max_unavailabel: 3\n"))
+
+
+# ---------------------------------------------------------------- the API key from a file
+
+
+def test_the_api_key_comes_from_its_file_and_follows_a_rotation(tmp_path: Path) -> None:
+    from worker.temporal_client import refresh_api_key
+
+    key = tmp_path / "api-key"
+    key.write_text("first-token\n")
+    t = load_settings(write(tmp_path, f"temporal:\n  require_auth: true\n"
+                                      f"  api_key_file: {key}\n")).temporal
+    assert t.current_api_key() == "first-token" and t.auth_problem() == ""
+
+    class Holder:
+        api_key: str | None = "first-token"
+
+    client = Holder()
+    assert refresh_api_key(client, t) is False
+    key.write_text("second-token")
+    assert refresh_api_key(client, t) is True and client.api_key == "second-token"
+    # A Secret being replaced: the file is briefly gone; the last key stays.
+    key.unlink()
+    assert refresh_api_key(client, t) is False and client.api_key == "second-token"
+
+
+def test_a_missing_key_file_is_no_key_and_says_which_file(tmp_path: Path) -> None:
+    t = load_settings(write(tmp_path, "temporal:\n  require_auth: true\n"
+                                      f"  api_key_file: {tmp_path / 'absent'}\n")).temporal
+    assert t.current_api_key() is None
+    assert f"api_key_file {tmp_path / 'absent'} is absent or empty" in t.auth_problem()
+
+
+def test_a_key_file_with_two_tokens_is_refused(tmp_path: Path) -> None:
+    key = tmp_path / "api-key"
+    key.write_text("one\ntwo\n")
+    t = load_settings(write(tmp_path, f"temporal:\n  api_key_file: {key}\n")).temporal
+    with pytest.raises(ConfigError, match="more than one token"):
+        t.current_api_key()
+
+
+def test_a_key_and_a_key_file_together_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_REMEDIATE_TEMPORAL__API_KEY", "k")
+    with pytest.raises(ConfigError, match="api_key and api_key_file: set one"):
+        load_settings(write(tmp_path, f"temporal:\n  api_key_file: {tmp_path / 'k'}\n"))

@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -33,6 +34,7 @@ from policy.config import PolicySettings
 from policy.fields import unknown_fields
 from worker.yamlfile import load_yaml
 from workflows.ids import TASK_QUEUE, observe_task_queue
+from workflows.limits import LimitsSettings, violations
 from workflows.settings import (
     POOL_LABEL,
     DetectorSettings,
@@ -66,6 +68,16 @@ class TemporalSettings(_Section):
     tls: TlsSettings = Field(default_factory=TlsSettings)
     api_key: str | None = Field(default=None, description="Temporal Cloud API key (prefer env).",
                                 repr=False)
+    api_key_file: Path | None = Field(
+        default=None,
+        description="A file holding the API key or JWT (a mounted Secret's key), read at "
+                    "connect and again every api_key_refresh, so a rotated Secret takes "
+                    "effect without a restart. A missing file is no key (the Secret is "
+                    "optional when mTLS is used instead).")
+    api_key_refresh: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="Seconds between reads of api_key_file (the kubelet refreshes a mounted "
+                    "Secret within about a minute).")
     require_auth: bool = Field(
         default=False,
         description="Refuse to connect without a client certificate (mTLS) or an API key. "
@@ -77,13 +89,40 @@ class TemporalSettings(_Section):
                     "the dev server's (frontend port + 1000) for a local address, else none.")
 
 
+    @model_validator(mode="after")
+    def _one_key(self) -> TemporalSettings:
+        if self.api_key and self.api_key_file is not None:
+            raise ValueError("api_key and api_key_file: set one (the file, to rotate it)")
+        return self
+
+    def current_api_key(self) -> str | None:
+        """The API key now: from api_key_file when set (None while it is absent or
+        empty), else api_key."""
+        if self.api_key_file is None:
+            return self.api_key or None
+        try:
+            key = self.api_key_file.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"temporal.api_key_file: cannot read {self.api_key_file}: "
+                              f"{err}") from err
+        if any(c.isspace() or not c.isprintable() for c in key):
+            raise ConfigError(f"temporal.api_key_file: {self.api_key_file} holds more than "
+                              "one token (white space or control characters inside)")
+        return key or None
+
     def auth_problem(self) -> str:
         """Why a connection would not authenticate this worker, or "" (require_auth)."""
-        if not self.require_auth or self.api_key or (self.tls.enabled and self.tls.client_cert):
+        if not self.require_auth or self.current_api_key() or (
+                self.tls.enabled and self.tls.client_cert):
             return ""
+        where = (f"temporal.api_key_file {self.api_key_file} is absent or empty"
+                 if self.api_key_file is not None else
+                 "no API key (temporal.api_key_file or GPU_REMEDIATE_TEMPORAL__API_KEY)")
         return ("temporal.require_auth is set, but there is no client certificate "
-                "(temporal.tls.enabled with client_cert and client_key: mTLS) and no API key "
-                "(GPU_REMEDIATE_TEMPORAL__API_KEY); see docs/install.md, 'Connect to Temporal'")
+                f"(temporal.tls.enabled with client_cert and client_key: mTLS) and {where}; "
+                "see docs/install.md, 'Connect to Temporal'")
 
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -184,6 +223,16 @@ class Settings(BaseSettings):
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    limits: dict[str, Any] | None = Field(
+        default=None,
+        description="How far a Temporal client (`detector reconfigure`, an update, a signal) "
+                    "may loosen the detector's settings: workflows/limits.py LimitsSettings. "
+                    "Each unset limit is the value this file runs with, so by default a "
+                    "client can only tighten.")
+
+    _limits: LimitsSettings | None = PrivateAttr(default=None)
+    _source: Path | None = PrivateAttr(default=None)
+    _overrides: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @field_validator("policy", mode="before")
     @classmethod
@@ -263,6 +312,39 @@ class Settings(BaseSettings):
         """Where the node records live (kubernetes.record_namespace)."""
         return self.kubernetes.record_namespace or self.jobs.namespace
 
+    @model_validator(mode="after")
+    def _inside_limits(self) -> Settings:
+        # The file is the ceiling of every reconfigure; a file whose own settings are past
+        # its limits is a contradiction the reviewer must see, not a ceiling to guess at.
+        running = self.detector_settings()
+        limits = LimitsSettings.resolve(running, self.limits)
+        over = violations(running, limits)
+        if over:
+            raise ValueError(
+                "limits: tighter than the settings this configuration runs with: "
+                + "; ".join(f"{config_field(v.field)} = {v.requested} but "
+                            f"limits.{v.limit_field} = {v.limit}" for v in over)
+                + " (raise the limit or tighten the setting)")
+        self._limits = limits
+        return self
+
+    def limits_settings(self) -> LimitsSettings:
+        """The ceiling of the detector's settings: the ``limits:`` section, each unset
+        limit the value this configuration runs with."""
+        if self._limits is None:
+            self._limits = LimitsSettings.resolve(self.detector_settings(), self.limits)
+        return self._limits
+
+    @property
+    def source(self) -> Path | None:
+        """The file this configuration was read from (None: defaults and environment)."""
+        return self._source
+
+    def reload(self) -> Settings:
+        """The configuration as its file (and the environment) say now, with the same
+        command-line overrides; without a file, this one."""
+        return self if self._source is None else load_settings(self._source, **self._overrides)
+
     @classmethod
     def settings_customise_sources(
         cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -304,13 +386,23 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         data = loaded
     token = _FILE_DATA.set(data)
     try:
-        return Settings(**nest({k: v for k, v in overrides.items() if v is not None}))
+        settings = Settings(**nest({k: v for k, v in overrides.items() if v is not None}))
+        settings._source = path
+        settings._overrides = dict(overrides)
+        return settings
     except ValidationError as err:
         raise ConfigError(f"{source}: " + format_errors(err)) from err
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from err
     finally:
         _FILE_DATA.reset(token)
+
+
+def config_field(dotted: str) -> str:
+    """Where a field of the detector's settings is set in the configuration file: policy
+    and remediation are sections of their own, the rest is under ``detector``."""
+    head = dotted.split(".")[0]
+    return dotted if head in ("policy", "remediation") else f"detector.{dotted}"
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
@@ -336,7 +428,11 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def format_errors(err: ValidationError) -> str:
     parts = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = ".".join(str(p) for p in e["loc"])
         msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
-        parts.append(f"{loc}: {msg}")
+        if not loc and e["type"] == "value_error" and "error" in e.get("ctx", {}):
+            # A check of the whole file names its own fields.
+            parts.append(str(e["ctx"]["error"]))
+            continue
+        parts.append(f"{loc or '(top level)'}: {msg}")
     return "; ".join(parts)

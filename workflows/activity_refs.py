@@ -15,6 +15,7 @@ from __future__ import annotations
 from temporalio import activity
 
 from workflows.leases import LeaseAnswer, LeaseCheck
+from workflows.limits import LimitsSettings
 from workflows.messages import (
     AdmissionReport,
     ClaimInput,
@@ -192,3 +193,9 @@ async def list_running_remediations(inp: RunningRemediationsInput) -> RunningRem
 @activity.defn(name="confirm_lease")
 async def confirm_lease(inp: LeaseCheck) -> LeaseAnswer:
     raise _reference("confirm_lease")
+# ------------------------------------------------------------ limits (activities/limits.py)
+
+@activity.defn(name="read_limits")
+def read_limits() -> LimitsSettings:
+    """The worker's ``limits:`` from its own configuration file (never a client's)."""
+    raise _reference("read_limits")

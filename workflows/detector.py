@@ -683,11 +683,17 @@ def _node_state(value: str, default: NodeState = NodeState.HEALTHY) -> NodeState
 
 
 def _evidence(verdict: Verdict, who: str, why: str, dry_run: bool) -> str:
-    rows = [f"| {f.gpu} | `{f.uuid}` | {f.signal} | {f.value:g} | {f.rule} | {f.action.value} |"
+    # Rendered as Markdown by the Temporal UI: every value a node, its exporter or a client
+    # wrote is escaped (workflows/ui_text.py), so none can become a heading or a link.
+    from workflows.ui_text import plain
+
+    rows = [f"| {plain(f.gpu, 16)} | {plain(f.uuid, 64)} | {plain(f.signal, 64)} | "
+            f"{f.value:g} | {plain(f.rule, 120)} | {f.action.value} |"
             for f in verdict.findings[:50]]
     return "\n".join([
-        f"### {verdict.node}: {verdict.action.value}" + (" (dry-run)" if dry_run else ""),
-        f"Requested by **{who}**: {why}", "",
+        f"### {plain(verdict.node, 253)}: {verdict.action.value}"
+        + (" (dry-run)" if dry_run else ""),
+        f"Requested by **{plain(who, 253)}**: {plain(why, 1024)}", "",
         "| GPU | UUID | signal | value | rule | action |", "|---|---|---|---|---|---|", *rows,
     ])
 

@@ -6,6 +6,8 @@ Pure: no pydantic, no I/O; workflow code imports this module through the sandbox
 
 from __future__ import annotations
 
+import re
+import unicodedata
 import zlib
 
 TASK_QUEUE = "gpu-remediate"
@@ -41,3 +43,28 @@ CONFIRM_LEASE_UPDATE = "confirm_lease"
 def shard_of(node: str, shards: int) -> int:
     """A stable shard for a node name (no hash randomisation: workers must agree)."""
     return zlib.crc32(node.encode()) % shards if shards > 1 else 0
+
+
+MAX_NODE_NAME_CHARS = 253
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def valid_node_name(name: str) -> str | None:
+    """Why ``name`` cannot be a Kubernetes node's name, or None when it can: a DNS-1123
+    subdomain (lower-case letters, digits, '-' and '.', each dot-separated part starting
+    and ending with a letter or digit, at most 253 characters), as the API server requires.
+    Checked before any call, so a name that no node can have (CR/LF, a path, upper case)
+    is never written into a workflow ID, an Event or a history."""
+    if not name:
+        return "a node name cannot be empty"
+    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf")), None)
+    if bad is not None:
+        return f"a node name cannot contain control characters (U+{ord(bad):04X})"
+    if len(name) > MAX_NODE_NAME_CHARS:
+        return f"a node name has at most {MAX_NODE_NAME_CHARS} characters, not {len(name)}"
+    if name != name.lower():
+        return f"{name!r} is not a node name: node names are lower-case"
+    if not _DNS1123_SUBDOMAIN.fullmatch(name):
+        return (f"{name!r} is not a node name: lower-case letters, digits, '-' and '.', "
+                "starting and ending with a letter or digit (a DNS-1123 subdomain)")
+    return None

@@ -20,7 +20,12 @@ from pydantic import (
 
 from policy.config import PolicySettings
 from policy.models import Action, Verdict
-from workflows.ids import DETECTOR_REQUESTER, MAX_OPERATOR_CHARS, MAX_REASON_CHARS
+from workflows.ids import (
+    DETECTOR_REQUESTER,
+    MAX_OPERATOR_CHARS,
+    MAX_REASON_CHARS,
+    valid_node_name,
+)
 from workflows.leases import Lease, LeaseStatus
 from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
 from workflows.transitions import NodeState, Outcome, Step
@@ -28,6 +33,13 @@ from workflows.transitions import NodeState, Outcome, Step
 
 def _cut(limit: int) -> AfterValidator:
     return AfterValidator(lambda text: text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def _node_name(name: str) -> str:
+    problem = valid_node_name(name)
+    if problem is not None:
+        raise ValueError(problem)
+    return name
 
 
 Reason = Annotated[str, _cut(MAX_REASON_CHARS)]
@@ -49,7 +61,7 @@ class _Message(BaseModel):
 
 
 class RemediationInput(_Message):
-    node: str
+    node: Annotated[str, AfterValidator(_node_name)]
     verdict: Verdict
     settings: RemediationSettings = Field(default_factory=RemediationSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
@@ -406,7 +418,7 @@ class ThermalCheckResult(_Message):
 
 
 class ManualRemediation(_Message):
-    node: str = Field(min_length=1)
+    node: Annotated[str, AfterValidator(_node_name)] = Field(min_length=1)
     action: Action
     operator: OperatorName = Field(min_length=1)
     reason: Reason = Field(min_length=1)

@@ -287,9 +287,13 @@ def test_temporal_connection(helm: Path, tmp_path: Path) -> None:
                 for e in env.values()
                 if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]
             ]
-            assert keys == [{"name": "temporal-mtls", "key": "api-key", "optional": True}]
             if c["image"].startswith("temporalio/admin-tools"):
+                assert keys == [{"name": "temporal-mtls", "key": "api-key", "optional": True}]
                 assert env["TEMPORAL_TLS_SERVER_NAME"]["value"] == "temporal.example"
+            else:  # gpu-remediate reads the key from the mounted Secret, re-read on rotation
+                assert keys == []
+    key_file = config_of(objects, tmp_path).temporal.api_key_file
+    assert str(key_file) == "/etc/gpu-remediate/temporal/api-key"
     # A public CA: no ca.crt expected in the Secret.
     public = render(helm, {"temporal": {"tls": {"enabled": True}}})
     assert config_of(public, tmp_path).temporal.tls.server_ca is None

@@ -121,8 +121,14 @@ def test_worker_runs_as_the_image_user(base: list[dict[str, Any]]) -> None:
     assert starter["securityContext"]["runAsUser"] == IMAGE_USER
 
 
-def test_temporal_credentials_are_referenced_not_shipped(base: list[dict[str, Any]]) -> None:
+def test_temporal_credentials_are_referenced_not_shipped(
+        base: list[dict[str, Any]], tmp_path: Path) -> None:
+    """The key is never in the objects: the temporal CLI of the setup Jobs reads it from
+    the Secret's env, gpu-remediate from the mounted Secret (temporal.api_key_file), so a
+    rotation reaches a running worker."""
     assert not [o for o in base if o["kind"] == "Secret"]
+    key_file = config_of(base, tmp_path).temporal.api_key_file
+    assert key_file is not None
     for kind, name in (
         ("Deployment", "gpu-remediate"),
         ("Job", "gpu-remediate-detector-start"),
@@ -139,7 +145,14 @@ def test_temporal_credentials_are_referenced_not_shipped(base: list[dict[str, An
                 for e in c.get("env", [])
                 if "secretKeyRef" in e.get("valueFrom", {})
             ]
-            assert refs == [{"name": "gpu-remediate-temporal", "key": "api-key", "optional": True}]
+            if "gpu-remediate" in c["image"]:
+                assert refs == [], f"{name}/{c['name']}: the key comes from the file"
+                mounts = {m["mountPath"] for m in c.get("volumeMounts", [])
+                          if m["name"] == "temporal"}
+                assert str(key_file.parent) in mounts, f"{name}/{c['name']}"
+            else:
+                assert refs == [{"name": "gpu-remediate-temporal", "key": "api-key",
+                                 "optional": True}]
 
 
 def test_temporal_address_comes_from_one_place(base: list[dict[str, Any]], tmp_path: Path) -> None:
@@ -272,26 +285,31 @@ def _unhash(node: Any) -> Any:
 
 def test_worker_network_is_fenced_to_what_it_talks_to(
         base: list[dict[str, Any]], tmp_path: Path) -> None:
-    """Only scrapes and probes reach the worker; it reaches DNS, the API server, Temporal
-    and the exporter pods of the configured namespace and port, nothing else."""
+    """Only Prometheus's namespace reaches the metrics ports (the kubelet's probes come from
+    the node, always allowed); the worker reaches DNS, the API server, Temporal and the
+    exporter pods of the configured namespace and port, each rule naming its peers."""
     policy = find(base, "NetworkPolicy", "gpu-remediate")["spec"]
     worker = find(base, "Deployment", "gpu-remediate")["spec"]["template"]["metadata"]
     assert policy["podSelector"]["matchLabels"].items() <= worker["labels"].items()
     assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
     (ingress,) = policy["ingress"]
-    assert "from" not in ingress and {p["port"] for p in ingress["ports"]} == {9464, 9465, 8080}
     settings = config_of(base, tmp_path)
     w = settings.worker
-    assert {p["port"] for p in ingress["ports"]} == {w.metrics_port, w.sdk_metrics_port,
-                                                      w.health_port}
-    open_ports = {p["port"] for rule in policy["egress"] if "to" not in rule
-                  for p in rule["ports"]}
-    assert open_ports == {53, 443, 6443, 7233}
-    (exporters,) = [rule for rule in policy["egress"] if "to" in rule]
-    (peer,) = exporters["to"]
-    assert peer == {"namespaceSelector": {"matchLabels": {
-        "kubernetes.io/metadata.name": settings.exporter.namespace}}}
-    assert [p["port"] for p in exporters["ports"]] == [settings.exporter.port]
+    assert {p["port"] for p in ingress["ports"]} == {w.metrics_port, w.sdk_metrics_port}
+    assert ingress["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]
+    by_port = {tuple(sorted(p["port"] for p in rule["ports"])): rule["to"]
+               for rule in policy["egress"]}
+    assert set(by_port) == {(53, 53), (443, 6443), (7233,), (settings.exporter.port,)}
+    assert by_port[(53, 53)] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
+    assert {peer["ipBlock"]["cidr"] for peer in by_port[(443, 6443)]} == {
+        "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
+    assert by_port[(7233,)] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "temporal"}}}]
+    assert by_port[(settings.exporter.port,)] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": settings.exporter.namespace}}}]
 
 
 def test_shipped_configs_refuse_an_unauthenticated_temporal(
@@ -302,5 +320,8 @@ def test_shipped_configs_refuse_an_unauthenticated_temporal(
         t = config_of(objects, tmp_path).temporal
         assert t.require_auth, name
         assert "require_auth is set" in t.auth_problem()
-        with_key = t.model_copy(update={"api_key": "k"})
-        assert with_key.auth_problem() == ""
+        # The key arrives as the mounted Secret's file.
+        key = tmp_path / "api-key"
+        key.write_text("k\n")
+        with_key = t.model_copy(update={"api_key_file": key})
+        assert with_key.auth_problem() == "" and with_key.current_api_key() == "k"

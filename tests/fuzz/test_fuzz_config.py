@@ -1,6 +1,6 @@
 """Fuzz: config files. Property: ``load_settings`` gives Settings or a ConfigError naming the
-file (never a traceback), and what it accepts has positive, bounded durations and never the
-exporter's own label as a Prometheus node label."""
+file (never a traceback), and what it accepts has positive, bounded durations, never the
+exporter's own label as a Prometheus node label, and settings inside its own limits."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ from hypothesis import strategies as st
 
 from tests.fuzz.strategies import budget, corpus, json_values, mutated
 from worker.config import ConfigError, Settings, load_settings
+from workflows.limits import violations
 
 KEYS = ["detector", "exporter", "policy", "remediation", "temporal", "worker", "interval",
         "prometheus_node_labels", "max_bytes", "timeout_seconds", "mode", "drain",
-        "retry_interval", "thermal", "poll_interval", "observe_timeout", "dry_run"]
+        "retry_interval", "thermal", "poll_interval", "observe_timeout", "dry_run",
+        "limits", "max_unavailable", "dry_run_may_end", "approval_required_for",
+        "drain_force_allowed", "breaker_max_flagged_nodes", "pool_max_unavailable"]
 
 configs = st.one_of(
     st.sampled_from(corpus("config")).flatmap(mutated),
@@ -40,6 +43,8 @@ def check(raw: bytes, folder: Path) -> None:
     assert timedelta(0) < settings.detector.interval <= timedelta(days=1)
     assert settings.remediation.drain.retry_interval > timedelta(0)
     assert not {"Hostname", "hostname"} & set(settings.exporter.prometheus_node_labels)
+    # What loads is inside its own ceiling: a reconfigure to these settings is accepted.
+    assert violations(settings.detector_settings(), settings.limits_settings()) == []
 
 
 @budget(400)

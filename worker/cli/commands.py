@@ -28,7 +28,7 @@ from worker.config import ConfigError, Settings, TemporalSettings, load_settings
 from worker.logs import configure_logging
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow
-from workflows.ids import DETECTOR_WORKFLOW_ID
+from workflows.ids import DETECTOR_WORKFLOW_ID, valid_node_name
 from workflows.messages import (
     DetectorInput,
     ManualRemediation,
@@ -71,7 +71,15 @@ ConfigOpt = Annotated[Path | None, typer.Option(
 ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="Why: recorded on the node.")]
 OperatorOpt = Annotated[str | None, typer.Option(
     "--operator", help="Who: defaults to $GPU_REMEDIATE_OPERATOR or the login name.")]
-NodeArg = Annotated[str, typer.Argument(help="Kubernetes node name.")]
+def _node_name(name: str) -> str:
+    # Before any call: a name no node can have is refused with one line, nothing written.
+    problem = valid_node_name(name)
+    if problem is not None:
+        raise typer.BadParameter(problem)
+    return name
+
+
+NodeArg = Annotated[str, typer.Argument(help="Kubernetes node name.", callback=_node_name)]
 OutputOpt = Annotated[Literal["table", "json"], typer.Option("--output", "-o")]
 
 

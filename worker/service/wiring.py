@@ -14,6 +14,7 @@ from activities.events import EventActivities, set_event_namespace
 from activities.fleet import FleetActivities
 from activities.jobs import JobActivities
 from activities.kube import make_api_client
+from activities.limits import LimitsActivities
 from activities.node_return import NodeReturnActivities
 from activities.nodes import NodeActivities
 from activities.operands import OperandActivities
@@ -21,6 +22,7 @@ from activities.prometheus_source import PrometheusSource
 from activities.record import set_record_namespace
 from activities.visibility import VisibilityActivities
 from worker.config import Settings
+from workflows.limits import LimitsSettings
 
 # What a detector tick runs, served on observe_task_queue by a worker of its own.
 TICK_ACTIVITIES = ("observe_fleet", "report_admission")
@@ -49,6 +51,14 @@ def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
                            record_namespace=settings.record_namespace())
 
 
+def limits_reader(settings: Settings) -> Callable[[], LimitsSettings]:
+    """The worker's limits as its configuration file says now (a ConfigMap changes under a
+    running pod), read with the same environment; without a file, those it started with."""
+    if settings.source is None:
+        return settings.limits_settings
+    return lambda: settings.reload().limits_settings()
+
+
 def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     set_event_namespace(settings.kubernetes.event_namespace)
     set_record_namespace(settings.record_namespace())
@@ -68,7 +78,8 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
             operands.pause_gpu_operands, operands.check_operands_gone,
             operands.restore_gpu_operands, operands.check_operands_back,
             operands.restart_device_plugin,
-            fleet.report_admission]
+            fleet.report_admission,
+            LimitsActivities(limits_reader(settings)).read_limits]
 
 
 def worker_activities(settings: Settings, client: Client) -> list[Callable[..., Any]]:

@@ -46,7 +46,7 @@ value set in both places is an error naming both, never a silent choice.
 {{- fail "config.policy: set policy instead" -}}
 {{- end -}}
 {{- $temporal := get $c "temporal" | default (dict) -}}
-{{- range $field := list "address" "namespace" "api_key" "tls" -}}
+{{- range $field := list "address" "namespace" "api_key" "api_key_file" "tls" -}}
 {{- if hasKey $temporal $field -}}
 {{- fail (printf "config.temporal.%s: set temporal.* instead (the address, namespace and API key reach the pods from a ConfigMap and the Secret)" $field) -}}
 {{- end -}}
@@ -90,6 +90,7 @@ value set in both places is an error naming both, never a silent choice.
 {{- fail "config.temporal.require_auth: set temporal.requireAuth instead" -}}
 {{- end -}}
 {{- $_ := set $temporal "require_auth" $v.temporal.requireAuth -}}
+{{- $_ := set $temporal "api_key_file" "/etc/gpu-remediate/temporal/api-key" -}}
 {{- if $temporal -}}
 {{- $_ := set $c "temporal" $temporal -}}
 {{- end -}}
@@ -161,13 +162,8 @@ value set in both places is an error naming both, never a silent choice.
     configMapKeyRef:
       name: {{ include "gpu-remediate.temporalName" . }}
       key: namespace
-# Temporal Cloud API key; absent when the Secret or the key is absent.
-- name: GPU_REMEDIATE_TEMPORAL__API_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.temporal.secretName }}
-      key: api-key
-      optional: true
+{{- /* The API key is read from the mounted Secret (temporal.api_key_file), so a rotated
+Secret takes effect without a restart. */ -}}
 {{- end -}}
 
 {{- define "gpu-remediate.temporalVolume" -}}
