@@ -60,6 +60,7 @@ from policy.rules import (
 )
 from workflows.ids import shard_of
 from workflows.messages import FleetObservation, NeighbourHold, NodeStatus, ObserveInput
+from workflows.reports import merge_reports, reports_by_node
 from workflows.transitions import NodeState
 
 log = logging.getLogger(__name__)
@@ -159,12 +160,17 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         xid_warnings: list[Notice] = []
         writes: list[tuple[GpuNode, NodeReadings, dict[str, str | None]]] = []
         now = time.time()
+        reported = reports_by_node(inp.reports)
         for node in nodes:
             r = readings.get(node.name)
             if r is None:
                 continue
             tracks, annotations = _learned(node, r, inp, now)
-            verdict = evaluate_node(r, inp.policy, acknowledged_xids=node.acknowledged,
+            # What the node itself reported (gpu-remediate watch) is fresher than its
+            # exporter: merged for this verdict only, never into what the node records.
+            seen, acked = merge_reports(r, node.acknowledged, reported.get(node.name, ()),
+                                        inp.policy)
+            verdict = evaluate_node(seen, inp.policy, acknowledged_xids=acked,
                                     xid_repeats=repeat_counts(tracks, inp.policy, now))
             # alert and diagnose are reported (Events, metric), never admitted: see
             # policy.models.NODE_ACTIONS.
