@@ -6,8 +6,8 @@ line the NVIDIA driver prints, as ``dmesg`` shows it,
 
 (one line), to ``DIR/<node>.log``, a file a node watcher (``gpu-remediate watch
 --kernel-log``) follows as it would ``/dev/kmsg``. The timestamp is seconds since the
-simulator started (its "boot"). Off unless a directory is given (``sim gpu serve --kernel-log-dir``, or
-``GPU_SIM_KERNEL_LOG_DIR``).
+simulator started (its "boot"). Off unless a directory is given (``sim gpu serve
+--kernel-log-dir``, or ``GPU_SIM_KERNEL_LOG_DIR``).
 """
 
 from __future__ import annotations
