@@ -42,21 +42,24 @@ def kmsg_line(record: bytes) -> str:
 
 
 def follow(path: Path, emit: Callable[[str], None], stop: threading.Event, *,
-           from_start: bool = False) -> None:
-    """Call ``emit`` with each new line of ``path`` until ``stop`` is set. Raises OSError
-    when ``path`` cannot be opened at all (the caller reports it)."""
+           from_start: bool = False, opened: threading.Event | None = None) -> None:
+    """Call ``emit`` with each new line of ``path`` until ``stop`` is set (``opened`` is set
+    once the log is open and positioned). Raises OSError when ``path`` cannot be opened at
+    all (the caller reports it)."""
+    opened = opened or threading.Event()
     if stat.S_ISCHR(os.stat(path).st_mode):
-        _follow_device(path, emit, stop, from_start=from_start)
+        _follow_device(path, emit, stop, from_start=from_start, opened=opened)
     else:
-        _follow_file(path, emit, stop, from_start=from_start)
+        _follow_file(path, emit, stop, from_start=from_start, opened=opened)
 
 
 def _follow_device(path: Path, emit: Callable[[str], None], stop: threading.Event, *,
-                   from_start: bool) -> None:
+                   from_start: bool, opened: threading.Event) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         if not from_start:
             os.lseek(fd, 0, os.SEEK_END)
+        opened.set()
         while not stop.is_set():
             try:
                 record = os.read(fd, 8192)
@@ -74,12 +77,13 @@ def _follow_device(path: Path, emit: Callable[[str], None], stop: threading.Even
 
 
 def _follow_file(path: Path, emit: Callable[[str], None], stop: threading.Event, *,
-                 from_start: bool) -> None:
+                 from_start: bool, opened: threading.Event) -> None:
     f = path.open("rb")
     try:
         ino = os.fstat(f.fileno()).st_ino
         if not from_start:
             f.seek(0, os.SEEK_END)
+        opened.set()
         partial = b""
         while not stop.is_set():
             chunk = f.readline(MAX_LINE_BYTES + 1)

@@ -68,11 +68,12 @@ class Reporter:
         self._client = httpx.AsyncClient(timeout=settings.timeout_seconds, verify=verify,
                                          transport=transport)
 
-    def offer(self, report: dict[str, Any]) -> bool:
-        """Queue ``report`` (``gpu``, ``xid``, ...) unless it repeats one just offered, the
-        rate is spent, or the queue is full. Never blocks."""
+    def offer(self, gpu: str, xid: int, build: Callable[[], dict[str, Any]]) -> bool:
+        """Queue the report ``build`` makes for ``xid`` on ``gpu``, unless it repeats one just
+        offered, the rate is spent, or the queue is full. Never blocks; a repeat costs a
+        look-up (``build`` is not called)."""
         now = self._clock()
-        key = (str(report.get("gpu", "")), int(report.get("xid", 0)))
+        key = (gpu, xid)
         last = self._last.get(key)
         if last is not None and now - last < self.settings.dedupe_seconds:
             self.counts.deduplicated += 1
@@ -84,7 +85,7 @@ class Reporter:
             self.counts.rate_limited += 1
             return False
         try:
-            self.queue.put_nowait(report)
+            self.queue.put_nowait(build())
         except asyncio.QueueFull:
             self.counts.dropped += 1
             return False

@@ -47,10 +47,9 @@ class Watcher:
         self.lines = 0
 
     def report(self, gpu: str, xid: int, line: str) -> bool:
-        return self.reporter.offer({
+        return self.reporter.offer(gpu, xid, lambda: {
             "node": self.settings.node, "gpu": gpu, "xid": xid,
-            "line": line[:MAX_REPORTED_LINE],
-            "at": datetime.now(UTC).isoformat()})
+            "line": line[:MAX_REPORTED_LINE], "at": datetime.now(UTC).isoformat()})
 
     def on_line(self, line: str) -> None:
         """One kernel-log line: a report for each XID it holds."""
