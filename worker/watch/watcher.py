@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,34 +66,36 @@ class Watcher:
         """Until cancelled: read, parse, report."""
         loop = asyncio.get_running_loop()
         stop = threading.Event()
-        readers: list[asyncio.Future[Any]] = []
 
         def to_loop(fn: Any) -> Any:
             return lambda *args: loop.call_soon_threadsafe(fn, *args)
 
         s = self.settings
-        if s.nvml is not None:
-            self.uuid_of = gpu_names(s.nvml)
+        # Threads of its own: a reader blocks for as long as the watcher runs.
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="watch") as pool:
+            readers: list[asyncio.Future[Any]] = []
+            if s.nvml is not None:
+                self.uuid_of = gpu_names(s.nvml)
+                readers.append(loop.run_in_executor(
+                    pool, watch_xids, s.nvml, to_loop(self.on_nvml), stop))
             readers.append(loop.run_in_executor(
-                None, watch_xids, s.nvml, to_loop(self.on_nvml), stop))
-        readers.append(loop.run_in_executor(
-            None, lambda: follow(s.kernel_log, to_loop(self.on_line), stop,
-                                 from_start=s.from_start)))
-        sender = asyncio.create_task(self.reporter.run())
-        log.info("watching %s for node %s%s; reporting to %s", s.kernel_log, s.node,
-                 " and NVML XID events" if s.nvml is not None else "", s.reporter.url)
-        try:
-            # A reader that fails (the log cannot be read) ends the watcher: the DaemonSet
-            # restarts it, and the failure shows in its status.
-            done, _ = await asyncio.wait(readers, return_when=asyncio.FIRST_EXCEPTION)
-            for d in done:
-                d.result()
-        finally:
-            stop.set()
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
-            await asyncio.gather(*readers, return_exceptions=True)
+                pool, lambda: follow(s.kernel_log, to_loop(self.on_line), stop,
+                                     from_start=s.from_start)))
+            sender = asyncio.create_task(self.reporter.run())
+            log.info("watching %s for node %s%s; reporting to %s", s.kernel_log, s.node,
+                     " and NVML XID events" if s.nvml is not None else "", s.reporter.url)
+            try:
+                # A reader that fails (the log cannot be read) ends the watcher: the
+                # DaemonSet restarts it, and the failure shows in its status.
+                done, _ = await asyncio.wait(readers, return_when=asyncio.FIRST_EXCEPTION)
+                for d in done:
+                    d.result()
+            finally:
+                stop.set()
+                sender.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sender
+                await asyncio.gather(*readers, return_exceptions=True)
 
 
 def load_nvml() -> ModuleType | None:
