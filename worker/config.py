@@ -159,7 +159,8 @@ class NodeReportSettings(_Section):
         default="gpu-remediate", min_length=1, max_length=253,
         description="The audience the watcher's projected token must carry.")
     service_accounts: list[str] = Field(
-        default_factory=lambda: ["system:serviceaccount:gpu-remediate:gpu-remediate-watch"],
+        default_factory=lambda: [
+            "system:serviceaccount:gpu-remediate-watch:gpu-remediate-watch"],
         description="Who may report (TokenReview user names): the watcher's ServiceAccount. "
                     "Any pod's token names its node; only the watcher's speaks for it.")
     max_body_bytes: int = Field(default=4096, ge=256, le=1 << 20)

@@ -26,7 +26,7 @@ from worker.service.reports import (
 )
 from workflows.messages import NodeReport
 
-WATCHER = "system:serviceaccount:gpu-remediate:gpu-remediate-watch"
+WATCHER = "system:serviceaccount:gpu-remediate-watch:gpu-remediate-watch"
 NOW = 1_800_000_000.0
 
 
