@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,7 +65,9 @@ class Reporter:
         self._sleep = sleep
         self._last: dict[tuple[str, int], float] = {}
         self._tokens, self._filled = float(settings.burst), clock()
-        verify: Any = str(settings.ca_file) if settings.ca_file else True
+        verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=str(settings.ca_file)) if settings.ca_file
+            else True)
         self._client = httpx.AsyncClient(timeout=settings.timeout_seconds, verify=verify,
                                          transport=transport)
 
