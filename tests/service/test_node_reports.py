@@ -10,6 +10,7 @@ import base64
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -221,3 +222,13 @@ def test_expiry_is_read_only_from_a_jwt_shape() -> None:
     assert unverified_expiry("a.!!!.c") is None
     assert unverified_expiry("a." + base64.urlsafe_b64encode(b'{"exp": true}').decode()
                              + ".c") is None
+
+
+def test_a_certificate_that_cannot_be_loaded_is_a_config_error_naming_it(
+        tmp_path: Path) -> None:
+    from worker.config import ConfigError
+    from worker.service.reports import server_ssl
+
+    missing = tmp_path / "nope.crt"
+    with pytest.raises(ConfigError, match=r"reports\.tls_cert.*nope\.crt"):
+        server_ssl(NodeReportSettings(enabled=True, tls_cert=missing, tls_key=missing))

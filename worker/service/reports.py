@@ -32,7 +32,7 @@ from prometheus_client import Counter
 from pydantic import ValidationError
 from temporalio.client import Client
 
-from worker.config import NodeReportSettings
+from worker.config import ConfigError, NodeReportSettings
 from workflows.ids import DETECTOR_WORKFLOW_ID
 from workflows.messages import NodeReport
 from workflows.reports import NODE_REPORT_SIGNAL
@@ -276,7 +276,11 @@ def server_ssl(settings: NodeReportSettings) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     assert settings.tls_cert is not None and settings.tls_key is not None  # the validator's
-    ctx.load_cert_chain(settings.tls_cert, settings.tls_key)
+    try:
+        ctx.load_cert_chain(settings.tls_cert, settings.tls_key)
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError(f"reports.tls_cert / reports.tls_key: cannot load "
+                          f"{settings.tls_cert} and {settings.tls_key}: {err}") from err
     return ctx
 
 

@@ -65,11 +65,21 @@ class Reporter:
         self._sleep = sleep
         self._last: dict[tuple[str, int], float] = {}
         self._tokens, self._filled = float(settings.burst), clock()
+        self._said = float("-inf")
         verify: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=str(settings.ca_file)) if settings.ca_file
             else True)
         self._client = httpx.AsyncClient(timeout=settings.timeout_seconds, verify=verify,
                                          transport=transport)
+
+    def _suppressed(self, now: float) -> None:
+        """Say, at most once a minute, that reports are being held back (a storm)."""
+        if now - self._said >= 60.0:
+            self._said = now
+            c = self.counts
+            log.warning("reports held back so far: %d over the rate, %d dropped (queue full "
+                        "or retries exhausted); %d repeats folded", c.rate_limited, c.dropped,
+                        c.deduplicated)
 
     def offer(self, gpu: str, xid: int, build: Callable[[], dict[str, Any]]) -> bool:
         """Queue the report ``build`` makes for ``xid`` on ``gpu``, unless it repeats one just
@@ -86,11 +96,13 @@ class Reporter:
         self._filled = now
         if self._tokens < 1.0:
             self.counts.rate_limited += 1
+            self._suppressed(now)
             return False
         try:
             self.queue.put_nowait(build())
         except asyncio.QueueFull:
             self.counts.dropped += 1
+            self._suppressed(now)
             return False
         self._tokens -= 1.0
         self._last[key] = now
