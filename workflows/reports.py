@@ -39,7 +39,7 @@ dropped, see ``reports_for_observation``)."""
 MAX_REPORTS_PER_NODE = 8
 """Distinct (GPU, XID) reports kept per node: a node flooding reports only replaces its own."""
 
-MAX_REPORTING_NODES = 256
+MAX_REPORTING_NODES = 128
 """Nodes with reports kept at once (the oldest node's reports go first): bounds the
 detector's state whatever a fleet-wide storm sends."""
 
@@ -67,8 +67,11 @@ def reports_for_observation(held: Sequence[NodeReport], now: datetime,
                             busy: Collection[str] = ()) -> list[NodeReport]:
     """The reports the next observation merges: fresh ones, of nodes not in remediation
     (``busy``: a remediation handles what the node reported; its release acknowledges the
-    XIDs the exporter shows, so a report kept past it would start another)."""
-    return [r for r in _fresh(held, now) if r.node not in busy]
+    XIDs the exporter shows, so a report kept past it would start another). Without their
+    kernel lines: the merge needs none, and the observation's input is in every tick's
+    history."""
+    return [r.model_copy(update={"line": ""}) if r.line else r
+            for r in _fresh(held, now) if r.node not in busy]
 
 
 def reports_by_node(reports: Sequence[NodeReport]) -> dict[str, list[NodeReport]]:

@@ -171,7 +171,7 @@ async def test_a_bad_report_names_the_field(http: TestClient, fake: Fake, body: 
 
 async def test_a_storm_is_rate_limited_per_node(http: TestClient, fake: Fake) -> None:
     before = refused("rate_limited")
-    answers = [(await post(http, GOOD_A))[0] for _ in range(200)]
+    answers = [(await post(http, GOOD_A, {**BODY, "xid": 1 + i % 7}))[0] for i in range(200)]
     # The burst, then nothing until the bucket refills (the clock stands still).
     assert answers[:3] == [202] * 3 and set(answers[3:]) == {429}
     assert refused("rate_limited") == before + 197
@@ -182,6 +182,18 @@ async def test_a_storm_is_rate_limited_per_node(http: TestClient, fake: Fake) ->
     assert (await post(http, GOOD_B, {**BODY, "node": "node-b"}))[0] == 202
     fake.now += 1.0
     assert (await post(http, GOOD_A))[0] == 202
+
+
+async def test_a_repeat_is_accepted_without_signalling_the_detector_again(
+        http: TestClient, fake: Fake) -> None:
+    first = await http.post(REPORT_PATH, json=BODY, headers={"Authorization": f"Bearer {GOOD_A}"})
+    again = await http.post(REPORT_PATH, json=BODY, headers={"Authorization": f"Bearer {GOOD_A}"})
+    assert (first.status, (await first.json())["signalled"]) == (202, True)
+    assert (again.status, (await again.json())["signalled"]) == (202, False)
+    assert len(fake.signals) == 1
+    fake.now += 61  # the detector's copy is about to expire: signalled again
+    await post(http, GOOD_A)
+    assert len(fake.signals) == 2
 
 
 async def test_a_detector_that_cannot_be_signalled_is_a_retryable_answer(

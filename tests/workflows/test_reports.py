@@ -71,6 +71,13 @@ def test_old_reports_and_reports_of_nodes_in_remediation_are_not_observed() -> N
     assert [r.node for r in reports_for_observation(held, now, busy={"busy"})] == ["fresh"]
 
 
+def test_the_observation_gets_reports_without_their_lines() -> None:
+    held = keep_report([], report(line="NVRM: Xid (PCI:0000:18:00): 79, " + "x" * 400), T0)
+    [sent] = reports_for_observation(held, T0)
+    assert (sent.line, sent.xid, sent.gpu) == ("", 79, "0")
+    assert held[0].line.startswith("NVRM")  # kept for the detector's view
+
+
 def test_a_reported_xid_flags_the_node_before_its_exporter_shows_it() -> None:
     before = evaluate_node(readings(), POLICY)
     assert before.action == Action.NONE

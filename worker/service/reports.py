@@ -49,7 +49,14 @@ REFUSED = Counter(
     "signal_failed).", ["reason"])
 ACCEPTED = Counter(
     "gpu_remediate_node_reports_accepted_total",
-    "Node reports accepted and signalled to the detector.")
+    "Node reports accepted; signalled=false: a repeat of one signalled within "
+    "RESIGNAL_SECONDS, which the detector still holds.", ["signalled"])
+
+RESIGNAL_SECONDS = 60.0
+"""A repeat of the same (node, GPU, XID) within this is accepted without a new signal:
+the detector keeps a report for two minutes (workflows/reports.REPORT_TTL), and every
+signal is an event in its history."""
+MAX_SIGNALLED = 100_000
 
 MAX_CACHED_REVIEWS = 4096
 MAX_REVIEWS_IN_FLIGHT = 16
@@ -142,6 +149,7 @@ class NodeReports:
         self.buckets = TokenBucket(settings.per_node_per_second, settings.per_node_burst)
         self._cache: OrderedDict[str, tuple[float, Reviewed]] = OrderedDict()
         self._reviews = asyncio.Semaphore(MAX_REVIEWS_IN_FLIGHT)
+        self._signalled: OrderedDict[tuple[str, str, int], float] = OrderedDict()
 
     def app(self) -> web.Application:
         # aiohttp refuses a larger body itself (413) before any of it is read into memory.
@@ -151,7 +159,7 @@ class NodeReports:
 
     async def handle(self, request: web.Request) -> web.Response:
         try:
-            report = await self.accept(request)
+            report, signalled = await self.accept(request)
         except Refused as err:
             REFUSED.labels(err.reason).inc()
             if err.reason != "rate_limited":
@@ -159,11 +167,15 @@ class NodeReports:
             headers = {"Retry-After": "1"} if err.status in (429, 503) else None
             return web.json_response({"accepted": False, "reason": err.reason,
                                       "message": str(err)}, status=err.status, headers=headers)
-        ACCEPTED.inc()
-        log.info("node report accepted: %s GPU %s XID %d", report.node, report.gpu, report.xid)
-        return web.json_response({"accepted": True, "node": report.node}, status=202)
+        ACCEPTED.labels("true" if signalled else "false").inc()
+        if signalled:
+            log.info("node report accepted: %s GPU %s XID %d", report.node, report.gpu,
+                     report.xid)
+        return web.json_response({"accepted": True, "node": report.node,
+                                  "signalled": signalled}, status=202)
 
-    async def accept(self, request: web.Request) -> NodeReport:
+    async def accept(self, request: web.Request) -> tuple[NodeReport, bool]:
+        """The report, and whether the detector was signalled (not for a recent repeat)."""
         token = _bearer(request.headers.get("Authorization", ""))
         if not token:
             raise Refused("no_token", 401, "no bearer token")
@@ -196,11 +208,19 @@ class NodeReports:
                 {**body, "node": who.node, "at": datetime.fromtimestamp(now, UTC)})
         except ValidationError as err:
             raise Refused("bad_report", 400, _first_error(err)) from err
+        key = (report.node, report.gpu, report.xid)
+        last = self._signalled.get(key)
+        if last is not None and now - last < RESIGNAL_SECONDS:
+            return report, False
         try:
             await self.signal(report)
         except Exception as err:  # the watcher retries; nothing was acted on
             raise Refused("signal_failed", 503, f"detector not reachable: {err}") from err
-        return report
+        self._signalled.pop(key, None)
+        self._signalled[key] = now
+        while len(self._signalled) > MAX_SIGNALLED:
+            self._signalled.popitem(last=False)
+        return report, True
 
     @staticmethod
     def _parse(raw: bytes) -> dict[str, Any]:
