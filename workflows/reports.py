@@ -52,7 +52,7 @@ def keep_report(held: Sequence[NodeReport], new: NodeReport, now: datetime) -> l
     """
     if new.at > now:
         new = new.model_copy(update={"at": now})
-    kept = [r for r in _fresh(held, now)
+    kept = [r for r in current_reports(held, now)
             if (r.node, r.gpu, r.xid) != (new.node, new.gpu, new.xid)]
     kept.append(new)
     per_node: dict[str, list[NodeReport]] = {}
@@ -63,15 +63,21 @@ def keep_report(held: Sequence[NodeReport], new: NodeReport, now: datetime) -> l
     return sorted(out, key=lambda r: (r.at, r.node, r.gpu, r.xid))
 
 
+def current_reports(held: Sequence[NodeReport], now: datetime,
+                    busy: Collection[str] = ()) -> list[NodeReport]:
+    """What the detector keeps before each observation: fresh reports, of nodes not in
+    remediation. ``busy`` (nodes in remediation, or starting one) drops a node's reports for
+    good: that remediation handles what it reported, and its release acknowledges the XIDs
+    the exporter shows, so a report kept past it would start another."""
+    return [r for r in held if now - r.at <= REPORT_TTL and r.node not in busy]
+
+
 def reports_for_observation(held: Sequence[NodeReport], now: datetime,
                             busy: Collection[str] = ()) -> list[NodeReport]:
-    """The reports the next observation merges: fresh ones, of nodes not in remediation
-    (``busy``: a remediation handles what the node reported; its release acknowledges the
-    XIDs the exporter shows, so a report kept past it would start another). Without their
-    kernel lines: the merge needs none, and the observation's input is in every tick's
-    history."""
+    """The reports the next observation merges (``current_reports``), without their kernel
+    lines: the merge needs none, and the observation's input is in every tick's history."""
     return [r.model_copy(update={"line": ""}) if r.line else r
-            for r in _fresh(held, now) if r.node not in busy]
+            for r in current_reports(held, now, busy)]
 
 
 def reports_by_node(reports: Sequence[NodeReport]) -> dict[str, list[NodeReport]]:
@@ -80,10 +86,6 @@ def reports_by_node(reports: Sequence[NodeReport]) -> dict[str, list[NodeReport]
     for r in reports:
         out.setdefault(r.node, []).append(r)
     return out
-
-
-def _fresh(held: Sequence[NodeReport], now: datetime) -> list[NodeReport]:
-    return [r for r in held if now - r.at <= REPORT_TTL]
 
 
 _PCI = re.compile(r"^(?:PCI:)?(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"

@@ -13,6 +13,7 @@ from workflows.reports import (
     MAX_REPORTING_NODES,
     MAX_REPORTS_PER_NODE,
     REPORT_TTL,
+    current_reports,
     keep_report,
     merge_reports,
     pci_slot,
@@ -69,6 +70,10 @@ def test_old_reports_and_reports_of_nodes_in_remediation_are_not_observed() -> N
                        T0 + timedelta(seconds=90))
     now = T0 + REPORT_TTL + timedelta(seconds=1)
     assert [r.node for r in reports_for_observation(held, now, busy={"busy"})] == ["fresh"]
+    # What the detector keeps loses them too: the node's report never outlives its remediation.
+    kept = current_reports(held, now, busy={"busy"})
+    assert [r.node for r in kept] == ["fresh"]
+    assert [r.node for r in reports_for_observation(kept, now)] == ["fresh"]
 
 
 def test_the_observation_gets_reports_without_their_lines() -> None:
