@@ -80,6 +80,7 @@ from policy.rules import (
 from policy.signals import SIGNAL_NAMES, BlindSignal
 from workflows.ids import shard_of
 from workflows.messages import FleetObservation, NeighbourHold, NodeStatus, ObserveInput
+from workflows.reports import merge_reports, reports_by_node
 from workflows.transitions import NodeState
 
 log = logging.getLogger(__name__)
@@ -252,6 +253,7 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         now = time.time()
         blind: dict[str, list[BlindSignal]] = {}
         self.signals.forget_older_than(now)
+        reported = reports_by_node(inp.reports)
         for node in nodes:
             r = readings.get(node.name)
             if r is None:
@@ -262,10 +264,14 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
             tracks, change = _learned(node, r, inp, now)
             blind[node.name], repeats = self.signals.observe(r, inp.policy, now,
                                                              node.acknowledged)
+            # What the node itself reported (gpu-remediate watch) is fresher than its
+            # exporter: merged for this verdict only, never into what the node records.
+            seen, acked = merge_reports(r, node.acknowledged, reported.get(node.name, ()),
+                                        inp.policy)
             # An acknowledged XID that came back (its windowed count rose) is news again.
             back = {x.gpu for x in repeats}
-            acked = {k: v for k, v in node.acknowledged.items() if k not in back}
-            verdict = evaluate_node(r, inp.policy, acknowledged_xids=acked,
+            acked = {k: v for k, v in acked.items() if k not in back}
+            verdict = evaluate_node(seen, inp.policy, acknowledged_xids=acked,
                                     xid_repeats=repeat_counts(tracks, inp.policy, now))
             if repeats:
                 verdict = _mark_repeats(verdict, repeats)

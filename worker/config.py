@@ -194,6 +194,42 @@ class WorkerSettings(_Section):
                 or versions()["gpu-remediate"])
 
 
+class NodeReportSettings(_Section):
+    """The endpoint nodes' watchers (``gpu-remediate watch``) report faults to: HTTPS, each
+    report authenticated by a TokenReview of the watcher's ServiceAccount token and accepted
+    only for the node that token is bound to (docs/operations.md, "The node watcher")."""
+
+    enabled: bool = False
+    bind: str = "0.0.0.0"
+    port: int = Field(default=8443, ge=1, le=65535)
+    tls_cert: Path | None = Field(default=None, description="PEM server certificate.")
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert.")
+    audience: str = Field(
+        default="gpu-remediate", min_length=1, max_length=253,
+        description="The audience the watcher's projected token must carry.")
+    service_accounts: list[str] = Field(
+        default_factory=lambda: [
+            "system:serviceaccount:gpu-remediate-watch:gpu-remediate-watch"],
+        description="Who may report (TokenReview user names): the watcher's ServiceAccount. "
+                    "Any pod's token names its node; only the watcher's speaks for it.")
+    max_body_bytes: int = Field(default=4096, ge=256, le=1 << 20)
+    per_node_per_second: float = Field(
+        default=1.0, gt=0, le=100,
+        description="Accepted reports per node per second (a token bucket), beyond burst.")
+    per_node_burst: int = Field(default=5, ge=1, le=1000)
+    review_cache_seconds: float = Field(
+        default=30.0, ge=0, le=300,
+        description="How long a TokenReview's answer is reused for the same token (never "
+                    "past the token's expiry); 0 reviews every report.")
+
+    @model_validator(mode="after")
+    def _tls(self) -> NodeReportSettings:
+        if self.enabled and (self.tls_cert is None or self.tls_key is None):
+            raise ValueError("reports.enabled needs reports.tls_cert and reports.tls_key "
+                             "(the endpoint serves HTTPS only)")
+        return self
+
+
 _FILE_DATA: ContextVar[dict[str, Any] | None] = ContextVar("config_file_data", default=None)
 
 
@@ -233,6 +269,7 @@ class Settings(BaseSettings):
     _limits: LimitsSettings | None = PrivateAttr(default=None)
     _source: Path | None = PrivateAttr(default=None)
     _overrides: dict[str, Any] = PrivateAttr(default_factory=dict)
+    reports: NodeReportSettings = Field(default_factory=NodeReportSettings)
 
     @field_validator("policy", mode="before")
     @classmethod

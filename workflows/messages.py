@@ -514,6 +514,10 @@ class ObserveInput(_Message):
                     "with the observation (one shard asks), so the record costs no extra "
                     "activity per tick.")
     lease_task_queue: str = Field(default="", max_length=1000)
+    reports: list[NodeReport] = Field(
+        default_factory=list,
+        description="Recent faults nodes reported about themselves (workflows/reports.py): "
+                    "each is merged into its own node's readings before that node's verdict.")
 
 
 class NodeStatus(_Message):
@@ -682,3 +686,33 @@ class RunningRemediation(_Message):
 class RunningRemediations(_Message):
     remediations: list[RunningRemediation] = Field(default_factory=list)
     truncated: bool = False
+
+
+# ---------------------------------------------------------------- node reports
+
+
+MAX_REPORT_LINE_CHARS = 512
+"""A reported kernel line is kept to this many characters (ending in "…"): it is evidence
+to show, written by the node; the XID and GPU are the fields acted on."""
+
+
+class NodeReport(_Message):
+    """A fault one node's watcher saw in its own kernel log or NVML (signal ``node_report``).
+
+    ``node`` is the node named in the watcher's token (the worker refuses a report whose
+    token names another node); ``at`` is when the worker accepted it, by the worker's clock
+    (the node's own clock is never trusted to say how fresh a report is). A report wakes the
+    detector; the decision still comes from a fresh evaluation of that node and the budget.
+    """
+
+    node: str = Field(min_length=1, max_length=253)
+    xid: int = Field(ge=1, le=65_535)
+    gpu: str = Field(
+        min_length=1, max_length=96, pattern=r"^[A-Za-z0-9:._-]+$",
+        description="The GPU: its index, UUID (GPU-...) or PCI bus id (as the kernel line "
+                    "names it when the watcher has no NVML).")
+    line: Annotated[str, _cut(MAX_REPORT_LINE_CHARS)] = ""
+    at: datetime
+
+
+ObserveInput.model_rebuild()

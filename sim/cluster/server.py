@@ -16,6 +16,7 @@ from aiohttp import web
 
 from sim.cluster import clock, discovery, errors, handlers, tables
 from sim.cluster import resources as r
+from sim.cluster.authn import TokenAuthority
 from sim.cluster.faults import FaultConfig, FaultInjector
 from sim.cluster.handlers import Target
 from sim.cluster.machines import COMMANDS, NodeCommand
@@ -97,6 +98,7 @@ class ClusterApi:
         self.writes = writes
         self.faults = faults
         self.kubelet = kubelet
+        self.tokens = TokenAuthority(store)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024)
@@ -104,6 +106,7 @@ class ClusterApi:
         app.router.add_route("*", "/sim/v1/faults", self._faults)
         app.router.add_route("*", "/sim/v1/nodes", self._machines)
         app.router.add_route("*", "/sim/v1/nodes/{node}/{command}", self._node_command)
+        self.tokens.register(app)  # TokenRequest and TokenReview (sim/cluster/authn.py)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         return app
 

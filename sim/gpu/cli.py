@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -74,6 +75,11 @@ def serve(
             "(the exporter's --xid-count-window-size; its default is 300000). Off if not given.",
         ),
     ] = None,
+    kernel_log_dir: Annotated[
+        Path | None,
+        typer.Option(envvar="GPU_SIM_KERNEL_LOG_DIR",
+                     help="Write each node's kernel log (XID lines) to DIR/<node>.log."),
+    ] = None,
 ) -> None:
     """Serve per-node dcgm-exporter metrics and the control API.
 
@@ -81,6 +87,7 @@ def serve(
     Example: gpu-remediate sim gpu serve --nodes 10000 --gpus 8
     Example: gpu-remediate sim gpu serve --scenario small --xid-count-window-ms 300000
     """
+    from sim.gpu.kmsg import attach_from
     from sim.gpu.server import build_fleet, run_gpu_simulator
 
     if scenario and nodes:
@@ -100,6 +107,7 @@ def serve(
         )
     except ValueError as err:
         _fail(str(err))
+    attach_from(kernel_log_dir, fleet)
     run_gpu_simulator(host, port, fleet)
 
 

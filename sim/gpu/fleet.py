@@ -97,6 +97,9 @@ def _bus_id(index: int) -> str:
 class Fleet:
     """A fleet of simulated GPU nodes plus the exporter quirks to mimic."""
 
+    kernel_log: Callable[[Gpu, int, float], None] | None = None
+    """Called with each injected XID (sim/gpu/kmsg.py writes the driver's line)."""
+
     def __init__(
         self,
         nodes: Iterable[NodeSpec],
@@ -207,6 +210,8 @@ class Fleet:
         g.fold(now)
         g.faults = (*g.faults, fault)
         g.apply(fault, self.xid_window_s)
+        if k == "xid" and val is not None and self.kernel_log is not None:
+            self.kernel_log(g, val, now)
         return fault
 
     def clear(self, node: str, gpu: int | str | None = None) -> list[tuple[int, Fault]]:

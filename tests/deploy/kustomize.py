@@ -1,7 +1,9 @@
 """A small kustomize renderer for the tests: exactly the features deploy/ uses.
 
 Supported kustomization fields: ``resources`` (files and directories), ``components``
-(directories of a ``kind: Component`` kustomization: their resources), ``labels``
+(directories of a ``kind: Component`` kustomization: their resources, and their ``patches``
+applied to the resources of the kustomization using them), ``patches`` (``path`` only: a
+strategic-merge patch, lists of named items merged by name), ``labels``
 (``pairs`` on metadata only), ``configMapGenerator`` (``files``, ``literals``,
 ``behavior`` create/replace) with kustomize's name-suffix hash and the rewriting of
 ConfigMap references in pod specs. Anything else is an error, so a kustomization that
@@ -21,7 +23,7 @@ from typing import Any
 import yaml
 
 SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "components", "labels",
-                    "configMapGenerator"}
+                    "configMapGenerator", "patches"}
 GENERATOR_FIELDS = {"name", "namespace", "behavior", "files", "literals"}
 HASH_LETTERS = str.maketrans({"0": "g", "1": "h", "3": "k", "a": "m", "e": "t"})
 
@@ -116,10 +118,15 @@ def _build(directory: Path) -> Build:
         else:
             build.resources += [d for d in yaml.safe_load_all(target.read_text()) if d]
     for entry in doc.get("components", []):
-        # A Component (kind: Component) adds its resources to the kustomization using it.
-        sub = _build((directory / entry).resolve())
+        # A Component (kind: Component) adds its resources to the kustomization using it,
+        # and its patches apply to everything that kustomization has.
+        component = (directory / entry).resolve()
+        sub = _build(component)
         build.resources += sub.resources
         build.generated += sub.generated
+        _patch(build, component, _load_kustomization(component).get("patches", []))
+    if doc.get("kind") != "Component":
+        _patch(build, directory, doc.get("patches", []))
     for spec in doc.get("configMapGenerator", []):
         unknown = set(spec) - GENERATOR_FIELDS
         if unknown:
@@ -140,6 +147,46 @@ def _build(directory: Path) -> Build:
             raise KustomizeError(f"{directory}: generator behavior {behavior!r} not supported")
     _add_labels(build, doc.get("labels", []), directory)
     return build
+
+
+def _patch(build: Build, directory: Path, patches: list[dict[str, Any]]) -> None:
+    for entry in patches:
+        if set(entry) != {"path"}:
+            raise KustomizeError(f"{directory}: only patches with a path are supported")
+        patch = yaml.safe_load((directory / entry["path"]).read_text())
+        meta = patch.get("metadata", {})
+        targets = [r for r in build.resources if r.get("kind") == patch.get("kind")
+                   and r.get("metadata", {}).get("name") == meta.get("name")
+                   and r.get("metadata", {}).get("namespace") == meta.get("namespace")]
+        if len(targets) != 1:
+            raise KustomizeError(f"{directory}: patch {entry['path']} matches "
+                                 f"{len(targets)} resources")
+        _merge(targets[0], patch)
+
+
+def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
+    """Strategic merge as the patches here need it: maps recursively, lists whose items
+    all have a name by name (new ones first, as kustomize orders them), anything else
+    replaced."""
+    for k, v in patch.items():
+        old = into.get(k)
+        if isinstance(v, dict) and isinstance(old, dict):
+            _merge(old, v)
+        elif isinstance(v, list) and isinstance(old, list) and _named(v) and _named(old):
+            by_name = {item["name"]: item for item in old}
+            added = []
+            for item in v:
+                if item["name"] in by_name:
+                    _merge(by_name[item["name"]], item)
+                else:
+                    added.append(item)
+            old[:0] = added  # kustomize puts a patch's new items first
+        else:
+            into[k] = v
+
+
+def _named(items: list[Any]) -> bool:
+    return all(isinstance(i, dict) and "name" in i for i in items)
 
 
 def _rewrite_refs(node: Any, names: dict[str, str]) -> None:

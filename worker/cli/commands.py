@@ -59,6 +59,14 @@ def sim(ctx: typer.Context) -> None:
 
     typer.main.get_command(sim_app).main(args=list(ctx.args), prog_name="gpu-remediate sim")
 
+@app.command("watch", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def watch(ctx: typer.Context) -> None:
+    """The node watcher (a DaemonSet): report this node's XIDs to the worker (`watch --help`)."""
+    from worker.watch.cli import watch_app
+
+    typer.main.get_command(watch_app).main(args=list(ctx.args), prog_name="gpu-remediate watch")
+
 # No markup or emoji codes in what is printed: node names, reasons, errors and exporter
 # labels are text from operators and nodes ("[/x]" made every plan and status crash). Styles
 # are given as Text spans instead.

@@ -18,7 +18,8 @@ from temporalio.worker import Worker, WorkerDeploymentConfig, WorkerDeploymentVe
 
 from worker.config import Settings, TemporalSettings, WorkerSettings
 from worker.service.health import Health
-from worker.service.wiring import TICK_ACTIVITIES, worker_activities
+from worker.service.reports import serve_reports
+from worker.service.wiring import TICK_ACTIVITIES, kube_client, worker_activities
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow, PinnedDetectorWorkflow
 from workflows.ids import observe_task_queue
@@ -108,6 +109,9 @@ async def run_worker(settings: Settings) -> None:
     runner = await health.serve(w.bind, w.health_port) if w.health_port else None
     client = await connect(settings.temporal, runtime=runtime)
     activities = worker_activities(settings, client)
+    # Off by default: the endpoint nodes' watchers report faults to (gpu-remediate watch).
+    reports = (await serve_reports(settings.reports, kube_client(settings), client)
+               if settings.reports.enabled else None)
     with ThreadPoolExecutor(max_workers=w.max_concurrent_activities) as pool:
         worker = Worker(
             client, task_queue=settings.temporal.task_queue,
@@ -151,6 +155,8 @@ async def run_worker(settings: Settings) -> None:
             await asyncio.gather(worker.shutdown(), observer.shutdown())
         stop_wait.cancel()
         await run
+    if reports is not None:
+        await reports.cleanup()
     if runner is not None:
         await runner.cleanup()
     log.info("worker stopped")
