@@ -116,6 +116,10 @@ class DetectorWorkflow:
             rejected_commands=self.rejected,
         )
 
+    @workflow.query(name="settings", description="The detector's effective settings.")
+    def effective_settings(self) -> DetectorSettings:
+        return self.settings
+
     @workflow.update(description="Stop admitting new remediations; running ones continue. "
                                  "Payload: {\"operator\": \"you\", \"reason\": \"why\"}.")
     async def pause(self, cmd: OperatorCommand) -> OperatorAck:
