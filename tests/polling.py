@@ -23,7 +23,8 @@ deadline costs nothing until a test fails, and a tight one fails healthy runs.""
 
 
 def wait_for(check: Callable[[], T | None], timeout: float = DEFAULT_TIMEOUT,
-             what: str = "the condition", *, every: float = 0.05, transient: tuple[type[Exception], ...] = (),
+             what: str = "the condition", *, every: float = 0.05,
+             transient: tuple[type[Exception], ...] = (),
              context: Callable[[], str] | None = None) -> T:
     """Poll ``check`` every ``every`` seconds until it returns something truthy, and return
     that; after ``timeout`` seconds fail with ``what``, the last value or error, and

@@ -23,9 +23,11 @@ from pydantic import (
     model_validator,
 )
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 from policy.config import PolicySettings
 from policy.models import Action, Verdict
+from workflows import errors
 from workflows.ids import DETECTOR_REQUESTER, MAX_OPERATOR_CHARS, MAX_REASON_CHARS
 from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
 from workflows.transitions import NodeState, Outcome, Step
@@ -249,6 +251,12 @@ class _OperatorMessage(_Message):
                 if not isinstance(value, str):
                     continue  # the field's own type check says what is wrong
                 if (problem := check(value)) is not None:
+                    if workflow.in_workflow():
+                        # Raised as is by the SDK's argument decoding (a ValueError would
+                        # reach the UI as "Failed decoding arguments"): the update is
+                        # refused with this text, as by its validator.
+                        raise ApplicationError(problem, type=errors.REJECTED,
+                                               non_retryable=True)
                     raise ValueError(problem)
         return handler(data)
 
