@@ -271,3 +271,23 @@ def test_status_beside_up_uses_its_temporal_address(
         result.output
 
 
+
+
+def test_an_unreachable_kubernetes_api_names_its_server_and_what_sets_it(
+        tmp_path: Path) -> None:
+    from worker.cli.locate import Located, kubernetes_unreachable
+    from worker.config import load_settings
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://10.0.0.1:6443'}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\nusers: [{name: u, user: {}}]\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"kubernetes: {{kubeconfig: {kubeconfig}, in_cluster: false}}\n")
+    said = kubernetes_unreachable(load_settings(config), Located(config, "config.yaml"),
+                                  "MaxRetryError(... [Errno 111] Connection refused)")
+    assert said.startswith("cannot reach the Kubernetes API at https://10.0.0.1:6443 "
+                           f"(connection refused; kubeconfig {kubeconfig})")
+    assert "kubernetes.kubeconfig" in said and "KUBECONFIG" in said
+    assert "\n" not in said and "MaxRetryError" not in said

@@ -78,12 +78,30 @@ def temporal_unreachable(settings: Settings, located: Located, detail: str) -> s
 
 def kubernetes_unreachable(settings: Settings, located: Located, detail: str) -> str:
     k = settings.kubernetes
-    where = (f"kubeconfig {k.kubeconfig}" if k.kubeconfig
-             else "in-cluster config" if k.in_cluster
-             else f"kubeconfig {os.environ.get('KUBECONFIG') or '~/.kube/config'}")
-    return (f"cannot reach the Kubernetes API ({where}: {_why(detail)}); it is set by "
+    path = k.kubeconfig or (None if k.in_cluster else
+                            os.environ.get("KUBECONFIG") or str(Path.home() / ".kube/config"))
+    where = f"kubeconfig {path}" if path else "in-cluster config"
+    server = kube_server(path, k.context) if path else None
+    at = f" at {server}" if server else ""
+    return (f"cannot reach the Kubernetes API{at} ({_why(detail)}; {where}); it is set by "
             f"kubernetes.kubeconfig in the config file [{located.source}] or "
             "GPU_REMEDIATE_KUBERNETES__KUBECONFIG, else KUBECONFIG")
+
+
+def kube_server(path: str, context: str | None = None) -> str | None:
+    """The API server address a kubeconfig's (current) context points at, if readable."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path.split(os.pathsep)[0]).expanduser().read_text())
+        name = context or doc.get("current-context")
+        ctx = next(c["context"] for c in doc.get("contexts") or [] if c.get("name") == name)
+        cluster = next(c["cluster"] for c in doc.get("clusters") or []
+                       if c.get("name") == ctx.get("cluster"))
+        server = cluster.get("server")
+    except (OSError, ValueError, AttributeError, KeyError, StopIteration, TypeError):
+        return None
+    return str(server) if server else None
 
 
 _REASONS = (
