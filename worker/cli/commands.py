@@ -27,7 +27,13 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from policy.models import Action
 from worker.cli import operator as ops
-from worker.cli.locate import Located, kubernetes_unreachable, locate, temporal_unreachable
+from worker.cli.locate import (
+    Located,
+    kubernetes_unreachable,
+    locate,
+    running_stack,
+    temporal_unreachable,
+)
 from worker.cli.output import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -128,9 +134,30 @@ def shown_lines(text: str) -> list[str]:
 def _context(config: Path | None) -> tuple[Settings, Located]:
     located = locate(config)
     try:
-        return load_settings(located.config), located
+        settings = load_settings(located.config)
+        if config is not None:
+            settings, located = _where_up_runs(settings, located)
     except ConfigError as e:
         fail(str(e), EXIT_USAGE)
+    return settings, located
+
+
+def _where_up_runs(settings: Settings, located: Located) -> tuple[Settings, Located]:
+    """A --config beside a running `up` that says nothing of where Temporal, the cluster or
+    the exporters are (one written to try other detector settings) talks to that stack."""
+    stack = running_stack()
+    if stack is None or not isinstance(stack.get("config"), str):
+        return settings, located
+    missing = [s for s in CONNECTION_SECTIONS if s not in settings.model_fields_set]
+    if not missing:
+        return settings, located
+    theirs = load_settings(Path(str(stack["config"])))
+    return (settings.model_copy(update={s: getattr(theirs, s) for s in missing}),
+            Located(located.config, f"{located.source}; {', '.join(missing)} from the stack "
+                                    "`gpu-remediate up` runs here"))
+
+
+CONNECTION_SECTIONS = ("temporal", "kubernetes", "exporter")
 
 
 def settings_from(config: Path | None) -> Settings:

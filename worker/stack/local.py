@@ -324,6 +324,7 @@ def up_banner(stack: LocalStack, *, dry_run: bool, command: str | None = None) -
   metrics         http://localhost:{p.metrics}/metrics
   kubeconfig      {escape(str(stack.kubeconfig))}
   logs            {escape(str(stack.data_dir / 'logs'))}
+  config          {escape(str(stack.worker_config))}   (commands run from this directory use it)
 
 Break a GPU and watch it get fixed, in another terminal:
   {cmd} sim gpu inject gpu-node-02 --gpu 3 --kind xid --value 79
