@@ -291,3 +291,17 @@ def test_an_unreachable_kubernetes_api_names_its_server_and_what_sets_it(
                            f"(connection refused; kubeconfig {kubeconfig})")
     assert "kubernetes.kubeconfig" in said and "KUBECONFIG" in said
     assert "\n" not in said and "MaxRetryError" not in said
+
+
+def test_a_config_beside_up_that_names_no_temporal_talks_to_the_stack(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`plan -c other.yaml` to compare detector settings, beside `up`: the file says
+    nothing of Temporal or the cluster, so the stack's are used, and the error says so."""
+    write_state(tmp_path, os.getpid())
+    other = tmp_path / "other.yaml"
+    other.write_text("detector: {max_unavailable: 1}\n")
+    monkeypatch.chdir(tmp_path)
+    result = invoke("status", "-c", str(other))
+    assert result.exit_code == 1
+    assert "127.0.0.1:1" in result.output
+    assert "temporal, kubernetes, exporter from the stack" in result.output
