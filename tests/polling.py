@@ -16,8 +16,15 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_for(check: Callable[[], T | None], timeout: float = 10.0, what: str = "the condition",
-             *, every: float = 0.05, transient: tuple[type[Exception], ...] = (),
+DEFAULT_TIMEOUT = 60.0
+"""A deadline that holds on a loaded 2-core machine (a shared CI runner, a laptop building
+something else): a poll that passes waits only as long as the world takes, so a generous
+deadline costs nothing until a test fails, and a tight one fails healthy runs."""
+
+
+def wait_for(check: Callable[[], T | None], timeout: float = DEFAULT_TIMEOUT,
+             what: str = "the condition", *, every: float = 0.05,
+             transient: tuple[type[Exception], ...] = (),
              context: Callable[[], str] | None = None) -> T:
     """Poll ``check`` every ``every`` seconds until it returns something truthy, and return
     that; after ``timeout`` seconds fail with ``what``, the last value or error, and

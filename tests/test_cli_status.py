@@ -34,7 +34,7 @@ def quarantined(**fields: Any) -> RemediationView:
 @pytest.fixture
 def answering(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], None]:
     def answer(view: Any) -> None:
-        monkeypatch.setattr(cli, "with_client", lambda config, work: view)
+        monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None: view)
         monkeypatch.setattr(cli, "_print_ui_link", lambda config, node: None)
     return answer
 
@@ -56,12 +56,13 @@ def test_the_policys_order_is_shown_as_the_policys(answering: Any) -> None:
 
 
 def test_the_list_names_who_ordered_each_quarantine(answering: Any) -> None:
-    answering([quarantined(quarantine_ordered_by=OperatorCommand(operator="carol")),
+    answering([quarantined(quarantine_ordered_by=OperatorCommand(operator="carol",
+                                                                 reason="fan")),
                quarantined(node="gpu-node-08", quarantine_policy_reason="repeat offender"),
                quarantined(node="gpu-node-09"),
                {"node": "gpu-node-10", "state": "draining"}])
     lines = rendered(lambda: cli.status(None, "table", False, None)).splitlines()
-    assert "gpu-node-07: quarantine ordered by operator carol" in lines
+    assert "gpu-node-07: quarantine ordered by operator carol: fan" in lines
     assert "gpu-node-08: quarantine ordered by the policy: repeat offender" in lines
     assert not [line for line in lines if line.startswith(("gpu-node-09:", "gpu-node-10:"))]
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from policy.models import Action, Finding, Verdict
-from worker.cli.plan import plan_from, running_detector
+from worker.cli.plan import plan_from, running_detector, settings_differences
 from worker.config import load_settings
 from workflows.messages import DetectorView, FleetObservation
 
@@ -60,3 +60,28 @@ async def test_an_unreachable_temporal_is_said_not_raised(tmp_path: Path) -> Non
     running, why = await running_detector(settings(tmp_path))
     assert running is None
     assert "127.0.0.1:1 not reached" in why and "fresh detector" in why
+
+
+def test_the_running_detectors_settings_make_the_plan_and_the_file_is_diffed(
+        tmp_path: Path) -> None:
+    """`up --max-unavailable 3` while the file says 2: the plan is the detector's (budget 3),
+    says so first, and lists where the file differs."""
+    configured = settings(tmp_path)
+    running = configured.detector_settings().model_copy(update={"max_unavailable": 3,
+                                                                "dry_run": True})
+    plan = plan_from(configured, observation(), NOW, view(budget=3), effective=running,
+                     config_source="config.yaml (--config)")
+    assert plan.budget == 3 and plan.from_running_detector and plan.dry_run
+    assert plan.settings_from.startswith("the running detector's effective settings")
+    assert plan.differences == [
+        "dry_run: config file False, running detector True",
+        "max_unavailable: config file 2, running detector 3"]
+    assert settings_differences(running, running) == []
+
+
+def test_without_a_detector_the_plan_says_it_uses_the_config_file(tmp_path: Path) -> None:
+    plan = plan_from(settings(tmp_path), observation(), NOW,
+                     config_source="/x/config.yaml (--config)")
+    assert plan.settings_from == ("the config file's settings, /x/config.yaml (--config): "
+                                  "no detector is running")
+    assert plan.budget == 2 and plan.differences == [] and not plan.from_running_detector

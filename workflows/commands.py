@@ -9,12 +9,15 @@ workflow records where an operator looks (its view, a Warning Event, the log).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from workflows.messages import OperatorCommand
 
 EXPECTED = '{"operator": "your name", "reason": "why"}'
@@ -29,7 +32,21 @@ def decode_command(raw: RawValue) -> OperatorCommand:
     if not isinstance(value, dict):
         raise ValueError(f"the payload must be an object like {EXPECTED}, "
                          f"not {type(value).__name__}")
-    return OperatorCommand.model_validate(value)
+    # The operator-command rules (a reason, a person's name, printable text) hold for a
+    # signal as for its update; a history from before them replays as it ran.
+    rules = workflow.patched("operator-command-rules")
+    try:
+        return OperatorCommand.model_validate(value, context={"operator_rules": rules})
+    except ValidationError as err:
+        raise ValueError("; ".join(_problem(e) for e in err.errors(include_input=False))
+                         ) from err
+
+
+def _problem(error: Any) -> str:
+    """One validation error as "field: what", its message cleaned of pydantic's prefix."""
+    where = ".".join(str(part) for part in error.get("loc", ()))
+    msg = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg
 
 
 def abort_requester(reason: str) -> tuple[str, str]:

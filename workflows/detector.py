@@ -137,6 +137,10 @@ class DetectorWorkflow:
             quarantined=sorted(n for n, lease in self.state.leases.items() if lease.quarantined),
         )
 
+    @workflow.query(name="settings", description="The detector's effective settings.")
+    def effective_settings(self) -> DetectorSettings:
+        return self.settings
+
     @workflow.update(description="Stop admitting new remediations; running ones continue. "
                                  "Payload: {\"operator\": \"you\", \"reason\": \"why\"}.")
     async def pause(self, cmd: OperatorCommand) -> OperatorAck:

@@ -17,10 +17,10 @@ DETECTOR_REQUESTER = "detector"
 ``requested_by``); any other requester is the operator of a manual remediation."""
 
 MAX_REASON_CHARS = 1024
-"""An operator's reason is cut to this many characters (ending in "…"): it is written into
-node annotations, Events and the history annotation, and the API server refuses a node whose
-annotations together pass 256 KiB. Cut rather than refused, so that a recorded command still
-decodes on replay."""
+"""The longest reason an operator may give: it is written into node annotations, Events and
+the history annotation, and the API server refuses a node whose annotations together pass
+256 KiB. A command arriving with a longer one is refused (workflows/messages.py,
+``reason_problem``); a recorded one is cut to it (ending in "…"), so that it still decodes."""
 MAX_OPERATOR_CHARS = 253
 
 

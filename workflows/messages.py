@@ -7,19 +7,27 @@ in-flight workflows keep decoding their history after an upgrade.
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from datetime import datetime, timedelta
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    ValidationInfo,
     field_validator,
+    model_validator,
 )
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 from policy.config import PolicySettings
 from policy.models import Action, Verdict
+from workflows import errors
 from workflows.ids import (
     DETECTOR_REQUESTER,
     MAX_OPERATOR_CHARS,
@@ -154,9 +162,127 @@ class RemediationResult(_Message):
     message: str
 
 
-class OperatorCommand(_Message):
-    """Payload of every operator update and signal: who, and why (both cut to a maximum
-    length, see ``MAX_REASON_CHARS``)."""
+# ---------------------------------------------------------------- operator commands
+#
+# Who and why of every operator action, held to one set of rules wherever it comes from:
+# the CLI (which builds these models), an update from the Temporal UI or `temporal workflow
+# update` (decoded into them, so the same validation rejects it), a signal
+# (workflows/commands.py decodes it with the rules on and records a refusal). Recorded
+# copies (a view, a continue-as-new state, an activity's input) are not held to them: they
+# were checked when they arrived, by the rules of their day, and must keep decoding.
+
+INTERNAL_OPERATORS = frozenset({DETECTOR_REQUESTER, "policy"})
+"""Names the workflows themselves write as who acted (the detector's own remediations; a
+quarantine the policy ordered): no person may act under them, or the record would lie."""
+
+NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""A Kubernetes node name: a DNS-1123 subdomain (at most 253 characters)."""
+
+# Not control characters in Unicode's sense, but they reorder or break what a terminal, an
+# Event or the UI shows (bidirectional overrides, line and paragraph separators).
+_DISPLAY_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+                              "\u2066\u2067\u2068\u2069\u2028\u2029")
+
+
+def unprintable(text: str) -> str | None:
+    """Where ``text`` holds a control character or a terminal escape (ESC starts every
+    one), said without echoing it; None if it holds none."""
+    for i, ch in enumerate(text):
+        if unicodedata.category(ch) == "Cc" or ch in _DISPLAY_CONTROLS:
+            return f"U+{ord(ch):04X} at character {i + 1}"
+    return None
+
+
+def operator_problem(name: str) -> str | None:
+    """Why ``name`` cannot stand for the person acting, or None."""
+    if not name.strip():
+        return "operator: empty; say who you are (--operator, default user@host)"
+    if len(name) > MAX_OPERATOR_CHARS:
+        return f"operator: {len(name)} characters, at most {MAX_OPERATOR_CHARS}"
+    if (where := unprintable(name)) is not None:
+        return f"operator: a control character or terminal escape ({where}) is not allowed"
+    if name.strip().casefold() in INTERNAL_OPERATORS:
+        return (f"operator: {name.strip().casefold()!r} is a name the workflows use for "
+                "themselves; act under your own name")
+    return None
+
+
+def reason_problem(reason: str) -> str | None:
+    """Why ``reason`` cannot be recorded as an operator's why, or None."""
+    if not reason.strip():
+        return ("reason: required, and not only spaces: say why (-r/--reason, or the "
+                "payload's \"reason\")")
+    if len(reason) > MAX_REASON_CHARS:
+        return f"reason: {len(reason)} characters, at most {MAX_REASON_CHARS}"
+    if (where := unprintable(reason)) is not None:
+        return (f"reason: a control character or terminal escape ({where}) is not allowed; "
+                "one line of text")
+    return None
+
+
+def node_problem(node: str) -> str | None:
+    """Why ``node`` cannot be a Kubernetes node name, or None."""
+    if (where := unprintable(node)) is not None:
+        return f"node: a control character or terminal escape ({where}) is not allowed"
+    if len(node) > 253 or not NODE_NAME.fullmatch(node):
+        return ("node: not a Kubernetes node name (lowercase letters, digits, '-' and '.', "
+                "at most 253 characters)")
+    return None
+
+
+def _rules_apply(info: ValidationInfo) -> bool:
+    """Whether this validation is of a command arriving now (held to the rules) or of a
+    recorded one (not). An explicit ``context={"operator_rules": …}`` decides; else:
+    nested in another message is a record; in a workflow, an update's argument as it
+    arrives is decoded from JSON (one replayed was accepted by the rules of its day, and a
+    replay must accept it again); outside one, a command built in Python (the CLI, a
+    script) is checked, and JSON is an activity's input, written by a workflow that
+    checked it."""
+    if isinstance(info.context, dict) and "operator_rules" in info.context:
+        return bool(info.context["operator_rules"])
+    if info.field_name is not None:
+        return False
+    if workflow.in_workflow():
+        return info.mode == "json" and not workflow.unsafe.is_replaying()
+    return info.mode == "python"
+
+
+class _OperatorMessage(_Message):
+    """An operator's command: who, why and (for node commands) which node, checked by the
+    rules above when it arrives. Errors never carry the input: a refused value may hold a
+    terminal escape, and the message goes to a terminal, an Event and the UI."""
+
+    model_config = ConfigDict(extra="ignore", hide_input_in_errors=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _operator_rules(cls, data: Any, handler: ModelWrapValidatorHandler[Any],
+                        info: ValidationInfo) -> Any:
+        if isinstance(data, dict) and _rules_apply(info):
+            checks = {"node": node_problem, "operator": operator_problem,
+                      "reason": reason_problem}
+            for field, check in checks.items():
+                if field not in cls.model_fields:
+                    continue
+                value = data.get(field, "")
+                if not isinstance(value, str):
+                    continue  # the field's own type check says what is wrong
+                if (problem := check(value)) is not None:
+                    if workflow.in_workflow():
+                        # Raised as is by the SDK's argument decoding (a ValueError would
+                        # reach the UI as "Failed decoding arguments"): the update is
+                        # refused with this text, as by its validator.
+                        raise ApplicationError(problem, type=errors.REJECTED,
+                                               non_retryable=True)
+                    raise ValueError(problem)
+        return handler(data)
+
+
+class OperatorCommand(_OperatorMessage):
+    """Payload of every operator update and signal: who, and why. Held to the rules above
+    when it arrives (a reason is required, at most ``MAX_REASON_CHARS`` characters, one line
+    of printable text; the operator is not a name the workflows use); a recorded one is
+    cut to those lengths instead."""
 
     operator: OperatorName = Field(min_length=1)
     reason: Reason = ""
@@ -417,7 +543,7 @@ class ThermalCheckResult(_Message):
 # ---------------------------------------------------------------- detector
 
 
-class ManualRemediation(_Message):
+class ManualRemediation(_OperatorMessage):
     node: Annotated[str, AfterValidator(_node_name)] = Field(min_length=1)
     action: Action
     operator: OperatorName = Field(min_length=1)
@@ -567,7 +693,7 @@ class FleetObservation(_Message):
                     "lease_workflows): running and its state, or closed and how.")
 
 
-class OrphanRelease(_Message):
+class OrphanRelease(_OperatorMessage):
     node: str = Field(min_length=1)
     operator: OperatorName = Field(min_length=1)
     reason: Reason = ""

@@ -3,7 +3,9 @@
 `kubectl get` asks for ``Accept: application/json;as=Table;v=v1;g=meta.k8s.io`` and prints
 the columns the server sends; without them it shows only NAME and AGE. The columns here are
 those of the API server's own printers (pkg/printers/internalversion) for the resources a
-newcomer looks at (nodes, pods, Jobs), and NAME and AGE for the rest.
+newcomer looks at (nodes, pods, Jobs, Events), and NAME and AGE for the rest. The server
+prints every column (``-o wide`` ones too, priority 1) and kubectl hides those it was not
+asked for.
 """
 
 from __future__ import annotations
@@ -111,6 +113,57 @@ def _job(o: Obj) -> list[Any]:
             age(meta.get("creationTimestamp"))]
 
 
+def _event(o: Obj) -> list[Any]:
+    """printEvent: the core/v1 shape, or events.k8s.io/v1's (regarding, note, series)."""
+    meta = o.get("metadata") or {}
+    involved = o.get("involvedObject") or o.get("regarding") or {}
+    first = (age(o.get("firstTimestamp")) if o.get("firstTimestamp")
+             else age(o.get("eventTime") or o.get("deprecatedFirstTimestamp")))
+    last = age(o.get("lastTimestamp") or o.get("deprecatedLastTimestamp")) if (
+        o.get("lastTimestamp") or o.get("deprecatedLastTimestamp")) else first
+    count = int(o.get("count") or o.get("deprecatedCount") or 0)
+    series = o.get("series")
+    if series:
+        last = age(series.get("lastObservedTime"))
+        count = int(series.get("count") or 0)
+    elif count == 0:
+        count = 1
+    kind = str(involved.get("kind") or "").lower()
+    target = f"{kind}/{involved['name']}" if involved.get("name") else kind
+    source = o.get("source") or o.get("deprecatedSource") or {}
+    component = source.get("component") or o.get("reportingController") or \
+        o.get("reportingComponent") or ""
+    instance = source.get("host") or o.get("reportingInstance") or ""
+    return [last, o.get("type", ""), o.get("reason", ""), target,
+            involved.get("fieldPath", ""), f"{component}, {instance}" if instance else component,
+            str(o.get("message") or o.get("note") or "").strip(), first, count,
+            meta.get("name", "")]
+
+
+EVENT_COLUMNS: list[Column] = [
+    ("Last Seen", "string", 0, "The time at which the most recent occurrence of this event "
+                               "was recorded."),
+    ("Type", "string", 0, "Type of this event (Normal, Warning), new types could be added in "
+                          "the future"),
+    ("Reason", "string", 0, "This should be a short, machine understandable string that gives "
+                            "the reason for the transition into the object's current status."),
+    ("Object", "string", 0, "The object that this event is about."),
+    ("Subobject", "string", 1, "If referring to a piece of an object instead of an entire "
+                               "object, this string should contain a valid JSON/Go-field "
+                               "access statement."),
+    ("Source", "string", 1, "The component reporting this event. Should be a short machine "
+                            "understandable string."),
+    ("Message", "string", 0, "A human-readable description of the status of this operation."),
+    ("First Seen", "string", 1, "The time at which the event was first recorded."),
+    ("Count", "string", 1, "The number of times this event has occurred."),
+    ("Name", "string", 1, "Name must be unique within a namespace."),
+]
+"""The Event printer names its own columns: NAME last and only with -o wide."""
+
+WHOLE_ROW = {"events": (EVENT_COLUMNS, _event)}
+"""Printers whose columns include the name where the real printer puts it."""
+
+
 PRINTERS: dict[str, tuple[list[Column], Any]] = {
     "nodes": ([("Status", "string", 0, "The status of the node"),
                ("Roles", "string", 0, "The roles of the node"),
@@ -138,15 +191,22 @@ PRINTERS: dict[str, tuple[list[Column], Any]] = {
 def table(plural: str, body: Obj) -> Obj:
     """``body`` (one object or a list) as a Table, each row with its object's metadata."""
     items = body.get("items") if "items" in body else [body]
-    columns, cells = PRINTERS.get(plural, ([("Age", "string", 0, "CreationTimestamp")],
-                                           lambda o: [age((o.get("metadata") or {})
-                                                          .get("creationTimestamp"))]))
     name: Column = ("Name", "string", 0, "Name must be unique within a namespace.")
+    if plural in WHOLE_ROW:
+        all_columns, row_cells = WHOLE_ROW[plural]
+    else:
+        columns, cells = PRINTERS.get(plural, ([("Age", "string", 0, "CreationTimestamp")],
+                                               lambda o: [age((o.get("metadata") or {})
+                                                              .get("creationTimestamp"))]))
+        all_columns = [name, *columns]
+
+        def row_cells(o: Obj) -> list[Any]:
+            return [(o.get("metadata") or {}).get("name", ""), *cells(o)]
     rows = []
     for o in items or []:
         meta = o.get("metadata") or {}
         rows.append({
-            "cells": [meta.get("name", ""), *cells(o)],
+            "cells": row_cells(o),
             "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
                        "metadata": meta},
         })
@@ -155,6 +215,6 @@ def table(plural: str, body: Obj) -> Obj:
         "metadata": {"resourceVersion": (body.get("metadata") or {}).get("resourceVersion", "")},
         "columnDefinitions": [
             {"name": n, "type": t, "format": "name" if n == "Name" else "",
-             "description": d, "priority": p} for n, t, p, d in (name, *columns)],
+             "description": d, "priority": p} for n, t, p, d in all_columns],
         "rows": rows,
     }

@@ -35,9 +35,12 @@ def test_slim_nodes_carry_what_the_full_client_models_carry(cluster: Cluster) ->
                      "annotations": {"gpu-remediate.io/acknowledged-xids": '{"0": 79}'}},
         "spec": {"unschedulable": True,
                  "taints": [{"key": TAINT_KEY, "effect": "NoSchedule", "value": "x"}]}})
-    full = core.list_node().items
-    raw: Any = core.list_node(_preload_content=False)
-    slim = _slim_nodes(raw.data)
+    # One response read both ways: two lists could differ (a kubelet's status heartbeat
+    # moves the resourceVersion in between).
+    data = core.list_node(_preload_content=False).data
+    full = core.api_client.deserialize(data.decode(), "V1NodeList",
+                                       "application/json").items
+    slim = _slim_nodes(data)
     assert [_fields(n) for n in slim] == [_fields(n) for n in full]
     assert any(n.spec.unschedulable and n.spec.taints for n in slim)
 
@@ -54,20 +57,39 @@ def test_overlapping_lists_share_one_request_and_a_later_call_lists_again(
     fleet = FleetActivities(cluster.api, ExporterSettings())
     real = fleet.core.list_node
     calls: list[float] = []
+    shards = 4
+    arrived = threading.Semaphore(0)
+
+    class CountingLock:
+        """The list's lock, counting the shards that asked for it: each has made its call
+        (and taken its time) before it waits here."""
+
+        def __init__(self, lock: Any) -> None:
+            self.lock = lock
+
+        def __enter__(self) -> None:
+            arrived.release()
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
 
     def slow_list(*args: Any, **kwargs: Any) -> Any:
         calls.append(time.monotonic())
-        time.sleep(0.5)  # a big fleet's list: long enough for the other shards to arrive
+        # A big fleet's list: the first lasts until every other shard has asked for the
+        # nodes (the test, not the machine's speed, makes them overlap).
+        for _ in range(shards if len(calls) == 1 else 0):
+            assert arrived.acquire(timeout=60), "the other shards never asked"
         return real(*args, **kwargs)
 
+    fleet._list_lock = CountingLock(fleet._list_lock)  # type: ignore[assignment]
     fleet.core.list_node = slow_list  # type: ignore[method-assign]
     results: list[list[client.V1Node]] = []
-    shards = [threading.Thread(target=lambda: results.append(fleet._list_nodes()))
-              for _ in range(4)]
-    for t in shards:
+    threads = [threading.Thread(target=lambda: results.append(fleet._list_nodes()))
+               for _ in range(shards)]
+    for t in threads:
         t.start()
-        time.sleep(0.05)
-    for t in shards:
+    for t in threads:
         t.join()
     assert len(calls) == 1, calls
     assert len(results) == 4 and all(r is results[0] for r in results)

@@ -101,4 +101,4 @@ async def test_a_node_that_is_not_an_orphan_is_not_released(
     fleet = FleetActivities(cluster.api, ExporterSettings(mode="template"))
     with pytest.raises(ApplicationError, match="not an orphan"):
         await ActivityEnvironment().run(fleet.release_orphan, OrphanRelease(
-            node="gpu-node-01", operator="dana"))
+            node="gpu-node-01", operator="dana", reason="looked stuck"))

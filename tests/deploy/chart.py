@@ -89,7 +89,20 @@ def run(helm: Path, *args: str, values: dict[str, Any] | None = None) -> str:
     return result.stdout
 
 
+# The chart has no default image (it refuses to render without one); the tests name the
+# one the kustomize base names until a site sets its own, so both render the same objects.
+TEST_IMAGE = "registry.invalid/set-images-in-kustomization/gpu-remediate"
+
+
+def with_image(values: dict[str, Any] | None) -> dict[str, Any]:
+    values = dict(values or {})
+    image = dict(values.get("image") or {})
+    image.setdefault("repository", TEST_IMAGE)
+    return {**values, "image": image}
+
+
 def template(helm: Path, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every object the chart renders with these values (hooks included), as plain dicts."""
-    out = run(helm, "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION, values=values)
+    out = run(helm, "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION,
+              values=with_image(values))
     return [doc for doc in yaml.safe_load_all(out) if doc]

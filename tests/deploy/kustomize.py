@@ -6,7 +6,8 @@ applied to the resources of the kustomization using them), ``patches`` (``path``
 strategic-merge patch, lists of named items merged by name), ``labels``
 (``pairs`` on metadata only), ``configMapGenerator`` (``files``, ``literals``,
 ``behavior`` create/replace) with kustomize's name-suffix hash and the rewriting of
-ConfigMap references in pod specs. Anything else is an error, so a kustomization that
+ConfigMap references in pod specs, ``images`` (``name`` with ``newName`` and/or ``newTag``,
+in containers and initContainers). Anything else is an error, so a kustomization that
 grows a feature fails the tests here instead of being rendered wrongly. When kubectl is
 installed, tests/deploy/test_kustomize.py checks this renderer against
 ``kubectl kustomize``.
@@ -23,7 +24,8 @@ from typing import Any
 import yaml
 
 SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "components", "labels",
-                    "configMapGenerator", "patches"}
+                    "configMapGenerator", "patches", "images"}
+IMAGE_FIELDS = {"name", "newName", "newTag"}
 GENERATOR_FIELDS = {"name", "namespace", "behavior", "files", "literals"}
 HASH_LETTERS = str.maketrans({"0": "g", "1": "h", "3": "k", "a": "m", "e": "t"})
 
@@ -146,6 +148,12 @@ def _build(directory: Path) -> Build:
         else:
             raise KustomizeError(f"{directory}: generator behavior {behavior!r} not supported")
     _add_labels(build, doc.get("labels", []), directory)
+    for entry in doc.get("images", []):
+        unknown = set(entry) - IMAGE_FIELDS
+        if unknown:
+            raise KustomizeError(f"{directory}: image fields not supported: {sorted(unknown)}")
+        for res in build.resources:
+            _set_image(res, entry)
     return build
 
 
@@ -187,6 +195,24 @@ def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
 
 def _named(items: list[Any]) -> bool:
     return all(isinstance(i, dict) and "name" in i for i in items)
+
+
+def _set_image(node: Any, entry: dict[str, str]) -> None:
+    """kustomize's ``images``: a container image named ``name`` (with any tag) gets
+    ``newName`` and ``newTag``."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("containers", "initContainers") and isinstance(value, list):
+                for c in value:
+                    image = str(c.get("image", ""))
+                    name, _, tag = image.partition(":")
+                    if name == entry["name"]:
+                        c["image"] = f"{entry.get('newName', name)}:{entry.get('newTag', tag)}"
+            else:
+                _set_image(value, entry)
+    elif isinstance(node, list):
+        for item in node:
+            _set_image(item, entry)
 
 
 def _rewrite_refs(node: Any, names: dict[str, str]) -> None:

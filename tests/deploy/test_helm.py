@@ -78,7 +78,8 @@ def test_helm_is_the_pinned_version(helm: Path) -> None:
 
 @pytest.mark.parametrize("mode", OVERLAYS)
 def test_lint(helm: Path, mode: str) -> None:
-    out = chart.run(helm, "lint", "--strict", str(chart.CHART), values={"mode": mode})
+    out = chart.run(helm, "lint", "--strict", str(chart.CHART),
+                    values=chart.with_image({"mode": mode}))
     assert "0 chart(s) failed" in out
 
 
@@ -90,7 +91,8 @@ def test_the_packaged_chart_is_the_tested_one(
     (archive,) = tmp_path.glob("gpu-remediate-*.tgz")
     assert archive.name in out
     packaged = chart.run(
-        helm, "template", chart.RELEASE, str(archive), "--kube-version", chart.KUBE_VERSION
+        helm, "template", chart.RELEASE, str(archive), "--kube-version", chart.KUBE_VERSION,
+        values=chart.with_image(None)
     )
     assert [d for d in yaml.safe_load_all(packaged) if d] == helm_rendered["dry-run"]
 
@@ -381,3 +383,17 @@ def test_stuck_alert_durations_are_values(helm: Path) -> None:
     stuck = {r["labels"]["state"]: r["for"] for g in rule["spec"]["groups"]
              for r in g["rules"] if r["alert"] == "GpuRemediateRemediationStuck"}
     assert stuck["draining"] == "45m" and stuck["validating"] == "1h"
+
+
+def test_without_an_image_the_chart_refuses_to_render_and_says_how_to_build_one(
+        helm: Path) -> None:
+    """No image is published: a default would only show as ImagePullBackOff, with no hint."""
+    with pytest.raises(chart.HelmFailed) as refused:
+        chart.run(helm, "template", chart.RELEASE, str(chart.CHART))
+    said = refused.value.stderr
+    assert "image.repository is required" in said
+    assert "Dockerfile" in said and "docs/install.md" in said
+    objs = chart.template(helm, {"image": {"repository": "registry.example.com/gpu-remediate"}})
+    images = {c["image"] for o in objs if o["kind"] in ("Deployment", "Job")
+              for c in o["spec"]["template"]["spec"]["containers"]}
+    assert "registry.example.com/gpu-remediate:0.1.0" in images

@@ -4,7 +4,6 @@ hostile input that must never read as a pass, and the one-line summary's bound."
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -278,12 +277,12 @@ UNPARSEABLE: list[tuple[str, str, str]] = [
 @pytest.mark.parametrize(("text", "why"), [(t, w) for _, t, w in UNPARSEABLE],
                          ids=[name for name, _, _ in UNPARSEABLE])
 def test_hostile_input_is_unparseable(text: str, why: str) -> None:
-    started = time.monotonic()
+    # No clock here: a parser that blew up on these would hang the test into the suite's
+    # timeout (pyproject: timeout), whatever the machine's speed.
     with pytest.raises(DiagUnparseable) as caught:
         parse_dcgmi_json(text)
     assert why in str(caught.value)
     assert len(str(caught.value)) <= 420  # the reason and at most ~200 chars of what was seen
-    assert time.monotonic() - started < 5
 
 
 NOT_PASSED: list[tuple[str, str, str]] = [

@@ -1,4 +1,4 @@
-"""kubectl's server-side printing: `kubectl get nodes/pods/jobs` asks the API server for a
+"""kubectl's server-side printing: `kubectl get nodes/pods/jobs/events` asks the API server for a
 meta.k8s.io/v1 Table and prints its columns. The cluster simulator answers as a real API
 server does (with GPU_REMEDIATE_REAL_CLUSTER set, these run against one)."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,31 @@ def test_kubectl_get_pods_shows_ready_status_restarts_age(k: Contract) -> None:
     assert columns(table) == ["Name", "Ready", "Status", "Restarts", "Age"]
     assert columns(table, wide=True)[5:7] == ["IP", "Node"]
     assert row_of(table, pod)[1:4] == ["0/1", "Running", "0"]
+
+
+def test_kubectl_get_events_shows_last_seen_type_reason_object_message(k: Contract) -> None:
+    """The columns a real cluster shows (the Event printer's: NAME only with -o wide, last),
+    for an Event as the worker writes one (core/v1, on a node)."""
+    from kubernetes import client
+
+    node = k.node()
+    k.core.create_namespaced_event("default", client.CoreV1Event(
+        metadata=client.V1ObjectMeta(name=f"{node}.remediation"),
+        involved_object=client.V1ObjectReference(kind="Node", name=node),
+        reason="RemediationStarted", message="  XID 79 on GPU 3: reboot  ", type="Warning",
+        source=client.V1EventSource(component="gpu-remediate", host="worker-0"),
+        first_timestamp=datetime.now(UTC), last_timestamp=datetime.now(UTC), count=2))
+    table = get(k, "/api/v1/namespaces/default/events")
+    assert columns(table) == ["Last Seen", "Type", "Reason", "Object", "Message"]
+    assert columns(table, wide=True) == ["Last Seen", "Type", "Reason", "Object", "Subobject",
+                                         "Source", "Message", "First Seen", "Count", "Name"]
+    rows = [r["cells"] for r in table["rows"] if r["cells"][9] == f"{node}.remediation"]
+    assert len(rows) == 1
+    last, kind, reason, target, sub, source, message, first, count, _ = rows[0]
+    assert (kind, reason, target, sub) == ("Warning", "RemediationStarted", f"node/{node}", "")
+    assert (source, message, count) == ("gpu-remediate, worker-0", "XID 79 on GPU 3: reboot", 2)
+    assert last.endswith("s") and first.endswith("s")
+    assert table["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
 
 
 def test_plain_json_is_still_plain_json(k: Contract) -> None:

@@ -538,7 +538,12 @@ async def worker_for(client: Client, cluster: FakeCluster,
 
 async def until(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition",
                 ) -> None:
-    """Poll ``check`` (sync or async) until it is truthy."""
+    """Poll ``check`` (sync or async) until it is truthy. The deadline is at least
+    tests/polling.py's DEFAULT_TIMEOUT: a poll that passes returns as soon as it does, and
+    one tuned to a quiet machine fails a loaded one."""
+    from tests.polling import DEFAULT_TIMEOUT
+
+    timeout = max(timeout, DEFAULT_TIMEOUT)
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while True:

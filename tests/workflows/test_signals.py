@@ -86,8 +86,8 @@ async def test_approve_and_reject_cannot_both_be_acknowledged(local_env) -> None
     # With the worker away, both wait on the server and arrive in one workflow task: the
     # second is checked against the first's decision, not against a state the workflow
     # has not had the chance to write yet.
-    await handle.signal("approve", {"operator": "alice"})
-    await handle.signal("reject", {"operator": "bob"})
+    await handle.signal("approve", {"operator": "alice", "reason": "checked"})
+    await handle.signal("reject", {"operator": "bob", "reason": "job deadline"})
     async with worker_for(local_env.client, cluster, queue):
         got = await rejected(handle, 1)
         v = await view(handle)
@@ -118,8 +118,8 @@ async def test_detector_pause_signal_and_a_rejected_resume(local_env) -> None:
         async def paused() -> bool:
             return (await detector.query(DetectorWorkflow.view)).paused
         await until(paused, 15, "paused by signal")
-        await detector.signal("pause", {"operator": "erin"})   # already paused
-        await detector.signal("pasue", {"operator": "erin"})   # a typo
+        await detector.signal("pause", {"operator": "erin", "reason": "x"})  # already paused
+        await detector.signal("pasue", {"operator": "erin", "reason": "x"})  # a typo
 
         async def two() -> bool:
             return len((await detector.query(DetectorWorkflow.view)).rejected_commands) >= 2

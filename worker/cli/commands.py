@@ -4,46 +4,69 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import json
 import logging
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
 import typer
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from policy.models import Action
 from worker.cli import operator as ops
+from worker.cli.locate import (
+    Located,
+    kubernetes_unreachable,
+    locate,
+    running_stack,
+    temporal_unreachable,
+)
+from worker.cli.output import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    exit_codes_help,
+    plain_table,
+    print_table,
+    rich_table,
+    shown,
+)
 from worker.config import ConfigError, Settings, TemporalSettings, load_settings
 from worker.logs import configure_logging
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow
-from workflows.ids import DETECTOR_WORKFLOW_ID, valid_node_name
+from workflows.ids import DETECTOR_WORKFLOW_ID, MAX_REASON_CHARS, valid_node_name
 from workflows.messages import (
     DetectorInput,
     ManualRemediation,
+    OperatorAck,
     OperatorCommand,
     OrphanRelease,
     RemediationView,
+    node_problem,
 )
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 app = typer.Typer(
     name="gpu-remediate",
     help="Detect sick GPU nodes from DCGM metrics and remediate them with Temporal workflows.",
     no_args_is_help=True,
     rich_markup_mode="markdown",
+    epilog=exit_codes_help(),
 )
 detector_app = typer.Typer(help="Start, stop, pause and inspect the detector.",
                            no_args_is_help=True)
@@ -69,16 +92,23 @@ def watch(ctx: typer.Context) -> None:
 
 # No markup or emoji codes in what is printed: node names, reasons, errors and exporter
 # labels are text from operators and nodes ("[/x]" made every plan and status crash). Styles
-# are given as Text spans instead.
+# are given as Text spans instead; such text also goes through `shown` (output.py), so a
+# control character or terminal escape in it reaches the terminal as its code, never raw.
 out = Console(markup=False, emoji=False)
 err = Console(stderr=True, markup=False, emoji=False)
 
 ConfigOpt = Annotated[Path | None, typer.Option(
-    "--config", "-c", envvar="GPU_REMEDIATE_CONFIG", help="Service config file (YAML).",
-    exists=False)]
-ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="Why: recorded on the node.")]
+    "--config", "-c", envvar="GPU_REMEDIATE_CONFIG",
+    help="Service config file (YAML). Default: the config of the stack `gpu-remediate up` "
+         "runs in this directory, if one runs.", exists=False)]
+ReasonOpt = Annotated[str | None, typer.Option(
+    "--reason", "-r", help=f"Why (required): one line of text, at most {MAX_REASON_CHARS} "
+                           "characters; recorded on the node, in its Event and in the "
+                           "workflow.")]
 OperatorOpt = Annotated[str | None, typer.Option(
-    "--operator", help="Who: defaults to $GPU_REMEDIATE_OPERATOR or the login name.")]
+    "--operator", help="Who: defaults to $GPU_REMEDIATE_OPERATOR, else user@host.")]
+
+
 def _node_name(name: str) -> str:
     # Before any call: a name no node can have is refused with one line, nothing written.
     problem = valid_node_name(name)
@@ -88,39 +118,123 @@ def _node_name(name: str) -> str:
 
 
 NodeArg = Annotated[str, typer.Argument(help="Kubernetes node name.", callback=_node_name)]
-OutputOpt = Annotated[Literal["table", "json"], typer.Option("--output", "-o")]
+OutputOpt = Annotated[Literal["table", "json"], typer.Option(
+    "--output", "-o", help="table (whole values when not a terminal) or json.")]
+
+VERBOSE = False
+"""-v: errors show the details behind their one line (the SDK's or the client's text)."""
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(Text.assemble(("error:", "red"), f" {message}"))
+@app.callback()
+def _global(verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", envvar="GPU_REMEDIATE_VERBOSE",
+        help="Show the details behind an error.")] = False) -> None:
+    global VERBOSE
+    VERBOSE = verbose
+
+
+def fail(message: str, code: int = EXIT_FAILED, detail: str = "") -> NoReturn:
+    """One line (a few for a hint of what to run next), no traceback; -v adds ``detail``."""
+    first, *rest = shown_lines(message)
+    err.print(Text.assemble(("error:", "red"), f" {first}"), soft_wrap=True, highlight=False)
+    for line in rest:
+        err.print(f"  {line}", soft_wrap=True, highlight=False)
+    if detail and VERBOSE:
+        for line in shown_lines(detail):
+            err.print(Text(f"  {line}", style="dim"), soft_wrap=True, highlight=False)
     raise typer.Exit(code)
 
 
-def settings_from(config: Path | None) -> Settings:
+def shown_lines(text: str) -> list[str]:
+    return [shown(line) for line in str(text).split("\n")] or [""]
+
+
+def _context(config: Path | None) -> tuple[Settings, Located]:
+    located = locate(config)
     try:
-        return load_settings(config)
+        settings = load_settings(located.config)
+        if config is not None:
+            settings, located = _where_up_runs(settings, located)
     except ConfigError as e:
-        fail(str(e), 2)
+        fail(str(e), EXIT_USAGE)
+    return settings, located
 
 
-def with_client(config: Path | None, work: Callable[[Client], Awaitable[T]]) -> T:
-    settings = settings_from(config)
+def _where_up_runs(settings: Settings, located: Located) -> tuple[Settings, Located]:
+    """A --config beside a running `up` that says nothing of where Temporal, the cluster or
+    the exporters are (one written to try other detector settings) talks to that stack."""
+    stack = running_stack()
+    if stack is None or not isinstance(stack.get("config"), str):
+        return settings, located
+    missing = [s for s in CONNECTION_SECTIONS if s not in settings.model_fields_set]
+    if not missing:
+        return settings, located
+    theirs = load_settings(Path(str(stack["config"])))
+    return (settings.model_copy(update={s: getattr(theirs, s) for s in missing}),
+            Located(located.config, f"{located.source}; {', '.join(missing)} from the stack "
+                                    "`gpu-remediate up` runs here"))
+
+
+CONNECTION_SECTIONS = ("temporal", "kubernetes", "exporter")
+
+
+def settings_from(config: Path | None) -> Settings:
+    return _context(config)[0]
+
+
+def with_client(config: Path | None, work: Callable[[Client], Awaitable[T]],
+                hint: Callable[[str], str] | None = None) -> T:
+    """Run ``work`` with a Temporal client; every failure becomes one line and an exit
+    code (``hint`` may add to an OperatorError's message what to run next)."""
+    settings, located = _context(config)
 
     async def go() -> T:
         try:
             client = await connect(settings.temporal)
         except ConfigError as e:
-            fail(str(e), 2)
+            fail(str(e), EXIT_USAGE)
         except RuntimeError as e:
-            fail(f"cannot reach Temporal at {settings.temporal.address}: {e}")
+            fail(temporal_unreachable(settings, located, str(e)), detail=str(e))
         return await work(client)
 
     try:
         return asyncio.run(go())
     except ops.OperatorError as e:
-        fail(str(e))
+        fail(hint(str(e)) if hint is not None else str(e))
     except RPCError as e:
-        fail(f"Temporal: {e.message}")
+        if e.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            fail(temporal_unreachable(settings, located, e.message), detail=e.message)
+        fail(f"Temporal: {e.message}", detail=repr(e))
+
+
+def _reason(reason: str | None) -> str:
+    if reason is None:
+        fail("--reason/-r is required: say why (one line; it is recorded on the node, in "
+             "its Event and in the workflow)", EXIT_USAGE)
+    return reason
+
+
+def _checked(model: type[M], **fields: Any) -> M:
+    """The command as the workflow will check it; a refusal is bad usage (exit 2), said
+    without the refused value."""
+    try:
+        return model(**fields)
+    except ValidationError as e:
+        fail(ops.problems(e), EXIT_USAGE)
+
+
+def _checked_node(node: str) -> str:
+    if (problem := node_problem(node)) is not None:
+        fail(problem, EXIT_USAGE)
+    return node
+
+
+def _print_ack(output: str, ack: OperatorAck, node: str | None = None) -> None:
+    if output == "json":
+        print(json.dumps({"node": node, **ack.model_dump(mode="json")}))
+        return
+    out.print(shown(f"{node}: {ack.message}" if node else ack.message), soft_wrap=True,
+              highlight=False)
 
 
 # ---------------------------------------------------------------- services
@@ -226,7 +340,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 @detector_app.command("start")
-def detector_start(config: ConfigOpt = None) -> None:
+def detector_start(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     """Start the singleton detector with the config's detector, policy and remediation
     sections. It does nothing if a detector is already running: to change a running
     detector's settings, use `detector reconfigure` (it keeps pause, breaker and pending
@@ -246,11 +360,16 @@ def detector_start(config: ConfigOpt = None) -> None:
         return handle.result_run_id or ""
 
     run_id = with_client(config, go)
+    if output == "json":
+        print(json.dumps({"workflow_id": DETECTOR_WORKFLOW_ID, "run_id": run_id}))
+        return
     out.print(f"detector running: workflow {DETECTOR_WORKFLOW_ID} (run {run_id})")
 
 
 @detector_app.command("stop")
-def detector_stop(config: ConfigOpt = None, reason: ReasonOpt = "stopped by operator") -> None:
+def detector_stop(config: ConfigOpt = None, reason: Annotated[str, typer.Option(
+        "--reason", "-r", help="Why: recorded as the termination's reason.")] = (
+        "stopped by operator"), output: OutputOpt = "table") -> None:
     """Stop the detector. Running remediations continue (they are not its children
     in life: ParentClosePolicy ABANDON). Not the way to change settings: use `detector
     reconfigure`; stop forgets the pause, the breaker and the breaker window, and a new
@@ -259,25 +378,30 @@ def detector_stop(config: ConfigOpt = None, reason: ReasonOpt = "stopped by oper
         await client.get_workflow_handle(DETECTOR_WORKFLOW_ID).terminate(reason)
 
     with_client(config, go)
+    if output == "json":
+        print(json.dumps({"workflow_id": DETECTOR_WORKFLOW_ID, "stopped": True}))
+        return
     out.print("detector stopped; remediations in flight continue")
 
 
 @detector_app.command("pause")
-def detector_pause(config: ConfigOpt = None, reason: ReasonOpt = "",
-                   operator: OperatorOpt = None) -> None:
-    """Stop admitting new remediations; running ones continue."""
-    cmd = OperatorCommand(operator=ops.operator_identity(operator), reason=reason)
-    ack = with_client(config, lambda c: ops.detector_update(c, "pause", cmd))
-    out.print(ack.message)
+def detector_pause(config: ConfigOpt = None, reason: ReasonOpt = None,
+                   operator: OperatorOpt = None, output: OutputOpt = "table") -> None:
+    """Stop admitting new remediations; running ones continue.
+    Example: `gpu-remediate detector pause -r "network maintenance until 14:00"`"""
+    cmd = _checked(OperatorCommand, operator=ops.operator_identity(operator),
+                   reason=_reason(reason))
+    _print_ack(output, with_client(config, lambda c: ops.detector_update(c, "pause", cmd)))
 
 
 @detector_app.command("resume")
-def detector_resume(config: ConfigOpt = None, reason: ReasonOpt = "",
-                    operator: OperatorOpt = None) -> None:
-    """Resume admissions after a pause or a tripped circuit breaker."""
-    cmd = OperatorCommand(operator=ops.operator_identity(operator), reason=reason)
-    ack = with_client(config, lambda c: ops.detector_update(c, "resume", cmd))
-    out.print(ack.message)
+def detector_resume(config: ConfigOpt = None, reason: ReasonOpt = None,
+                    operator: OperatorOpt = None, output: OutputOpt = "table") -> None:
+    """Resume admissions after a pause or a tripped circuit breaker.
+    Example: `gpu-remediate detector resume -r "maintenance over"`"""
+    cmd = _checked(OperatorCommand, operator=ops.operator_identity(operator),
+                   reason=_reason(reason))
+    _print_ack(output, with_client(config, lambda c: ops.detector_update(c, "resume", cmd)))
 
 
 @detector_app.command("status")
@@ -287,22 +411,23 @@ def detector_status(config: ConfigOpt = None, output: OutputOpt = "table") -> No
     if output == "json":
         print(view.model_dump_json(indent=2))
         return
-    table = Table(show_header=False, box=None)
-    table.add_row("budget", f"{len(view.in_flight)}/{view.budget} in use")
-    table.add_row("in flight", ", ".join(view.in_flight) or "-")
-    table.add_row("waiting", ", ".join(view.waiting) or "-")
-    table.add_row("paused", "yes" if view.paused else "no")
-    table.add_row("breaker", Text.assemble(("open", "red"), f": {view.breaker_reason}")
-                  if view.breaker_open else "closed")
-    table.add_row("last tick", str(view.last_tick or "-"))
-    table.add_row("ticks / started", f"{view.ticks_total} / {view.started_total}")
-    for e in view.last_errors[:5]:
-        table.add_row("error", e)
-    out.print(table)
+    rows: list[tuple[str, str]] = [
+        ("budget", f"{len(view.in_flight)}/{view.budget} in use"),
+        ("in flight", ", ".join(view.in_flight) or "-"),
+        ("waiting", ", ".join(view.waiting) or "-"),
+        ("paused", "yes" if view.paused else "no"),
+        ("breaker", f"open: {view.breaker_reason}" if view.breaker_open else "closed"),
+        ("last tick", str(view.last_tick or "-")),
+        ("ticks / started", f"{view.ticks_total} / {view.started_total}"),
+        *(("error", e) for e in view.last_errors[:5]),
+        *(("refused signal", f"{r.name} from {r.operator or '?'}: {r.why}")
+          for r in view.rejected_commands[-5:]),
+    ]
+    print_table(out, ("field", "value"), rows)
 
 
 @detector_app.command("reconfigure")
-def detector_reconfigure(config: ConfigOpt = None) -> None:
+def detector_reconfigure(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     """Give the running detector the config's detector, policy and remediation sections,
     from its next tick on (for example to leave dry-run). Remediations in flight keep the
     settings they started with.
@@ -310,132 +435,211 @@ def detector_reconfigure(config: ConfigOpt = None) -> None:
     Example: `gpu-remediate detector reconfigure -c config.yaml`
     """
     settings = settings_from(config)
-    ack = with_client(config, lambda c: ops.detector_update(
-        c, "reconfigure", settings.detector_settings()))
-    out.print(ack.message)
+    _print_ack(output, with_client(config, lambda c: ops.detector_update(
+        c, "reconfigure", settings.detector_settings())))
 
 
 @app.command("release-orphan")
-def release_orphan(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
-                   config: ConfigOpt = None) -> None:
+def release_orphan(node: NodeArg, reason: ReasonOpt = None, operator: OperatorOpt = None,
+                   config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     """Release a node left in remediation by a workflow that is gone (terminated): our
     label and taint go, and it is uncordoned unless it was cordoned before us.
 
     Example: `gpu-remediate release-orphan gpu-node-05 -r "checked, GPUs fine"`
     """
-    req = OrphanRelease(node=node, operator=ops.operator_identity(operator), reason=reason)
-    ack = with_client(config, lambda c: ops.detector_update(c, "release_orphan", req))
-    out.print(ack.message)
+    req = _checked(OrphanRelease, node=_checked_node(node),
+                   operator=ops.operator_identity(operator), reason=_reason(reason))
+    _require_node(config, node)
+    _print_ack(output, with_client(config, lambda c: ops.detector_update(
+        c, "release_orphan", req)), node)
 
 
 @app.command()
 def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     """What the detector would do now: which nodes it would start, with which action, and
-    which wait and why. Reads the fleet like the detector; changes nothing.
+    which wait and why. With a detector running, its plan: its effective settings (read
+    from it, and said so in the first line), its pause and breaker; a config file that
+    differs is listed. Reads the fleet like the detector; changes nothing.
 
-    Example: `gpu-remediate plan -c config.yaml`
+    Example: `gpu-remediate plan` (beside `up`), `gpu-remediate plan -c config.yaml`
     """
     from worker.cli.plan import make_plan
 
-    settings = settings_from(config)
+    settings, located = _context(config)
     try:
-        result = asyncio.run(make_plan(settings))
+        result = asyncio.run(make_plan(settings, located.source))
     except Exception as e:  # the message is the point: Kubernetes, exporter or config
-        fail(f"plan: {e}")
+        fail(_plan_failure(settings, located, e), detail=repr(e))
     if output == "json":
         print(result.model_dump_json(indent=2))
         return
+    out.print(shown(f"plan with {result.settings_from}"), soft_wrap=True, highlight=False)
     header = Text(f"budget {len(result.in_use)}/{result.budget} in use · "
                   f"{result.managed_nodes} GPU nodes, {result.readable_nodes} readable")
-    if settings.detector.dry_run:
+    if result.dry_run:
         header.append(" · ").append("dry-run", style="bold")
     out.print(header)
-    out.print(Text(result.detector, style="dim"))
+    out.print(Text(shown(result.detector), style="dim"), soft_wrap=True)
+    if result.differences:
+        out.print(shown(f"the config file ({located.source}) differs from the running "
+                        "detector; the plan uses the detector's:"), soft_wrap=True,
+                  highlight=False)
+        for line in result.differences:
+            out.print(f"  {shown(line)}", soft_wrap=True, highlight=False)
     if result.breaker:
-        out.print(Text.assemble(("breaker", "red"), f": {result.breaker}"))
-    table = Table(title="would start")
-    for col in ("node", "action", "why"):
-        table.add_column(col)
-    for s in result.start:
-        table.add_row(s.node, s.action, s.reason)
-    out.print(table)
+        out.print(Text.assemble(("breaker", "red"), f": {shown(result.breaker)}"))
+    out.print("would start:")
+    print_table(out, ("node", "action", "why"),
+                [(s.node, s.action, s.reason) for s in result.start])
     for w in result.waiting:
-        out.print(f"waits: {w}")
+        out.print(f"waits: {shown(w)}", soft_wrap=True, highlight=False)
     for o in result.orphans:
-        out.print(Text.assemble(("orphan", "yellow"), f": {o}"))
+        out.print(Text.assemble(("orphan", "yellow"), f": {shown(o)}"))
     for line in result.errors[:10]:
-        out.print(Text(f"unreadable: {line}", style="dim"))
+        out.print(Text(f"unreadable: {shown(line)}", style="dim"), soft_wrap=True)
+
+
+def _plan_failure(settings: Settings, located: Located, e: Exception) -> str:
+    """One line for a plan that could not read the fleet: the Kubernetes API (its address
+    and what sets it) when that is what failed."""
+    names = {type(x).__name__ for x in _chain(e)}
+    if names & {"MaxRetryError", "NewConnectionError", "ConnectionRefusedError",
+                "ConfigException", "ProtocolError", "ConnectTimeoutError", "ReadTimeoutError",
+                "ApiException", "KubernetesUnavailable", "OSError", "FileNotFoundError"}:
+        return kubernetes_unreachable(settings, located, " ".join(str(x) for x in _chain(e)))
+    return f"plan: {e}"
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while e is not None and e not in seen:
+        seen.append(e)
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return seen
+
+
+def _require_node(config: Path | None, node: str) -> None:
+    """Refuse a node the cluster does not have, naming close matches; a cluster that
+    cannot be asked leaves the check to the workflow."""
+    settings, _ = _context(config)
+    names = _node_names(settings)
+    if names is None or node in names:
+        return
+    fail(no_such_node(node, names))
+
+
+def no_such_node(node: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(node, names, n=5, cutoff=0.6)
+    return (f"no node named {node} in the cluster" + (
+        f"; close matches: {', '.join(close)}" if close else
+        f" ({len(names)} nodes; `kubectl get nodes` lists them)"))
+
+
+def _node_names(settings: Settings) -> list[str] | None:
+    """The cluster's node names, or None when the API cannot be asked quickly."""
+    try:
+        from kubernetes import client
+
+        from worker.service import kube_client
+
+        with kube_client(settings) as api:
+            nodes = client.CoreV1Api(api).list_node(_request_timeout=5)
+        return [n.metadata.name for n in nodes.items if n.metadata and n.metadata.name]
+    except Exception:  # any failure: the check is a courtesy, the workflow still decides
+        return None
 
 
 # ---------------------------------------------------------------- operator actions
 
 
-def _node_action(verb: ops.RemediationVerb, node: str, reason: str, operator: str | None,
-                 config: Path | None) -> None:
-    cmd = OperatorCommand(operator=ops.operator_identity(operator), reason=reason)
-    ack = with_client(config, lambda c: ops.remediation_update(c, node, verb, cmd))
-    out.print(f"{node}: {ack.message}")
+def _node_action(verb: ops.RemediationVerb, node: str, reason: str | None,
+                 operator: str | None, config: Path | None, output: str) -> None:
+    cmd = _checked(OperatorCommand, operator=ops.operator_identity(operator),
+                   reason=_reason(reason))
+    _checked_node(node)
+    ack = with_client(config, lambda c: ops.remediation_update(c, node, verb, cmd),
+                      hint=lambda message: _with_node_hint(config, node, message))
+    _print_ack(output, ack, node)
+
+
+def _with_node_hint(config: Path | None, node: str, message: str) -> str:
+    """A node Temporal never remediated may not exist at all: say so, with close matches."""
+    if not message.startswith(ops.NO_REMEDIATION) or ops.NONE_KNOWN not in message:
+        return message
+    names = _node_names(settings_from(config))
+    if names is None or node in names:
+        return message
+    return f"{no_such_node(node, names)}\n{message}"
 
 
 @app.command()
-def approve(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
-            config: ConfigOpt = None) -> None:
-    """Approve a remediation waiting for approval. Example: `gpu-remediate approve gpu-node-02`"""
-    _node_action("approve", node, reason, operator, config)
+def approve(node: NodeArg, reason: ReasonOpt = None, operator: OperatorOpt = None,
+            config: ConfigOpt = None, output: OutputOpt = "table") -> None:
+    """Approve a remediation waiting for approval.
+    Example: `gpu-remediate approve gpu-node-02 -r "no jobs on it, checked"`"""
+    _node_action("approve", node, reason, operator, config, output)
 
 
 @app.command()
-def reject(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
-           config: ConfigOpt = None) -> None:
-    """Reject a remediation waiting for approval; the node is released untouched."""
-    _node_action("reject", node, reason, operator, config)
+def reject(node: NodeArg, reason: ReasonOpt = None, operator: OperatorOpt = None,
+           config: ConfigOpt = None, output: OutputOpt = "table") -> None:
+    """Reject a remediation waiting for approval; the node is released untouched.
+    Example: `gpu-remediate reject gpu-node-02 -r "training run ends at 18:00"`"""
+    _node_action("reject", node, reason, operator, config, output)
 
 
 @app.command()
-def quarantine(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
-               config: ConfigOpt = None) -> None:
+def quarantine(node: NodeArg, reason: ReasonOpt = None, operator: OperatorOpt = None,
+               config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     """Quarantine a node in remediation: it stays cordoned until released.
     Example: `gpu-remediate quarantine gpu-node-02 -r "RMA ticket 4411"`"""
-    _node_action("quarantine", node, reason, operator, config)
+    _node_action("quarantine", node, reason, operator, config, output)
 
 
 @app.command()
-def release(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
-            config: ConfigOpt = None) -> None:
+def release(node: NodeArg, reason: ReasonOpt = None, operator: OperatorOpt = None,
+            config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     """Release a quarantined node: validate it and return it to service if it passes.
     Example: `gpu-remediate release gpu-node-02 -r "GPU swapped"`"""
-    _node_action("release", node, reason, operator, config)
+    _node_action("release", node, reason, operator, config, output)
 
 
 @app.command()
-def repaired(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
-             config: ConfigOpt = None) -> None:
+def repaired(node: NodeArg, reason: ReasonOpt = None, operator: OperatorOpt = None,
+             config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     """Report that an external repair of a node is done; validation follows.
     Example: `gpu-remediate repaired gpu-node-02 -r "reseated GPU 3"`"""
-    _node_action("repaired", node, reason, operator, config)
+    _node_action("repaired", node, reason, operator, config, output)
 
 
 @app.command()
-def abort(node: NodeArg, reason: ReasonOpt = "", operator: OperatorOpt = None,
-          config: ConfigOpt = None) -> None:
-    """Abort a remediation: uncordon if we cordoned, remove our taint and label."""
-    cmd = OperatorCommand(operator=ops.operator_identity(operator), reason=reason)
-    out.print(with_client(config, lambda c: ops.abort(c, node, cmd)))
+def abort(node: NodeArg, reason: ReasonOpt = None, operator: OperatorOpt = None,
+          config: ConfigOpt = None, output: OutputOpt = "table") -> None:
+    """Abort a remediation: uncordon if we cordoned, remove our taint and label.
+    Example: `gpu-remediate abort gpu-node-02 -r "wrong node"`"""
+    cmd = _checked(OperatorCommand, operator=ops.operator_identity(operator),
+                   reason=_reason(reason))
+    _checked_node(node)
+    message = with_client(config, lambda c: ops.abort(c, node, cmd))
+    if output == "json":
+        print(json.dumps({"node": node, "message": message}))
+        return
+    out.print(shown(message), soft_wrap=True, highlight=False)
 
 
 @app.command()
 def remediate(
     node: NodeArg,
     action: Annotated[Action, typer.Option(help="thermal, reset, reboot or quarantine.")],
-    reason: Annotated[str, typer.Option("--reason", "-r", help="Why (required).")],
-    operator: OperatorOpt = None, config: ConfigOpt = None,
+    reason: ReasonOpt = None,
+    operator: OperatorOpt = None, config: ConfigOpt = None, output: OutputOpt = "table",
 ) -> None:
     """Ask the detector to remediate a node now; it goes through the same budget.
     Example: `gpu-remediate remediate gpu-node-03 --action reboot -r "hung NCCL"`"""
-    req = ManualRemediation(node=node, action=action, operator=ops.operator_identity(operator),
-                            reason=reason)
-    ack = with_client(config, lambda c: ops.manual_remediation(c, req))
-    out.print(ack.message)
+    req = _checked(ManualRemediation, node=_checked_node(node), action=action,
+                   operator=ops.operator_identity(operator), reason=_reason(reason))
+    _require_node(config, node)
+    _print_ack(output, with_client(config, lambda c: ops.manual_remediation(c, req)), node)
 
 
 # ---------------------------------------------------------------- status
@@ -452,19 +656,33 @@ def _quarantine_orders(v: RemediationView) -> list[str]:
     return lines
 
 
-def _status_table(views: list[RemediationView | dict[str, str]]) -> Table:
-    table = Table(title="remediations in flight")
-    for col in ("node", "state", "action", "step", "since", "attempt", "pods left",
-                "blocked by", "reason"):
-        table.add_column(col)
+STATUS_COLUMNS = ("node", "state", "action", "step", "since", "attempt", "pods left",
+                  "blocked by", "reason")
+
+
+def _status_rows(views: list[RemediationView | dict[str, str]]) -> list[list[str]]:
+    rows = []
     for v in views:
         if isinstance(v, dict):
-            table.add_row(v["node"], v["state"], "?", "(no worker answering)", "", "", "", "", "")
+            rows.append([v["node"], v["state"], "?", "(no worker answering)", "", "", "", "",
+                         ""])
             continue
-        table.add_row(v.node, v.state.value, v.action.value, v.step.value,
-                      f"{v.since:%H:%M:%S}" if v.since else "", str(v.attempt),
-                      str(v.pods_left), v.blocking_pdb, v.reason[:60])
-    return table
+        rows.append([v.node, v.state.value, v.action.value, v.step.value,
+                     f"{v.since:%H:%M:%S}" if v.since else "", str(v.attempt),
+                     str(v.pods_left), v.blocking_pdb, v.reason])
+    return rows
+
+
+def _status_table(views: list[RemediationView | dict[str, str]]) -> Table:
+    return rich_table(STATUS_COLUMNS, _status_rows(views), title="remediations in flight")
+
+
+def _print_status(views: list[RemediationView | dict[str, str]]) -> None:
+    if out.is_terminal:
+        out.print(_status_table(views))
+    else:
+        out.print(plain_table(STATUS_COLUMNS, _status_rows(views)), soft_wrap=True,
+                  highlight=False)
 
 
 def _print_ui_link(config: Path | None, node: str) -> None:
@@ -481,57 +699,98 @@ def _print_ui_link(config: Path | None, node: str) -> None:
               highlight=False)
 
 
+def snapshot(views: list[RemediationView | dict[str, str]], output: str) -> str:
+    """What `status --watch` writes to a pipe or a file when something changed."""
+    if output == "json":
+        return json.dumps([v if isinstance(v, dict) else v.model_dump(mode="json")
+                           for v in views], sort_keys=True)
+    return plain_table(STATUS_COLUMNS, _status_rows(views))
+
+
+async def watch_changes(fetch: Callable[[], Awaitable[list[RemediationView | dict[str, str]]]],
+                        write: Callable[[str], None], output: str, *, every: float = 2.0,
+                        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                        rounds: int | None = None) -> None:
+    """Poll ``fetch``; write a timestamped snapshot first and whenever it changed (one JSON
+    line with ``-o json``). ``rounds`` bounds the polls (tests); None: until interrupted."""
+    last: str | None = None
+    done = 0
+    while rounds is None or done < rounds:
+        views = await fetch()
+        current = snapshot(views, output)
+        if current != last:
+            stamp = f"{now():%Y-%m-%dT%H:%M:%SZ}"
+            if output == "json":
+                write(json.dumps({"at": stamp, "remediations": json.loads(current)}) + "\n")
+            else:
+                write(f"# {stamp} ({len(views)} in flight)\n{current}\n\n")
+            last = current
+        done += 1
+        if rounds is None or done < rounds:
+            await asyncio.sleep(every)
+
+
 @app.command()
 def status(
     node: Annotated[str | None, typer.Argument(help="Show one node in full.")] = None,
     output: OutputOpt = "table",
-    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh every 2 s.")] = False,
+    watch: Annotated[bool, typer.Option(
+        "--watch", "-w", help="Refresh every 2 s; to a pipe or a file, a timestamped "
+                              "snapshot whenever something changed.")] = False,
     config: ConfigOpt = None,
 ) -> None:
-    """In-flight remediations, or one node's full view with its transitions.
+    """In-flight remediations, or one node's full view with its transitions. Exits 0
+    whatever the state (a quarantined node is a state, not an error).
 
-    Examples: `gpu-remediate status --watch`, `gpu-remediate status gpu-node-02 -o json`
+    Examples: `gpu-remediate status --watch`, `gpu-remediate status gpu-node-02 -o json`,
+    `gpu-remediate status --watch >> remediations.log`
     """
     if node is not None:
-        view = with_client(config, lambda c: ops.remediation_view(c, node))
+        _checked_node(node)
+        view = with_client(config, lambda c: ops.remediation_view(c, node),
+                           hint=lambda message: _with_node_hint(config, node, message))
         if output == "json":
             print(view.model_dump_json(indent=2))
             return
-        out.print(_status_table([view]))
+        _print_status([view])
         for line in _quarantine_orders(view):
-            out.print(line, soft_wrap=True, highlight=False)
+            out.print(shown(line), soft_wrap=True, highlight=False)
         _print_ui_link(config, node)
         for t in view.transitions:
             out.print(f"  {t.at:%Y-%m-%d %H:%M:%S}  {t.state.value:<18} {t.step.value}")
         if view.plan:
             out.print("plan:")
             for line in view.plan:
-                out.print(f"  - {line}")
-        return
-    if output == "json":
-        views = with_client(config, ops.remediation_views)
-        print(json.dumps([v if isinstance(v, dict) else v.model_dump(mode="json")
-                          for v in views], indent=2))
+                out.print(f"  - {shown(line)}", soft_wrap=True, highlight=False)
         return
     if not watch:
         views = with_client(config, ops.remediation_views)
-        out.print(_status_table(views))
+        if output == "json":
+            print(json.dumps([v if isinstance(v, dict) else v.model_dump(mode="json")
+                              for v in views], indent=2))
+            return
+        _print_status(views)
         for v in views:
             if not isinstance(v, dict):
                 for line in _quarantine_orders(v):
-                    out.print(f"{v.node}: {line}", soft_wrap=True, highlight=False)
+                    out.print(shown(f"{v.node}: {line}"), soft_wrap=True, highlight=False)
         return
-    settings = settings_from(config)
 
-    async def loop() -> None:
-        client = await connect(settings.temporal)
-        with Live(_status_table([]), console=out, refresh_per_second=1) as live:
+    async def live(client: Client) -> None:
+        with Live(_status_table([]), console=out, refresh_per_second=1) as shown_live:
             while True:
-                live.update(_status_table(await ops.remediation_views(client)))
+                shown_live.update(_status_table(await ops.remediation_views(client)))
                 await asyncio.sleep(2)
 
+    async def piped(client: Client) -> None:
+        def write(text: str) -> None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+        await watch_changes(lambda: ops.remediation_views(client), write, output)
+
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(loop())
+        with_client(config, live if out.is_terminal and output == "table" else piped)
 
 
 # ---------------------------------------------------------------- offline tools

@@ -6,10 +6,13 @@ printing, and so tests can drive the same code.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
+import socket
 from typing import Any, Literal
 
+from pydantic import ValidationError
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -25,10 +28,12 @@ from workflows.messages import (
     ManualRemediation,
     OperatorAck,
     OperatorCommand,
+    RemediationResult,
     RemediationView,
 )
 from workflows.remediation import RemediationWorkflow
 from workflows.search_attributes import REMEDIATION_STATE
+from workflows.settings import DetectorSettings
 
 
 class OperatorError(Exception):
@@ -36,7 +41,28 @@ class OperatorError(Exception):
 
 
 def operator_identity(explicit: str | None) -> str:
-    return explicit or os.environ.get("GPU_REMEDIATE_OPERATOR") or getpass.getuser()
+    """Who acts: ``--operator``, else $GPU_REMEDIATE_OPERATOR, else user@host (the login
+    name alone says nothing once several machines run the CLI)."""
+    if explicit is not None:
+        return explicit
+    if configured := os.environ.get("GPU_REMEDIATE_OPERATOR"):
+        return configured
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container's uid with no passwd entry
+        user = f"uid-{os.getuid()}"
+    return f"{user}@{socket.gethostname().split('.', 1)[0]}"
+
+
+def problems(err: ValidationError) -> str:
+    """A refused command's reasons in one line, "field: why; ...", without the values (a
+    refused value may carry a terminal escape)."""
+    parts = []
+    for e in err.errors(include_input=False):
+        where = ".".join(str(p) for p in e.get("loc", ()))
+        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where and not msg.startswith(f"{where}:") else msg)
+    return "; ".join(parts)
 
 
 def _why(err: BaseException) -> str:
@@ -64,8 +90,61 @@ async def _update(client: Client, workflow_id: str, verb: str, arg: Any, *, what
 
 async def remediation_update(client: Client, node: str, verb: RemediationVerb,
                              cmd: OperatorCommand) -> OperatorAck:
-    return await _update(client, remediation_workflow_id(node), verb, cmd,
-                         what=f"{verb} {node}", missing=f"no remediation is running for {node}")
+    try:
+        return await _update(client, remediation_workflow_id(node), verb, cmd,
+                             what=f"{verb} {node}", missing="")
+    except OperatorError as err:
+        if str(err):
+            raise
+        raise OperatorError(await no_remediation(client, node)) from err
+
+
+async def last_remediation(client: Client, node: str) -> str | None:
+    """How this node's last remediation ended: when, its outcome and why, its workflow id
+    (Temporal keeps closed workflows for the namespace's retention); None if it had none
+    Temporal still knows of."""
+    handle = client.get_workflow_handle(remediation_workflow_id(node),
+                                        result_type=RemediationResult)
+    try:
+        desc = await handle.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    status = desc.status.name.lower() if desc.status else "unknown"
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        return f"{desc.id} is running (run {desc.run_id})"
+    how = status
+    if desc.status == WorkflowExecutionStatus.COMPLETED:
+        try:
+            result = await handle.result()
+            how = f"outcome {result.outcome.value}: {result.message}"
+        except Exception:  # the status alone still says how it ended
+            how = "completed"
+    elif desc.status == WorkflowExecutionStatus.TERMINATED:
+        how = "terminated (by an operator or `temporal workflow terminate`, not by itself)"
+    when = f"{desc.close_time:%Y-%m-%d %H:%M:%S %Z}".strip() if desc.close_time else "(unknown)"
+    return f"the last one ended {when}, {how} (workflow {desc.id}, run {desc.run_id})"
+
+
+NO_REMEDIATION = "no remediation is running for"
+NONE_KNOWN = "Temporal knows of none"
+
+
+async def no_remediation(client: Client, node: str) -> str:
+    """Why an action on ``node`` found nothing to act on, and what to run instead."""
+    last = await last_remediation(client, node)
+    orphan = False
+    with contextlib.suppress(OperatorError):
+        orphan = node in (await detector_view(client)).orphans
+    lines = [f"{NO_REMEDIATION} {node}" + (f"; {last}" if last else f"; {NONE_KNOWN}")]
+    if orphan:
+        lines.append(f"it still carries our label (its workflow is gone): "
+                     f"`gpu-remediate release-orphan {node} -r WHY` releases it")
+    lines.append(f"next: `gpu-remediate status {node}` shows its last view; "
+                 f"`gpu-remediate remediate {node} --action reset|reboot|quarantine -r WHY` "
+                 "starts one")
+    return "\n".join(lines)
 
 
 async def abort(client: Client, node: str, cmd: OperatorCommand) -> str:
@@ -103,6 +182,18 @@ async def detector_update(client: Client, verb: DetectorVerb, arg: Any) -> Opera
 
 async def manual_remediation(client: Client, req: ManualRemediation) -> OperatorAck:
     return await detector_update(client, "remediate", req)
+
+
+async def detector_settings(client: Client) -> DetectorSettings:
+    """The running detector's effective settings (its ``settings`` query)."""
+    try:
+        found: DetectorSettings = await client.get_workflow_handle(DETECTOR_WORKFLOW_ID).query(
+            DetectorWorkflow.effective_settings)
+        return found
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise OperatorError("the detector is not running") from err
+        raise OperatorError(f"detector settings: {err.message}") from err
 
 
 async def detector_view(client: Client) -> DetectorView:
@@ -143,7 +234,7 @@ async def remediation_view(client: Client, node: str) -> RemediationView:
         return view
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
-            raise OperatorError(f"no remediation found for {node}") from err
+            raise OperatorError(await no_remediation(client, node)) from err
         raise OperatorError(f"status {node}: {err.message}") from err
     except WorkflowQueryFailedError as err:
         raise OperatorError(f"status {node}: the workflow could not answer: {err}") from err

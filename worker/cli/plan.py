@@ -2,15 +2,19 @@
 
 It observes the fleet exactly as the detector's activity does (same source,
 same policy) and runs the same admission code, so the plan is reviewable before
-anything is switched on. When a detector runs, its pause and its breaker (which a
-fresh state could not know: the outcome breaker counts quarantines over an hour)
-hold the plan back as they hold the detector; without one, the state is fresh.
+anything is switched on. When a detector runs, the plan is that detector's: its effective
+settings (budget, pool limits, breaker thresholds, dry-run, policy: the `settings` query,
+which a `detector reconfigure` changes without any file changing), its pause and its
+breaker (which a fresh state could not know: the outcome breaker counts quarantines over an
+hour); a config file that differs is listed, not used. Without one, the plan is a fresh
+detector's with the config file's settings.
 """
 
 from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -18,6 +22,7 @@ from policy.models import Verdict
 from worker.config import Settings
 from workflows.admission import Admission
 from workflows.messages import DetectorState, DetectorView, FleetObservation, ObserveInput
+from workflows.settings import DetectorSettings
 
 # How long `plan` waits for Temporal to say whether a detector runs (a plan made before
 # anything is switched on has no Temporal to ask).
@@ -43,10 +48,21 @@ class Plan(BaseModel):
     managed_nodes: int
     readable_nodes: int
     errors: list[str] = Field(default_factory=list)
+    settings_from: str = Field(
+        default="", description="Whose settings the plan uses: the running detector's "
+                                "(its `settings` query) or the config file's, and why.")
+    from_running_detector: bool = False
+    dry_run: bool = False
+    differences: list[str] = Field(
+        default_factory=list, description="Where the config file differs from the running "
+                                          "detector's effective settings (not used).")
 
 
 def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
-              running: DetectorView | None = None, lookup: str = "") -> Plan:
+              running: DetectorView | None = None, lookup: str = "",
+              effective: DetectorSettings | None = None, config_source: str = "") -> Plan:
+    """The plan: with ``effective`` (the running detector's settings) the detector's own,
+    else a fresh detector's with the config file's settings."""
     state = DetectorState()
     detector = lookup or "no running detector consulted: a fresh detector's plan"
     if running is not None:
@@ -56,10 +72,24 @@ def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
         detector = "running detector: " + ("paused" if running.paused else "not paused") + (
             f"; breaker open: {running.breaker_reason}" if running.breaker_open
             else "; breaker closed")
-    adm = Admission(settings.detector_settings(), state, obs, now)
+    configured = settings.detector_settings()
+    used = effective or configured
+    source = config_source or "the config file"
+    if effective is not None:
+        whose = ("the running detector's effective settings (read from the detector, "
+                 "not from a file)")
+    elif running is not None:
+        whose = (f"the config file's settings, {source}: the running detector does not "
+                 "report its own (an older release)")
+    else:
+        whose = f"the config file's settings, {source}: no detector is running"
+    adm = Admission(used, state, obs, now)
     plan = Plan(budget=adm.budget, in_use=list(adm.in_use), managed_nodes=obs.managed_nodes,
                 readable_nodes=obs.readable_nodes, errors=obs.errors, orphans=obs.orphans,
-                breaker=adm.state.breaker_reason, detector=detector)
+                breaker=adm.state.breaker_reason, detector=detector, settings_from=whose,
+                from_running_detector=effective is not None, dry_run=used.dry_run,
+                differences=settings_differences(configured, effective)
+                if effective is not None else [])
     for c in adm.queue:
         why = adm.blocked(c)
         if why is None:
@@ -71,29 +101,82 @@ def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
     return plan
 
 
+# Set from the worker's task queue when the detector starts: not a setting an operator
+# writes, so a config file without it does not "differ".
+_NOT_COMPARED = frozenset({"observe_task_queue"})
+
+
+def settings_differences(config: DetectorSettings, running: DetectorSettings) -> list[str]:
+    """Each setting whose value in the config file is not the running detector's, as
+    ``path: config file X, running detector Y``."""
+    mine, theirs = _flat(config.model_dump(mode="json")), _flat(running.model_dump(mode="json"))
+    lines = []
+    for key in sorted(set(mine) | set(theirs)):
+        if key.split(".", 1)[0] in _NOT_COMPARED or mine.get(key) == theirs.get(key):
+            continue
+        lines.append(f"{key}: config file {_shown(mine.get(key))}, "
+                     f"running detector {_shown(theirs.get(key))}")
+    return lines
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def _shown(value: Any) -> str:
+    return "(unset)" if value is None else str(value)
+
+
+class DetectorLookup(BaseModel):
+    """What a running detector says about itself, or why none was asked."""
+
+    view: DetectorView | None = None
+    settings: DetectorSettings | None = None
+    why: str = ""
+
+
 async def running_detector(settings: Settings) -> tuple[DetectorView | None, str]:
     """The running detector's view, or None and why (no Temporal, no detector)."""
-    from worker.cli.operator import OperatorError, detector_view
+    found = await look_up_detector(settings)
+    return found.view, found.why
+
+
+async def look_up_detector(settings: Settings) -> DetectorLookup:
+    """The running detector's view and effective settings, or why there are none."""
+    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.service import RPCError
+
+    from worker.cli.operator import OperatorError, detector_settings, detector_view
     from worker.config import ConfigError
     from worker.temporal_client import connect
 
     try:
         client = await asyncio.wait_for(connect(settings.temporal), DETECTOR_LOOKUP_SECONDS)
-        return await asyncio.wait_for(detector_view(client), DETECTOR_LOOKUP_SECONDS), ""
+        view = await asyncio.wait_for(detector_view(client), DETECTOR_LOOKUP_SECONDS)
     except OperatorError as err:
-        return None, f"{err}: a fresh detector's plan"
-    except (TimeoutError, RuntimeError, ValueError, ConfigError) as err:
+        return DetectorLookup(why=f"{err}: a fresh detector's plan")
+    except (TimeoutError, RuntimeError, ValueError, ConfigError, RPCError) as err:
         why = str(err) or type(err).__name__
-        return None, (f"Temporal at {settings.temporal.address} not reached ({why[:120]}): "
-                      "a fresh detector's plan")
+        return DetectorLookup(why=f"Temporal at {settings.temporal.address} not reached "
+                                  f"({why[:120]}): a fresh detector's plan")
+    try:
+        effective = await asyncio.wait_for(detector_settings(client), DETECTOR_LOOKUP_SECONDS)
+    except (OperatorError, WorkflowQueryFailedError, RPCError, TimeoutError):
+        effective = None  # a detector of an older release: no `settings` query
+    return DetectorLookup(view=view, settings=effective)
 
 
-async def make_plan(settings: Settings) -> Plan:
+async def make_plan(settings: Settings, config_source: str = "") -> Plan:
     from worker.service import build_fleet, kube_client
 
+    found = await look_up_detector(settings)
+    used = found.settings or settings.detector_settings()
     fleet = build_fleet(settings, kube_client(settings))
-    obs, (running, lookup) = await asyncio.gather(
-        fleet.observe_fleet(ObserveInput(policy=settings.policy,
-                                         pool_label=settings.detector.pool_label)),
-        running_detector(settings))
-    return plan_from(settings, obs, datetime.now(UTC), running, lookup)
+    obs = await fleet.observe_fleet(ObserveInput(policy=used.policy, pool_label=used.pool_label))
+    return plan_from(settings, obs, datetime.now(UTC), found.view, found.why, found.settings,
+                     config_source)

@@ -7,6 +7,7 @@ Each part runs as its own process (as in production) with its log in
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -226,9 +227,24 @@ class LocalStack:
             self.start_simulators()
             self.start_worker()
             self.start_detector()
+            self.write_state()
         except BaseException:
             self.stop()
             raise
+
+    @property
+    def state_file(self) -> Path:
+        return self.data_dir / "stack.json"
+
+    def write_state(self) -> None:
+        """Say what runs here, for the operator commands run from this directory (they
+        find it by ``worker/cli/locate.py``, with no environment set): the config the
+        worker runs with (its Temporal address, kubeconfig, exporters), and this process,
+        so that a file left by a stack that ended is ignored."""
+        state = {"pid": os.getpid(), "config": str(self.worker_config),
+                 "temporal_address": self.temporal_address, "kubeconfig": str(self.kubeconfig),
+                 "ui": f"http://localhost:{self.ports.ui}"}
+        self.state_file.write_text(json.dumps(state, indent=2) + "\n")
 
     def kill_worker(self) -> None:
         """SIGKILL the worker, as a crash would."""
@@ -265,6 +281,9 @@ class LocalStack:
 
     def stop(self) -> None:
         """Stop everything this stack started, newest first."""
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(self.state_file.read_text()).get("pid") == os.getpid():
+                self.state_file.unlink()
         for part in reversed(self.parts):
             if part.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -305,6 +324,7 @@ def up_banner(stack: LocalStack, *, dry_run: bool, command: str | None = None) -
   metrics         http://localhost:{p.metrics}/metrics
   kubeconfig      {escape(str(stack.kubeconfig))}
   logs            {escape(str(stack.data_dir / 'logs'))}
+  config          {escape(str(stack.worker_config))}   (commands run from this directory use it)
 
 Break a GPU and watch it get fixed, in another terminal:
   {cmd} sim gpu inject gpu-node-02 --gpu 3 --kind xid --value 79

@@ -181,3 +181,12 @@ helm.sh/hook: post-install,post-upgrade
 helm.sh/hook-weight: {{ . | quote }}
 helm.sh/hook-delete-policy: before-hook-creation
 {{- end -}}
+
+{{/*
+The worker's image. No default: none is published, and a made-up default would only show
+as ImagePullBackOff with no hint.
+*/}}
+{{- define "gpu-remediate.image" -}}
+{{- $repo := required "image.repository is required: build the worker image from this repository's Dockerfile, push it to a registry your nodes pull from, and set image.repository (and image.tag) to it, e.g. --set image.repository=registry.example.com/gpu-remediate (docs/install.md, \"Build and push the image\")" .Values.image.repository -}}
+{{- printf "%s:%s" $repo .Values.image.tag -}}
+{{- end -}}
