@@ -52,12 +52,14 @@ with workflow.unsafe.imports_passed_through():
         LeaseCheck,
     )
     from workflows.leases import check as check_lease
+    from workflows.limits import LimitsSettings, violations
     from workflows.messages import (
         AdmissionReport,
         DetectorInput,
         DetectorView,
         FleetObservation,
         ManualRemediation,
+        NodeReport,
         ObserveInput,
         OperatorAck,
         OperatorCommand,
@@ -71,9 +73,17 @@ with workflow.unsafe.imports_passed_through():
         SlotRequest,
         merge_observations,
     )
+    from workflows.reports import (
+        NODE_REPORT_PATCH,
+        NODE_REPORT_SIGNAL,
+        current_reports,
+        keep_report,
+        reports_for_observation,
+    )
     from workflows.search_attributes import GPU_NODE, REMEDIATION_ACTION, REMEDIATION_STATE
     from workflows.settings import DetectorSettings
     from workflows.transitions import NodeState
+    from workflows.ui_text import plain
 
 NODE_ACTIONS = (Action.THERMAL, Action.RESET, Action.REBOOT, Action.QUARANTINE)
 # A run that did not continue from another asks visibility for running remediations first;
@@ -82,6 +92,8 @@ THERMAL_OUTSIDE_PATCH = "thermal-cordons-outside-budget"
 SEED_PENDING_PATCH = "detector-seeds-pending-from-visibility"
 # Slots are leases held for a remediation's life (runs recorded before count labels).
 LEASES_PATCH = "slots-are-leases"
+# The worker's config is the ceiling of every reconfigure (runs recorded before: unbounded).
+LIMITS_PATCH = "detector-bounded-by-limits"
 _NO_PAYLOAD = RawValue(Payload())
 
 
@@ -117,6 +129,13 @@ class DetectorWorkflow:
         self.elsewhere: set[str] = set()
         # Slots are leases (a run recorded before them: labels, as it ran).
         self.leases_mode = False
+        # The worker's limits (read from its own config file at the start of each run),
+        # and why the settings this run was given are past them (admits nothing then).
+        self.limits: LimitsSettings | None = None
+        self.bounded = False
+        self.over_limits: list[str] = []
+        # Faults nodes reported about themselves (workflows/reports.py).
+        self.reports: list[NodeReport] = []
 
     pinned = False
     """True in PinnedDetectorWorkflow: what a versioned worker registers."""
@@ -215,6 +234,25 @@ class DetectorWorkflow:
         if req.node not in self.state.slot_requests:
             self.state.slot_requests = {**self.state.slot_requests, req.node: workflow.now()}
             workflow.logger.info("%s asks for a drain slot: %s", req.node, req.reason)
+        self.wake = True
+
+    @workflow.signal(name=NODE_REPORT_SIGNAL,
+                     description="Internal — sent by the worker, not by people: a fault a "
+                                 "node's watcher reported about itself (its token bound to "
+                                 "that node). Wakes the detector; the next observation of "
+                                 "that node and the budget decide. Payload: NodeReport.")
+    def node_report(self, raw: RawValue = _NO_PAYLOAD) -> None:
+        if not workflow.patched(NODE_REPORT_PATCH):
+            # Recorded before this handler: the signal was unknown, and replays so.
+            self.other_signal(NODE_REPORT_SIGNAL, [raw])
+            return
+        try:
+            report = NodeReport.model_validate(
+                workflow.payload_converter().from_payload(raw.payload))
+        except Exception as err:  # a stray client's payload: recorded, never raised
+            self._reject_signal(NODE_REPORT_SIGNAL, None, f"bad node report: {err}"[:500])
+            return
+        self.reports = keep_report(self.reports, report, workflow.now())
         self.wake = True
 
     def _signal(self, name: str, raw: RawValue, check: Callable[[OperatorCommand], None],
@@ -323,10 +361,27 @@ class DetectorWorkflow:
     async def reconfigure(self, settings: DetectorSettings) -> OperatorAck:
         before = self.settings
         self.settings = settings
+        self.over_limits = []
         self.wake = True
         changed = [k for k in type(settings).model_fields
                    if getattr(before, k) != getattr(settings, k)]
         return self._ack("reconfigured: " + (", ".join(changed) or "no change"))
+
+    @reconfigure.validator
+    def _check_reconfigure(self, settings: DetectorSettings) -> None:
+        # The config is the ceiling: tighter is always accepted, looser only within the
+        # worker's limits (workflows/limits.py), read from its own file, never a client's.
+        if not self.bounded:
+            return
+        if self.limits is None:
+            raise ApplicationError("the worker's limits have not been read yet (its config "
+                                   "file): nothing can be reconfigured until they are",
+                                   type=errors.REJECTED)
+        over = violations(settings, self.limits)
+        if over:
+            raise ApplicationError("refused, past the worker's limits: "
+                                   + "; ".join(str(v) for v in over)[:1500],
+                                   type=errors.REJECTED)
 
     def _ack(self, message: str) -> OperatorAck:
         return OperatorAck(state=NodeState.HEALTHY, message=message)
@@ -342,6 +397,9 @@ class DetectorWorkflow:
             not workflow.patched(SEED_PENDING_PATCH)
         self.thermal_outside = workflow.patched(THERMAL_OUTSIDE_PATCH)
         self.leases_mode = workflow.patched(LEASES_PATCH)
+        self.bounded = workflow.patched(LIMITS_PATCH)
+        if self.bounded:
+            await self._read_limits()
         if self.leases_mode:
             seeded = True  # leases adopt what runs instead (see _refresh_leases)
         while True:
@@ -419,6 +477,22 @@ class DetectorWorkflow:
         workflow.logger.info("%d remediations already running: %s", len(fresh),
                              ", ".join(fresh[:20]))
         return True
+
+    async def _read_limits(self) -> None:
+        """The worker's limits, from its own config file. A run whose settings (given by
+        whoever started it) are past them admits nothing until a reconfigure within them:
+        a stray client cannot start a looser detector than the config allows."""
+        try:
+            self.limits = await workflow.execute_activity(
+                act.read_limits, start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=5), summary="read the worker's limits")
+        except ActivityError as err:
+            self.over_limits = [f"the worker's limits could not be read: {err.cause or err}"]
+            return
+        self.over_limits = [str(v) for v in violations(self.settings, self.limits)]
+        if self.over_limits:
+            workflow.logger.warning("settings past the worker's limits: %s",
+                                    "; ".join(self.over_limits))
 
     async def _adopt(self) -> bool:
         """A detector that did not continue from one with leases first adopts every
@@ -502,6 +576,8 @@ class DetectorWorkflow:
         # parallel (they spread over worker replicas); below it, one does.
         shards = max(1, -(-self.last_managed // s.observe_shard_size))
         leases = self._lease_workflows() if self.leases_mode else []
+        self.reports = current_reports(self.reports, workflow.now(), self.busy)
+        reports = reports_for_observation(self.reports, workflow.now())
         try:
             parts = await asyncio.gather(*(workflow.execute_activity(
                 act.observe_fleet, ObserveInput(policy=s.policy, pool_label=s.pool_label,
@@ -509,7 +585,8 @@ class DetectorWorkflow:
                                                 track_xid_repeats=not s.dry_run,
                                                 lease_workflows=leases if i == 0 else [],
                                                 lease_task_queue=workflow.info().task_queue
-                                                if leases and i == 0 else ""),
+                                                if leases and i == 0 else "",
+                                                reports=reports),
                 task_queue=s.observe_task_queue,
                 start_to_close_timeout=s.observe_timeout,
                 heartbeat_timeout=s.observe_heartbeat_timeout,
@@ -550,6 +627,8 @@ class DetectorWorkflow:
         waiting: list[str] = []
         for c in adm.queue:
             why = adm.blocked(c)
+            if why is None and self.over_limits:
+                why = "settings past the worker's limits (reconfigure within them)"
             if why is not None:
                 label = "drain for heat" if c.escalation else c.verdict.action.value
                 waiting.append(f"{c.node} ({label}: {why})")
@@ -639,7 +718,7 @@ class DetectorWorkflow:
                     SearchAttributePair(REMEDIATION_STATE, NodeState.HEALTHY.value),
                     SearchAttributePair(REMEDIATION_ACTION, verdict.action.value),
                 ]),
-                static_summary=f"{node}: {verdict.summary}"[:200],
+                static_summary=plain(f"{node}: {verdict.summary}", 200),
                 static_details=_evidence(verdict, who, why, s.dry_run),
             )
         except WorkflowAlreadyStartedError:
@@ -668,13 +747,17 @@ class DetectorWorkflow:
             + (" · **dry-run**" if self.settings.dry_run else ""),
         ]
         if st.paused:
-            lines.append(f"**paused** ({st.paused_by})")
+            lines.append(f"**paused** ({plain(st.paused_by, 300)})")
+        if self.over_limits:
+            lines.append("**admitting nothing**: settings past the worker's limits: "
+                         + plain("; ".join(self.over_limits), 1000))
         if st.breaker_open:
             lines.append(f"**circuit breaker open**: {st.breaker_reason}")
         if self.waiting:
             lines.append("waiting: " + ", ".join(self.waiting[:20]))
         if obs.errors:
-            lines.append(f"{len(obs.errors)} exporter errors, first: {obs.errors[0]}")
+            lines.append(f"{len(obs.errors)} exporter errors, first: "
+                         f"{plain(obs.errors[0], 300)}")
         workflow.set_current_details("\n\n".join(lines))
 
 
@@ -689,7 +772,6 @@ def _node_state(value: str, default: NodeState = NodeState.HEALTHY) -> NodeState
 def _evidence(verdict: Verdict, who: str, why: str, dry_run: bool) -> str:
     # Rendered as Markdown by the Temporal UI: every value a node, its exporter or a client
     # wrote is escaped (workflows/ui_text.py), so none can become a heading or a link.
-    from workflows.ui_text import plain
 
     rows = [f"| {plain(f.gpu, 16)} | {plain(f.uuid, 64)} | {plain(f.signal, 64)} | "
             f"{f.value:g} | {plain(f.rule, 120)} | {f.action.value} |"

@@ -33,6 +33,7 @@ from policy.models import Action, Finding, Verdict
 from workflows import transitions
 from workflows.ids import remediation_workflow_id, shard_of
 from workflows.leases import LeaseAnswer, LeaseCheck, LeaseStatus
+from workflows.limits import LimitsSettings
 from workflows.messages import (
     AdmissionReport,
     ClaimInput,
@@ -69,6 +70,7 @@ from workflows.operands import (
     OperandsWaitInput,
     deploy_label,
 )
+from workflows.settings import DetectorSettings
 from workflows.transitions import OUT_OF_SERVICE_STATES, NodeState
 
 
@@ -148,6 +150,9 @@ class FakeCluster:
     # What Temporal says of remediations that closed (by node: COMPLETED, TERMINATED, ...);
     # visible_remediations are running. Any other lease holder is described for real.
     closed_remediations: dict[str, str] = field(default_factory=dict)
+    # The worker's limits (read_limits); None: the detector's own settings (it may tighten,
+    # never loosen), as a worker whose config file started it would say.
+    limits: LimitsSettings | None = None
     # An API brownout for a node's claim: this many attempts fail with a 500 first.
     claim_failures: dict[str, int] = field(default_factory=dict)
 
@@ -480,6 +485,16 @@ class FakeCluster:
                                        state=cluster.node(n).state.value)
                     for n in cluster.visible_remediations])
 
+        @activity.defn(name="read_limits")
+        async def read_limits() -> LimitsSettings:
+            with cluster.lock:
+                cluster.calls.append(("read_limits", None))
+                if cluster.limits is not None:
+                    return cluster.limits
+            detector = activity.client().get_workflow_handle(activity.info().workflow_id)
+            running = await detector.query("settings", result_type=DetectorSettings)
+            return LimitsSettings.from_settings(running)
+
         @activity.defn(name="confirm_lease")
         async def confirm_lease(chk: LeaseCheck) -> LeaseAnswer:
             """The real confirmation, with the detector that started the remediation (or
@@ -507,7 +522,8 @@ class FakeCluster:
                 watch_thermal, read_node_health, observe_fleet, report_admission, record_event,
                 check_node_returned, poll_node_job, delete_node_job, list_running_remediations,
                 check_thermal, pause_gpu_operands, restore_gpu_operands, check_operands_gone,
-                check_operands_back, check_gpus_free, restart_device_plugin, confirm_lease]
+                check_operands_back, check_gpus_free, restart_device_plugin, confirm_lease,
+                read_limits]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

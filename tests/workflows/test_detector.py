@@ -39,6 +39,7 @@ from tests.conftest import binary
 from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
 from workflows.detector import DetectorWorkflow
 from workflows.leases import Lease
+from workflows.limits import LimitsSettings
 from workflows.messages import (
     DetectorInput,
     DetectorState,
@@ -883,4 +884,55 @@ async def test_a_claim_that_cannot_complete_ends_untouched_and_frees_its_lease(l
     assert result["outcome"] == "released" and "claim did not complete" in result["message"]
     assert any(n == first and reason == "ClaimFailed" for n, reason, _ in cluster.events)
     assert first not in cluster.claimed and not cluster.nodes[first].tainted
+    assert cluster.max_out_of_service() == 1
+
+
+# ------------------------------------------------------------------ the config is the ceiling
+
+
+async def test_a_reconfigure_may_tighten_and_never_loosen_past_the_workers_limits(local_env):
+    """`up --max-unavailable 1`, then a client's reconfigure to "100%" with the breaker off
+    and drain force on: refused, naming each field and limit; the budget stays 1. A
+    tighter reconfigure is accepted."""
+    cluster, _ = fleet(10)
+    s = settings(max_unavailable=1)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, s)
+        try:
+            await ticks(detector, 1)
+            loose = s.model_copy(update={
+                "max_unavailable": "100%", "breaker_max_flagged_percent": 100.0,
+                "remediation": s.remediation.model_copy(update={"drain": s.remediation.drain
+                                                                .model_copy(update={
+                                                                    "deadline_policy":
+                                                                    "force"})})})
+            why = await rejected(detector, DetectorWorkflow.reconfigure, loose)
+            assert "max_unavailable: 100% is past the limit limits.max_unavailable = 1" in why
+            assert "breaker_max_flagged_percent" in why and "deadline_policy" in why
+            assert (await ticks(detector, 1)).budget == 1
+            tighter = s.model_copy(update={"breaker_max_flagged_nodes": 5})
+            ack = await detector.execute_update(DetectorWorkflow.reconfigure, tighter)
+            assert "breaker_max_flagged_nodes" in ack.message
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+
+
+async def test_a_detector_started_past_the_limits_admits_nothing(local_env):
+    """A stray client that stops the detector and starts one with a looser budget gains
+    nothing: the worker's own limits hold it until it is reconfigured within them."""
+    cluster, names = fleet(10)
+    cluster.verdicts = [xid_verdict(n) for n in names[:3]]
+    s = settings(max_unavailable=3, **NO_BREAKER)
+    cluster.limits = LimitsSettings.from_settings(settings(max_unavailable=1, **NO_BREAKER))
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, s)
+        try:
+            view = await ticks(detector, 2)
+            assert started_children(cluster) == []
+            assert all("past the worker's limits" in w for w in view.waiting), view.waiting
+            await detector.execute_update(DetectorWorkflow.reconfigure,
+                                          s.model_copy(update={"max_unavailable": 1}))
+            await until(lambda: len(started_children(cluster)) >= 1, what="admission resumes")
+        finally:
+            await cleanup(local_env.client, detector, cluster)
     assert cluster.max_out_of_service() == 1
