@@ -49,6 +49,9 @@ class LimitsSettings(BaseModel):
     cordons_may_skip_budget: bool = Field(
         description="Whether cordoned_counts_against_budget may be switched off.")
     dry_run_may_end: bool = Field(description="Whether a dry-run detector may start acting.")
+    node_writable_labels_allowed: bool = Field(
+        default=False, description="Whether pools may be read from labels a kubelet can "
+                                   "write (detector.trust_node_writable_labels).")
     interval_min: timedelta = Field(
         description="Shortest tick: a per-tick breaker counts fewer new nodes per tick.")
     thermal_debounce_min: timedelta
@@ -110,6 +113,7 @@ class LimitsSettings(BaseModel):
             max_thermal_cordoned=detector.max_thermal_cordoned,
             cordons_may_skip_budget=not detector.cordoned_counts_against_budget,
             dry_run_may_end=not detector.dry_run,
+            node_writable_labels_allowed=detector.trust_node_writable_labels,
             interval_min=detector.interval,
             thermal_debounce_min=detector.thermal_debounce,
             breaker_max_flagged_percent=detector.breaker_max_flagged_percent,
@@ -346,6 +350,9 @@ CHECKS: dict[str, _Check] = {
         "heat cordons would stop taking drain slots"),
     "dry_run": _switch("dry_run", "dry_run_may_end", lambda v: not v,
                        "the detector would start acting on nodes"),
+    "trust_node_writable_labels": _switch(
+        "trust_node_writable_labels", "node_writable_labels_allowed", lambda v: bool(v),
+        "a node could move itself between pools and let one admit past its limit"),
     "interval": _least("interval", "interval_min",
                        "a shorter tick lets a spreading fault under the per-tick breaker"),
     "thermal_debounce": _least("thermal_debounce", "thermal_debounce_min",
@@ -447,6 +454,8 @@ UNBOUNDED: dict[str, str] = {
     "remediation.job_poll_interval": _PACE,
     "remediation.node_poll_interval": _PACE,
     "remediation.history_events_per_run": "continue-as-new carries the remediation's state",
+    "remediation.claim_timeout": "a claim that waits longer only holds its lease, and so its "
+                                 "slot, longer: it never lets another node out",
 }
 """Every setting no limit bounds, with why it cannot loosen anything: a client may set it
 to any valid value. A test keeps CHECKS and UNBOUNDED covering every setting."""
