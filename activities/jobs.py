@@ -6,6 +6,7 @@ adopts the Job it already created instead of starting a second one.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -99,6 +100,55 @@ def _condition(job: Any, kind: str) -> Any | None:
     return None
 
 
+# Since Kubernetes 1.31 the Job controller adds FailureTarget / SuccessCriteriaMet as soon
+# as the outcome is decided, and Failed / Complete only once every pod has terminated. A
+# pod on a node that lost power never terminates, so the interim condition is the verdict.
+_ENDS = {"Complete": ("Complete", "SuccessCriteriaMet"), "Failed": ("Failed", "FailureTarget")}
+
+
+def _ended(job: Any, outcome: str) -> Any | None:
+    """The condition that decides the outcome (``Complete`` or ``Failed``), terminal or
+    interim, or None."""
+    for kind in _ENDS[outcome]:
+        cond = _condition(job, kind)
+        if cond is not None:
+            return cond
+    return None
+
+
+PULL_FAILURES = frozenset({"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"})
+"""Container waiting reasons that mean the image will not come: the kubelet retried the
+pull at least once (ErrImagePull alone is the first try, often a blip), the pull policy
+forbids pulling, or the reference is malformed."""
+
+
+def pull_failure(pods: list[Any]) -> str:
+    """Why the Job's pod cannot start, from its containers' waiting state, or ""."""
+    for pod in pods:
+        statuses = [*((pod.status.init_container_statuses or []) if pod.status else []),
+                    *((pod.status.container_statuses or []) if pod.status else [])]
+        for cs in statuses:
+            waiting = cs.state.waiting if cs.state else None
+            if waiting is not None and waiting.reason in PULL_FAILURES:
+                name = pod.metadata.name if pod.metadata else "?"
+                detail = f": {waiting.message.strip()[:300]}" if waiting.message else ""
+                return f"pod {name}: image {cs.image} not pulled ({waiting.reason}{detail})"
+    return ""
+
+
+def node_not_ready(node: dict[str, Any]) -> str:
+    """Why no node Job may be created on the node now ("" when it is Ready): a Job pod on a
+    NotReady node cannot run, or would run once the node returns, long after the step
+    gave up on it (a reboot Job would reboot a node back in service)."""
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            if cond.get("status") == "True":
+                return ""
+            return (f"Ready={cond.get('status')} ({cond.get('reason') or 'no reason'}"
+                    + (f": {str(cond['message'])[:200]}" if cond.get("message") else "") + ")")
+    return "no Ready condition"
+
+
 class JobActivities:
     def __init__(self, api: client.ApiClient, jobs: JobsSettings | None = None) -> None:
         self.batch = client.BatchV1Api(api)
@@ -118,6 +168,7 @@ class JobActivities:
     def _ensure(self, inp: NodeJobInput) -> None:
         run_id = activity.info().workflow_run_id or ""
         manifest = job_manifest(inp, self._template(inp), self.namespace, run_id)
+        self._node_ready(inp)
         try:
             self.batch.create_namespaced_job(
                 self.namespace, client.V1Job.model_validate(manifest),
@@ -127,6 +178,21 @@ class JobActivities:
             if err.status != 409:
                 raise_typed(err, f"create job {self.namespace}/{inp.name}")
             self._adopt(inp, run_id)
+
+    def _node_ready(self, inp: NodeJobInput) -> None:
+        try:
+            resp = self.core.read_node(inp.node, _preload_content=False,
+                                       _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status == 404:
+                raise ApplicationError(f"node {inp.node} is gone", type=errors.NODE_GONE,
+                                       non_retryable=True) from err
+            raise_typed(err, f"read node {inp.node}")
+        why = node_not_ready(json.loads(resp.data))  # type: ignore[attr-defined]
+        if why:
+            raise ApplicationError(
+                f"{inp.kind} Job {inp.name} not created: node {inp.node} is NotReady, {why}",
+                type=errors.NODE_NOT_READY, category=ApplicationErrorCategory.BENIGN)
 
     def _adopt(self, inp: NodeJobInput, run_id: str) -> None:
         """A retry adopts the Job it created before, never another run's: that Job's result
@@ -145,7 +211,7 @@ class JobActivities:
                 type=errors.JOB_CONFLICT, non_retryable=True)
 
     def _failure_message(self, inp: NodeJobInput, job: Any) -> str:
-        cond = _condition(job, "Failed")
+        cond = _ended(job, "Failed")
         parts = [f"{cond.reason}: {cond.message}" if cond else "failed"]
         try:
             pods = self.core.list_namespaced_pod(
@@ -209,6 +275,7 @@ class JobActivities:
         done = self._result(inp, job)
         if done is not None:
             return done
+        self._check_pull(inp)
         active = getattr(job.status, "active", None) or 0
         raise ApplicationError(f"{inp.kind} Job {inp.name} running ({active} pod(s) active)",
                                type=errors.JOB_RUNNING, category=ApplicationErrorCategory.BENIGN)
@@ -225,8 +292,26 @@ class JobActivities:
         if not inp.dry_run:
             self._delete(inp)
 
+    def _check_pull(self, inp: NodeJobInput) -> None:
+        """A Job whose pod cannot pull its image never runs its step (for a reboot: the node
+        was never asked to reboot). Said as such, and the Job deleted so that it cannot
+        run late, should the image come after all."""
+        try:
+            pods: list[Any] = self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"job-name={inp.name}",
+                _request_timeout=REQUEST_TIMEOUT).items
+        except ApiException:
+            return  # the next look tries again
+        why = pull_failure(pods)
+        if not why:
+            return
+        metrics.JOBS.labels(inp.kind, "failed").inc()
+        self._delete(inp, why)
+        raise ApplicationError(f"{inp.kind} Job {inp.name} never started: {why}",
+                               type=errors.JOB_NOT_STARTED, non_retryable=True)
+
     def _result(self, inp: NodeJobInput, job: Any) -> NodeJobResult | None:
-        complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
+        complete, failed = _ended(job, "Complete"), _ended(job, "Failed")
         if not complete and not failed:
             return None
         reads_output = self._template(inp).output == "dcgmi-json"
@@ -278,19 +363,20 @@ class JobActivities:
         except DiagUnparseable as err:
             return None, f"pod {pod.metadata.name}'s log: {err}"
 
-    def _delete(self, inp: NodeJobInput) -> None:
+    def _delete(self, inp: NodeJobInput, why: str = "") -> None:
         """Stop the Job and its pod (background deletion: the pod gets its grace period),
         so an aborted validation does not keep every GPU of a node back in service."""
         try:
             self.batch.delete_namespaced_job(
                 inp.name, self.namespace, propagation_policy="Background",
                 _request_timeout=REQUEST_TIMEOUT)
-            metrics.JOBS.labels(inp.kind, "aborted").inc()
-            log.info("deleted %s Job %s/%s: remediation of %s aborted",
-                     inp.kind, self.namespace, inp.name, inp.node)
+            if not why:
+                metrics.JOBS.labels(inp.kind, "aborted").inc()
+            log.info("deleted %s Job %s/%s: %s", inp.kind, self.namespace, inp.name,
+                     why or f"remediation of {inp.node} aborted")
         except ApiException as err:
             if err.status != 404:
-                log.warning("could not delete aborted Job %s/%s: %s %s",
+                log.warning("could not delete Job %s/%s: %s %s",
                             self.namespace, inp.name, err.status, err.reason)
 
     def _wait(self, inp: NodeJobInput) -> NodeJobResult:
@@ -304,6 +390,7 @@ class JobActivities:
             done = self._result(inp, job)
             if done is not None:
                 return done
+            self._check_pull(inp)
             status = job.status
             activity.heartbeat({"active": getattr(status, "active", None) or 0})
             time.sleep(POLL_SECONDS)

@@ -22,6 +22,8 @@ JOB_CONFLICT: Final = "JobConflict"
 JOB_TEMPLATE_REFUSED: Final = "JobTemplateRefused"
 THERMAL_UNCHANGED: Final = "ThermalUnchanged"
 NOT_ORPHAN: Final = "NotOrphan"
+JOB_NOT_STARTED: Final = "JobNotStarted"
+NODE_NOT_READY: Final = "NodeNotReady"
 
 ERROR_TYPES: Final[dict[str, str]] = {
     NODE_GONE: "The node was deleted, or replaced by another machine under its name (another "
@@ -36,6 +38,10 @@ ERROR_TYPES: Final[dict[str, str]] = {
     JOB_TEMPLATE_REFUSED: "The Job template fails the worker's checks: not retried.",
     THERMAL_UNCHANGED: "A heat watch saw no change yet: the poll of a wait by retry (benign).",
     NOT_ORPHAN: "release-orphan found the node's remediation running again.",
+    JOB_NOT_STARTED: "A node Job's pod cannot start (its image cannot be pulled): the step "
+                     "never ran on the node; the Job is deleted; not retried.",
+    NODE_NOT_READY: "The node is NotReady, so no node Job is created on it (its pod could "
+                    "not run, or would run late): the poll of a wait by retry (benign).",
 }
 """Every failure type, and what it means."""
 

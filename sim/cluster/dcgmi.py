@@ -27,6 +27,7 @@ DCGM_VERSION = "4.2.3"
 DEFAULT_DRIVER = "570.124.06"
 HOST_ENGINE_PORT = 5555
 SMI_IN_USE_EXIT = 1
+SMI_NOT_FOUND_EXIT = 6
 CONNECT_EXIT = 1
 DIAG_FAIL_EXIT = 1
 HOST_ENGINE_STARTED = (
@@ -239,13 +240,39 @@ def termination_message(pod: Obj, code: int, out: str) -> str:
     return tail.encode()[-FALLBACK_BYTES:].decode(errors="ignore")
 
 
-def reset_in_use(index: str | None, gpus: int, holders: list[Obj]) -> str:
-    """nvidia-smi -r's refusal, plus which pods hold the GPUs (what `fuser /dev/nvidia*`
-    would have shown)."""
+def reset_in_use(index: str | None, gpus: int, holders: list[Obj],
+                 gpu_list: list[dict[str, object]] | None = None) -> str:
+    """nvidia-smi -r's refusal, which pods hold the GPUs (what `fuser /dev/nvidia*` would
+    have shown), and the holding processes as `nvidia-smi --query-compute-apps=gpu_uuid,
+    pid,process_name --format=csv,noheader` lists them (one row per holder and GPU)."""
     targets = [index] if index is not None else [str(i) for i in range(max(gpus, 1))]
     names = ", ".join(
         f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in holders)
     lines = [SMI_IN_USE.format(gpu=t) for t in targets]
     lines.append(f"Processes using the GPUs belong to pods: {names}")
+    uuids = {str(g.get("index")): str(g.get("uuid")) for g in gpu_list or []}
+    rows = []
+    for n, p in enumerate(holders):
+        containers = (p.get("spec") or {}).get("containers") or [{}]
+        process = " ".join(str(a) for a in containers[0].get("command") or []) or \
+            f"/usr/bin/{containers[0].get('name', 'app')}"
+        for t in targets:
+            rows.append(f"{uuids.get(t, f'GPU-index-{t}')}, {4100 + 17 * n}, {process[:60]}")
+    if rows:
+        lines.append(COMPUTE_APPS_HEADER)
+        lines += rows
     return "\n".join(lines)
+
+
+COMPUTE_APPS_HEADER = "processes holding the GPUs (gpu_uuid, pid, process_name):"
+_PM_OFF = re.compile(r"(?:-pm|--persistence-mode)(?:=|\s+)0\b")
+_PM_ON = re.compile(r"(?:-pm|--persistence-mode)(?:=|\s+)1\b")
+
+
+def turns_persistence_off(command: str) -> bool:
+    return _PM_OFF.search(command) is not None
+
+
+def restores_persistence(command: str) -> bool:
+    return _PM_ON.search(command) is not None
 

@@ -265,10 +265,48 @@ def test_gpu_reset_fails_while_operands_or_gpu_pods_hold_the_gpus(
         return False
 
     wait_for(trainer_gone)  # a terminating pod holds the GPUs until it is killed
-    job(k, "reset-3", "gpu-reset", gpu_index="3")
-    pod = finished(k, "reset-3")
+    # Nothing else holds GPU 3 now, but nvidia-persistenced does: a bare reset is refused.
+    job(k, "reset-3", "gpu-reset", gpu_index="3", command=["nvidia-smi", "-r", "-i", "3"])
+    term = finished(k, "reset-3").status.container_statuses[0].state.terminated
+    assert term.exit_code != 0 and "persistence mode is Enabled" in term.message
+    assert not gpu.sim.fleet.health(NODE).healthy
+    job(k, "reset-4", "gpu-reset", gpu_index="3", command=[
+        "sh", "-c", 'nvidia-smi -i "$U" -pm 0 && nvidia-smi -i "$U" -r; nvidia-smi -i "$U" -pm 1'])
+    pod = finished(k, "reset-4")
     assert pod.status.phase == "Succeeded", pod.status.container_statuses[0].state
     assert gpu.sim.fleet.health(NODE).healthy
+    assert all(g.persistence_mode for g in gpu.sim.fleet.node(NODE).gpus), "restored as found"
+
+
+def test_reset_turns_persistence_off_for_its_targets_only_and_back_on_only_where_it_was(
+        k: Contract, gpu: GpuSim) -> None:
+    set_operands(k, "false")
+    wait_for(lambda: not operand_pods(k, running=False))
+    fleet = gpu.sim.fleet
+    gpu.inject(NODE, 2, "ecc-dbe", 1)
+    fleet.set_persistence(NODE, 5, False)  # an admin turned it off on GPU 5 before
+    u2, u5 = fleet.gpu(NODE, 2).uuid, fleet.gpu(NODE, 5).uuid
+    seen: list[list[bool]] = []
+    original = fleet.reset
+
+    def spy(node: str, gpu_id: int | str | None = None) -> Any:
+        seen.append([g.persistence_mode for g in fleet.node(node).gpus])
+        return original(node, gpu_id)
+
+    fleet.reset = spy  # type: ignore[method-assign]
+    job(k, "by-uuid", "gpu-reset", command=["sh", "-c", "-pm 0 ... -r ... -pm 1"],
+        env=[{"name": "GPU_UUIDS", "value": f"{u2},{u5}"}])
+    pod = finished(k, "by-uuid")
+    assert pod.status.phase == "Succeeded", pod.status.container_statuses[0].state
+    assert seen and all(not s[2] and not s[5] for s in seen)
+    assert all(s[i] for s in seen for i in range(8) if i not in (2, 5)), "others left on"
+    modes = [g.persistence_mode for g in fleet.node(NODE).gpus]
+    assert modes == [True, True, True, True, True, False, True, True]
+    assert fleet.health(NODE).healthy
+    job(k, "bad-uuid", "gpu-reset", command=["sh", "-c", "-pm 0 -r"],
+        env=[{"name": "GPU_UUIDS", "value": "GPU-00000000-dead"}])
+    term = finished(k, "bad-uuid").status.container_statuses[0].state.terminated
+    assert term.exit_code == 6 and "GPU-00000000-dead" in term.message
 
 
 # -- device plugin ----------------------------------------------------------------------
@@ -305,6 +343,8 @@ def test_a_critical_xid_keeps_the_gpu_unhealthy_in_the_plugin_until_it_restarts(
     assert machines[NODE]["device_plugin_unhealthy_gpus"] == [3]
     # A reset that reached the GPU (here straight through the GPU simulator) clears the
     # XID, but the running plugin keeps the GPU unhealthy: allocatable < capacity.
+    httpx.post(f"{gpu.url}/api/v1/nodes/{NODE}/persistence",
+               json={"gpu": 3, "enabled": False}).raise_for_status()
     httpx.post(f"{gpu.url}/api/v1/nodes/{NODE}/reset", json={"gpu": 3}).raise_for_status()
     assert gpu.sim.fleet.health(NODE).healthy
     time.sleep(4 * TIMING.plugin_health_seconds)
