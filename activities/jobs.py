@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -54,6 +55,8 @@ def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
     }
     if inp.gpu_index is not None:
         container["env"].append({"name": "GPU_INDEX", "value": inp.gpu_index})
+    if inp.gpu_uuids:
+        container["env"].append({"name": "GPU_UUIDS", "value": ",".join(inp.gpu_uuids)})
     if inp.kind == "validate" and inp.gpus > 0:
         container["resources"] = {"limits": {GPU_RESOURCE: str(inp.gpus)}}
     pod_spec: dict[str, Any] = {
@@ -69,7 +72,9 @@ def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
     if template.runtime_class_name:
         pod_spec["runtimeClassName"] = template.runtime_class_name
     if template.privileged:
-        container["securityContext"] = {"privileged": True}
+        # Root inside: an image whose USER is not root (the worker's own) gets no
+        # capabilities from `privileged` alone, and nsenter/chroot need them.
+        container["securityContext"] = {"privileged": True, "runAsUser": 0}
         pod_spec["hostPID"] = True
         pod_spec["volumes"] = [{"name": "host", "hostPath": {"path": "/"}}]
         container["volumeMounts"] = [{"name": "host", "mountPath": "/host"}]
@@ -134,6 +139,23 @@ def pull_failure(pods: list[Any]) -> str:
                 detail = f": {waiting.message.strip()[:300]}" if waiting.message else ""
                 return f"pod {name}: image {cs.image} not pulled ({waiting.reason}{detail})"
     return ""
+
+
+_COMPUTE_APP = re.compile(
+    r"^\s*((?:GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{7,63}),\s*(\d{1,10}),\s*([^\n,]{1,200}?)\s*"
+    r"(?:,[^\n]*)?$", re.MULTILINE)
+
+
+def reset_holders(text: str) -> list[str]:
+    """Who holds the GPUs, from the rows of `nvidia-smi --query-compute-apps=gpu_uuid,pid,
+    process_name --format=csv,noheader` that the reset prints when it is refused:
+    "pid 4100 (/usr/bin/python3) on GPU-...". Node output: bounded, de-duplicated."""
+    found: list[str] = []
+    for m in _COMPUTE_APP.finditer(text[-20_000:]):
+        entry = f"pid {m.group(2)} ({m.group(3)}) on {m.group(1)}"
+        if entry not in found:
+            found.append(entry)
+    return found[:10]
 
 
 def node_not_ready(node: dict[str, Any]) -> str:
@@ -231,6 +253,10 @@ class JobActivities:
                 term = cs.state.terminated if cs.state else None
                 if term and term.message:
                     parts.append(term.message.strip()[:500])
+                    holders = reset_holders(term.message) if inp.kind == "gpu-reset" else []
+                    if holders:
+                        # Who must go before a reset can work, first: the reason to act on.
+                        parts.insert(1, "GPU reset refused: held by " + ", ".join(holders))
         return "; ".join(parts)
 
     @activity.defn

@@ -7,6 +7,7 @@ in-flight workflows keep decoding their history after an upgrade.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
@@ -23,6 +24,9 @@ from policy.models import Action, Verdict
 from workflows.ids import DETECTOR_REQUESTER, MAX_OPERATOR_CHARS, MAX_REASON_CHARS
 from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
 from workflows.transitions import NodeState, Outcome, Step
+
+GPU_UUID = re.compile(r"(GPU|MIG)-[0-9a-fA-F][0-9a-fA-F-]{7,63}")
+"""A GPU (or MIG device) UUID as NVML and dcgm-exporter spell it."""
 
 
 def _cut(limit: int) -> AfterValidator:
@@ -317,6 +321,19 @@ class NodeJobInput(_Message):
     gpus: int
     gpu_index: str | None = None
     dry_run: bool = False
+    gpu_uuids: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="GPU reset: the target GPUs by UUID (the Job's GPU_UUIDS), which "
+                    "survives re-enumeration; empty: GPU_INDEX, else every GPU.")
+
+    @field_validator("gpu_uuids")
+    @classmethod
+    def _uuids(cls, value: list[str]) -> list[str]:
+        # Read from the exporter (node-written text) and handed to a shell: UUIDs only.
+        for u in value:
+            if not GPU_UUID.fullmatch(u):
+                raise ValueError(f"gpu_uuids: {u[:60]!r} is not a GPU UUID (GPU-<hex and ->)")
+        return value
 
 
 class NodeJobResult(_Message):

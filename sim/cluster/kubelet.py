@@ -37,6 +37,9 @@ from sim.cluster.store import Obj, Store
 
 HEARTBEAT_SECONDS = 10.0
 SIGTERM_EXIT_SECONDS = 0.5
+UNREACHABLE_REGISTRIES = frozenset({"unreachable.invalid"})
+"""Registries no simulated node can reach (an offline cluster): a pod with an image from
+one never starts (ImagePullBackOff)."""
 LEASE_SECONDS = 40
 MIRROR_PREFIX = "node-local-agent"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
@@ -74,6 +77,7 @@ class Kubelet:
         self._running: dict[str, _Running] = {}
         self._heartbeat: dict[str, float] = {}
         self._deleting: dict[str, float] = {}
+        self._pull_failed: set[str] = set()
         self._ip_seq = 10
         # What each container wrote to stdout, by pod uid and container name (pods/log).
         self.logs: dict[str, dict[str, str]] = {}
@@ -542,6 +546,7 @@ class Kubelet:
                 grace = min(grace, SIGTERM_EXIT_SECONDS)
             if now >= seen + grace:
                 self._deleting.pop(uid, None)
+                self._pull_failed.discard(uid)
                 running = self._running.pop(uid, None)
                 if running and running.task:
                     running.task.cancel()
@@ -551,7 +556,9 @@ class Kubelet:
             return
         running = self._running.get(uid)
         if phase(pod) == "Pending":
-            if self._admit(pod, node, now):
+            if uid in self._pull_failed:
+                return  # in image pull back-off: never starts
+            if self._admit(pod, node, now) and self._pulled(pod, now):
                 self._start(pod, node, now)
         elif running is None:
             self._restart(pod, now)
@@ -586,6 +593,30 @@ class Kubelet:
                 "startTime": clock.rfc3339(now),
             }
         )
+        self.store.put_internal(r.PODS, pod)
+        return False
+
+    def _pulled(self, pod: Obj, now: float) -> bool:
+        """The images are there. One from an unreachable registry (an offline node) is
+        not: the pod stays Pending, its container waiting in ImagePullBackOff."""
+        containers = (pod.get("spec") or {}).get("containers") or []
+        bad = [c for c in containers
+               if str(c.get("image", "")).split("/", 1)[0] in UNREACHABLE_REGISTRIES]
+        if not bad:
+            return True
+        self._pull_failed.add(pod["metadata"]["uid"])
+        status = pod.setdefault("status", {})
+        status.update({"phase": "Pending", "startTime": clock.rfc3339(now), "containerStatuses": [
+            {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
+             "started": False, "restartCount": 0,
+             "state": {"waiting": {"reason": "ImagePullBackOff", "message": (
+                 f'Back-off pulling image "{c.get("image", "")}": dial tcp: lookup '
+                 f'{str(c.get("image", "")).split("/", 1)[0]}: no such host')}}}
+            if c in bad else
+            {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
+             "started": False, "restartCount": 0,
+             "state": {"waiting": {"reason": "PodInitializing"}}}
+            for c in containers]})
         self.store.put_internal(r.PODS, pod)
         return False
 
