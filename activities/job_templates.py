@@ -24,7 +24,7 @@ DEFAULT_TEMPLATE: dict[str, str] = {"validate": "validation", "gpu-reset": "gpu-
 """The template each step uses when the remediation names none (runs started before
 templates existed, or settings that keep the defaults)."""
 
-WORKER_ENV = ("NODE_NAME", "GPU_INDEX", "GPU_UUIDS")
+WORKER_ENV = ("NODE_NAME", "GPU_INDEX", "GPU_UUIDS", "DCGM_HOST_ENGINE", "NODE_IP")
 """Environment the worker sets on every node Job; a template cannot override it."""
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -62,14 +62,17 @@ class JobTemplate(BaseModel):
         description="ServiceAccount of the pod (no API token is mounted).")
     env: dict[str, str] = Field(
         default_factory=dict, max_length=32,
-        description="Extra environment of the container (NODE_NAME, GPU_INDEX and GPU_UUIDS "
-                    "are set by the worker and cannot be overridden).")
+        description="Extra environment of the container (NODE_NAME, GPU_INDEX, GPU_UUIDS, "
+                    "DCGM_HOST_ENGINE and NODE_IP are set by the worker and cannot be "
+                    "overridden).")
     output: Literal["exit-code", "dcgmi-json"] = Field(
         default="exit-code",
         description="How the result is read: the exit code alone, or (validation) the exit "
                     "code and the `dcgmi diag -j` JSON in the pod's log, parsed into which "
                     "test passed or failed on which GPU; output that cannot be read fails "
-                    "the validation.")
+                    "the validation. A dcgmi-json Job is told which host engine to use "
+                    "(DCGM_HOST_ENGINE standalone, with NODE_IP, or embedded) and is never "
+                    "created while another engine would run beside its own.")
 
     @field_validator("env")
     @classmethod
@@ -109,11 +112,18 @@ class JobTemplate(BaseModel):
 
 
 VALIDATION_COMMAND = (
-    # dcgmi is a client of nv-hostengine: a pod with its own network namespace has none
-    # unless it starts one (embedded), so the Job starts its own, then runs the medium
-    # diagnostic (memory, PCIe; about 2 minutes) with JSON output for the evidence.
-    "nv-hostengine --pid /tmp/nv-hostengine.pid --log-filename /tmp/nv-hostengine.log "
-    "&& exec dcgmi diag -r 2 -j")
+    # dcgmi is a client of nv-hostengine, and DCGM supports one host engine per GPU set (a
+    # second beside a running one may deadlock). The worker says which to use when it
+    # creates the Job (DCGM_HOST_ENGINE): the node's standalone engine (the GPU Operator's
+    # dcgm operand, hostPort 5555 on the node's IP), or, with dcgm-exporter and its
+    # embedded engine paused, one of the Job's own, as root (MIG and NVSwitch diagnostics
+    # need it). Then the medium diagnostic (memory, PCIe; about 2 minutes) as JSON.
+    'case "${DCGM_HOST_ENGINE:-}" in '
+    'standalone) exec dcgmi diag -r 2 -j --host "$NODE_IP" ;; '
+    "embedded) nv-hostengine --pid /tmp/nv-hostengine.pid "
+    "--log-filename /tmp/nv-hostengine.log && exec dcgmi diag -r 2 -j ;; "
+    "*) echo \"DCGM_HOST_ENGINE is ${DCGM_HOST_ENGINE:-unset}: no host engine chosen\"; "
+    "exit 3 ;; esac")
 
 REBOOT_COMMAND = (
     # systemd on the host reboots it; a failing `systemctl reboot` is the Job's failure,
@@ -176,11 +186,12 @@ def _default_worker_image() -> str:
 
 def _defaults() -> dict[str, JobTemplate]:
     return {
-        # dcgmi diag with its own host engine needs the GPUs the Job requests, not root.
+        # dcgmi diag on the node's one host engine (see VALIDATION_COMMAND): root, as the
+        # image runs, for an engine of its own on MIG and NVSwitch nodes; not privileged.
         "validation": JobTemplate(
             purpose="validate", image="nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
             command=["/bin/sh", "-c", VALIDATION_COMMAND], deadline=timedelta(minutes=20),
-            run_as_user=1000, output="dcgmi-json"),
+            output="dcgmi-json"),
         # nvidia-smi --gpu-reset needs the device nodes of GPUs nothing holds: privileged,
         # the NVIDIA runtime to bring the driver's tools and devices in (the GPU Operator
         # installs RuntimeClass nvidia), and the operands turned off first (the workflow).

@@ -35,7 +35,7 @@ writes tens of kilobytes)."""
 
 
 def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
-                 run_id: str = "") -> dict[str, Any]:
+                 run_id: str = "", host_engine: str = "") -> dict[str, Any]:
     """The Job: the worker's template for the step, pinned by nodeName (so cordon and taints
     do not stop it), tolerating everything, requesting all the node's GPUs for validation
     (exclusive access). Only the node, the name and the GPU come from the workflow."""
@@ -57,6 +57,11 @@ def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
         container["env"].append({"name": "GPU_INDEX", "value": inp.gpu_index})
     if inp.gpu_uuids:
         container["env"].append({"name": "GPU_UUIDS", "value": ",".join(inp.gpu_uuids)})
+    if host_engine:
+        container["env"] += [
+            {"name": "DCGM_HOST_ENGINE", "value": host_engine},
+            # The standalone engine listens on the node (hostPort 5555).
+            {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
     if inp.kind == "validate" and inp.gpus > 0:
         container["resources"] = {"limits": {GPU_RESOURCE: str(inp.gpus)}}
     pod_spec: dict[str, Any] = {
@@ -158,6 +163,40 @@ def reset_holders(text: str) -> list[str]:
     return found[:10]
 
 
+DCGM_PORT = 5555
+EXPORTER_APPS = frozenset({"nvidia-dcgm-exporter", "dcgm-exporter"})
+
+
+def host_engine_choice(pods: list[dict[str, Any]]) -> tuple[str, str]:
+    """Which DCGM host engine a validation on the node uses, from the pods on it: one serving
+    DCGM's port on the node (hostPort 5555: the GPU Operator's standalone ``dcgm`` operand)
+    and Ready is ("standalone", its name); else dcgm-exporter still there (it embeds an
+    engine, Terminating or not) is ("busy", their names): a Job's own engine would be a
+    second one; else ("embedded", ""): the Job starts the only one."""
+    standalone: list[str] = []
+    exporters: list[str] = []
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        name = f"{meta.get('namespace')}/{meta.get('name')}"
+        containers = (pod.get("spec") or {}).get("containers") or []
+        serves = any(port.get("hostPort") == DCGM_PORT
+                     for c in containers for port in c.get("ports") or [])
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in status.get("conditions") or [])
+        if serves and ready and not meta.get("deletionTimestamp"):
+            standalone.append(name)
+        elif ((meta.get("labels") or {}).get("app") in EXPORTER_APPS
+              or any("dcgm-exporter" in str(c.get("image", "")) for c in containers)):
+            exporters.append(name)
+    if standalone:
+        return "standalone", standalone[0]
+    if exporters:
+        return "busy", ", ".join(sorted(exporters))
+    return "embedded", ""
+
+
 def node_not_ready(node: dict[str, Any]) -> str:
     """Why no node Job may be created on the node now ("" when it is Ready): a Job pod on a
     NotReady node cannot run, or would run once the node returns, long after the step
@@ -189,8 +228,20 @@ class JobActivities:
 
     def _ensure(self, inp: NodeJobInput) -> None:
         run_id = activity.info().workflow_run_id or ""
-        manifest = job_manifest(inp, self._template(inp), self.namespace, run_id)
+        template = self._template(inp)
         self._node_ready(inp)
+        engine = ""
+        if template.output == "dcgmi-json":
+            engine, who = host_engine_choice(self._pods_on_node(inp.node))
+            if engine == "busy":
+                raise ApplicationError(
+                    f"{inp.kind} Job {inp.name} not created: dcgm-exporter's embedded DCGM "
+                    f"host engine runs on {inp.node} ({who}); the Job's own would be a "
+                    "second beside it: waiting for the exporter to be paused",
+                    type=errors.HOST_ENGINE_BUSY, category=ApplicationErrorCategory.BENIGN)
+            log.info("%s Job %s on %s: DCGM host engine %s%s", inp.kind, inp.name, inp.node,
+                     engine, f" ({who})" if who else "")
+        manifest = job_manifest(inp, template, self.namespace, run_id, engine)
         try:
             self.batch.create_namespaced_job(
                 self.namespace, client.V1Job.model_validate(manifest),
@@ -200,6 +251,16 @@ class JobActivities:
             if err.status != 409:
                 raise_typed(err, f"create job {self.namespace}/{inp.name}")
             self._adopt(inp, run_id)
+
+    def _pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        try:
+            resp = self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            raise_typed(err, f"list pods on {node}")
+        items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []  # type: ignore[attr-defined]
+        return items
 
     def _node_ready(self, inp: NodeJobInput) -> None:
         try:
@@ -308,9 +369,16 @@ class JobActivities:
 
     def _planned(self, inp: NodeJobInput) -> NodeJobResult:
         t = self._template(inp)
+        engine = ""
+        if t.output == "dcgmi-json":
+            mode, who = host_engine_choice(self._pods_on_node(inp.node))
+            engine = {"standalone": f" (DCGM host engine: the node's standalone one, {who})",
+                      "busy": f" (DCGM host engine: its own, once dcgm-exporter ({who}) is "
+                              "paused)",
+                      "embedded": " (DCGM host engine: its own, as root)"}[mode]
         return NodeJobResult(succeeded=True, job_name=inp.name,
-                             message=f"would run {inp.kind} Job {inp.name} on {inp.node}: "
-                                     f"{t.image} {' '.join(t.command)}"[:500])
+                             message=(f"would run {inp.kind} Job {inp.name} on {inp.node}"
+                                      f"{engine}: {t.image} {' '.join(t.command)}")[:500])
 
     @activity.defn
     def delete_node_job(self, inp: NodeJobInput) -> None:

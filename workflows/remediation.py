@@ -67,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         OperandsInput,
         OperandsPaused,
         OperandsWaitInput,
+        deploy_label,
     )
     from workflows.search_attributes import REMEDIATION_ACTION, REMEDIATION_STATE
     from workflows.transitions import NodeState, Outcome, Step
@@ -1006,7 +1007,72 @@ class RemediationWorkflow:
                 return NodeJobResult(succeeded=False, job_name="",
                                      message=f"not every GPU free for validation within "
                                              f"{s.gpus_free_timeout}: {free}")
+        # One DCGM host engine per node: the standalone one (the GPU Operator's dcgm
+        # operand) where it runs; else dcgm-exporter, whose embedded engine it would be,
+        # is paused for the diagnostic and restored exactly as found, like the reset's
+        # operands. The Job activity picks the engine from what runs on the node and
+        # never creates the Job beside the exporter's.
+        op = s.gpu_operator
+        exporter = "dcgm-exporter"
+        pause_exporter = False
+        if (exporter in op.operands and not self.inp.dry_run
+                and workflow.patched("one-dcgm-host-engine")):
+            pause_exporter = True
+            if "dcgm" in op.operands:
+                try:
+                    await self._call(
+                        act.check_operands_back,
+                        OperandsWaitInput(node=self.inp.node, labels=[deploy_label("dcgm")],
+                                          namespace=op.namespace),
+                        timeout=timedelta(minutes=1), heartbeat=False,
+                        retry=RetryPolicy(maximum_attempts=1),
+                        summary=f"look for a standalone DCGM host engine on {self.inp.node}")
+                    pause_exporter = False
+                except ActivityError as err:
+                    workflow.logger.info("no standalone DCGM host engine on %s: %s",
+                                         self.inp.node, _cause(err))
+            if not pause_exporter:
+                self._plan("validate on the node's standalone DCGM host engine (the GPU "
+                           "Operator's dcgm operand, hostPort 5555)")
+            else:
+                self._plan("no standalone DCGM host engine: pause dcgm-exporter (its "
+                           "embedded engine) for the diagnostic, run the Job's own as root, "
+                           "restore the exporter as found")
+                paused = await self._node_call(
+                    act.pause_gpu_operands,
+                    OperandsInput(node=self.inp.node, operands=[exporter],
+                                  namespace=op.namespace),
+                    summary=f"pause dcgm-exporter on {self.inp.node} for validation",
+                    check_cancel=False)
+                self.operands_paused = paused
+                self._check_cancelled()
+                self._details(f"DCGM host engine: the Job's own; {paused.message}")
+                if paused.changed:
+                    gone = await self._wait_for(
+                        act.check_operands_gone,
+                        OperandsWaitInput(node=self.inp.node, labels=sorted(paused.changed),
+                                          namespace=op.namespace),
+                        op.stop_timeout, f"wait for dcgm-exporter to leave {self.inp.node}")
+                    if isinstance(gone, str):
+                        await self._restore_operands()
+                        return NodeJobResult(succeeded=False, job_name="", message=(
+                            f"dcgm-exporter did not stop within {op.stop_timeout} for the "
+                            f"validation's host engine: {gone}"))
         check = await self._job("validate", attempt)
+        if pause_exporter:
+            changed = sorted(self.operands_paused.changed) if self.operands_paused else []
+            await self._restore_operands()
+            if changed:
+                back = await self._wait_for(
+                    act.check_operands_back,
+                    OperandsWaitInput(node=self.inp.node, labels=changed,
+                                      namespace=op.namespace, expected_gpus=self.gpus),
+                    op.start_timeout, f"wait for dcgm-exporter on {self.inp.node}")
+                if isinstance(back, str) and check.succeeded:
+                    return check.model_copy(update={
+                        "succeeded": False,
+                        "message": f"validation passed, but dcgm-exporter was not back "
+                                   f"within {op.start_timeout}: {back}"})
         if not check.succeeded or self.inp.dry_run:
             return check
         self._plan("read the node's DCGM health again; return it only if no fault shows")

@@ -15,6 +15,7 @@ naming the pods that hold the GPUs.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -76,13 +77,28 @@ _SEVERITY_ISOLATE = 2
 _GPU_PROBLEM = re.compile(r"^GPU (\d+)\b")
 
 
+_CASE = re.compile(r'case\s+"?\$\{?(\w+)[^"\s]*"?\s+in\s+(.*?)\s*esac', re.DOTALL)
+_BRANCH = re.compile(r"([^\s();]+)\)\s*(.*?)\s*;;", re.DOTALL)
+
+
 def command_line(pod: Obj) -> str:
-    """The command of the pod's container that runs dcgmi (else its first), args joined."""
-    lines = [
-        " ".join(str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])])
-        for c in (pod.get("spec") or {}).get("containers") or []
-    ]
+    """The command of the pod's container that runs dcgmi (else its first), args joined; a
+    shell `case "$VAR" in ... esac` on the container's environment is reduced to the
+    branch that runs."""
+    lines = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        env = {e.get("name"): str(e.get("value", "")) for e in c.get("env") or []}
+        line = " ".join(str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])])
+        lines.append(_CASE.sub(functools.partial(_branch, env=env), line))
     return next((line for line in lines if runs_dcgmi(line)), lines[0] if lines else "")
+
+
+def _branch(m: re.Match[str], *, env: dict[str, str]) -> str:
+    value = env.get(m.group(1), "")
+    for pattern, body in _BRANCH.findall(m.group(2)):
+        if pattern in (value, "*"):
+            return str(body)
+    return ""
 
 
 def runs_dcgmi(command: str) -> bool:
@@ -223,6 +239,18 @@ def run(command: str, engine: HostEngine, gpus: int, driver: str,
                  for c in report["DCGM Diagnostic"]["test_categories"] for t in c["tests"])
     body = json.dumps(report, indent=4) + "\n" if _JSON.search(command) else _text_report(report)
     return (DIAG_FAIL_EXIT if failed else 0), out + body
+
+
+SECOND_ENGINE_EXIT = 1
+SECOND_ENGINE = (
+    "Err: Failed to start DCGM Server: a DCGM host engine already manages the GPUs of this "
+    "node ({holders}). DCGM supports one host engine per set of GPUs; a second one beside "
+    "it is unsupported and may deadlock.\n")
+
+
+def second_engine(holders: list[str]) -> tuple[int, str]:
+    """nv-hostengine started beside the node's running host engine (simulated wording)."""
+    return SECOND_ENGINE_EXIT, SECOND_ENGINE.format(holders=", ".join(holders))
 
 
 def unreachable_host(host: str) -> tuple[int, str]:

@@ -194,7 +194,10 @@ def _operand_daemonset(op: Operand, operand_seconds: float) -> Obj:
         annotations[objects.POD_IP] = "127.0.0.1"
         container["ports"] = [{"name": "metrics", "containerPort": DCGM_PORT, "protocol": "TCP"}]
     if op.name == "nvidia-dcgm":
-        container["ports"] = [{"name": "dcgm", "containerPort": 5555, "protocol": "TCP"}]
+        # The standalone host engine, reachable on the node's IP (the GPU Operator's
+        # dcgm operand sets hostPort 5555).
+        container["ports"] = [{"name": "dcgm", "containerPort": 5555, "hostPort": 5555,
+                               "protocol": "TCP"}]
     return {
         "metadata": {"name": op.name, "namespace": OPERATOR_NAMESPACE, "labels": labels},
         "spec": {

@@ -140,7 +140,10 @@ class JobPrograms:
         driver = ((obj or {}).get("metadata", {}).get("annotations") or {}).get(
             "nvidia.com/gpu.driver", dcgmi.DEFAULT_DRIVER)
         engine = dcgmi.host_engine(command)
-        if (not engine.embedded and engine.host is not None and self.kubelet is not None
+        running = self._engines(node)
+        if engine.embedded and running:
+            code, out = dcgmi.second_engine(running)
+        elif (not engine.embedded and engine.host is not None and self.kubelet is not None
                 and not self._node_host_engine(node)):
             # --host reaches the node's standalone nv-hostengine: the nvidia-dcgm operand.
             code, out = dcgmi.unreachable_host(engine.host)
@@ -151,6 +154,19 @@ class JobPrograms:
             code, out = dcgmi.run(command, engine, self._gpu_count(node), driver, health)
         self.kubelet.write_log(pod, out)
         return code, dcgmi.termination_message(pod, code, out)
+
+    def _engines(self, node: str) -> list[str]:
+        """The host engine already running for the node's GPUs: the standalone nvidia-dcgm
+        operand, else the one dcgm-exporter embeds (until its pod is gone, Terminating or
+        not); none when neither runs."""
+        if self.kubelet is None:
+            return []
+        if self._node_host_engine(node):
+            return ["the standalone nvidia-dcgm operand"]
+        return [f"{p['metadata']['namespace']}/{p['metadata']['name']} (embedded)"
+                for p in self.kubelet.store.list(r.PODS)
+                if (p.get("spec") or {}).get("nodeName") == node and not is_terminal(p)
+                and (p["metadata"].get("labels") or {}).get("app") == "nvidia-dcgm-exporter"]
 
     def _node_host_engine(self, node: str) -> bool:
         """The GPU Operator's nvidia-dcgm pod (the standalone nv-hostengine) runs on the node."""

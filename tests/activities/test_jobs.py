@@ -407,7 +407,16 @@ def shipped(cluster_with_gpus: Cluster, monkeypatch: pytest.MonkeyPatch) -> JobA
     engine and its JSON is the evidence."""
     monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
     cluster_with_gpus.core.create_namespace({"metadata": {"name": NS}})
+    _standalone_ready(cluster_with_gpus)
     return JobActivities(cluster_with_gpus.api, JobsSettings(namespace=NS))
+
+
+def _standalone_ready(k: Cluster) -> None:
+    """The node's standalone host engine (the GPU Operator's dcgm operand) up and Ready."""
+    wait_for(lambda: [p for p in k.pods_on(NODE)
+                      if (p.metadata.labels or {}).get("app") == "nvidia-dcgm"
+                      and any(c.type == "Ready" and c.status == "True"
+                              for c in p.status.conditions or [])], timeout=15)
 
 
 def test_shipped_validation_keeps_dcgmi_evidence_of_every_gpu(
@@ -439,6 +448,7 @@ def test_validation_without_a_host_engine_fails_like_real_dcgmi(
                        deadline=timedelta(minutes=5), run_as_user=1000, output="dcgmi-json")
     acts = JobActivities(cluster_with_gpus.api, JobsSettings(
         namespace=NS, templates={"validation": bare}))
+    _standalone_ready(cluster_with_gpus)
     result = env.run(acts.run_node_job, job())
     assert not result.succeeded and result.evidence == ""
     assert "Unable to connect to host engine" in result.message
@@ -535,3 +545,100 @@ def test_a_job_whose_image_cannot_be_pulled_never_started_and_is_deleted(
     assert err.value.type == "JobNotStarted" and err.value.non_retryable
     assert "ImagePullBackOff" in str(err.value) and "unreachable.invalid" in str(err.value)
     wait_for(lambda: not cluster_with_gpus.batch.list_namespaced_job(NS).items)
+
+
+# -- one DCGM host engine per node --------------------------------------------------------
+
+
+def _standalone_dcgm_off(k: Cluster) -> None:
+    """The node without the GPU Operator's standalone dcgm operand: dcgm-exporter embeds the
+    node's only host engine."""
+    k.core.patch_node(NODE, {"metadata": {"labels": {"nvidia.com/gpu.deploy.dcgm": "false"}}})
+    wait_for(lambda: not [p for p in k.pods_on(NODE)
+                          if (p.metadata.labels or {}).get("app") == "nvidia-dcgm"], timeout=15)
+
+
+def _exporter(k: Cluster, value: str) -> None:
+    k.core.patch_node(NODE, {"metadata": {"labels": {
+        "nvidia.com/gpu.deploy.dcgm-exporter": value}}})
+
+
+def test_validation_uses_the_nodes_standalone_host_engine(
+        cluster_with_gpus: Cluster, shipped: JobActivities, env: ActivityEnvironment) -> None:
+    planned = env.run(shipped.run_node_job, job(dry_run=True))
+    assert "the node's standalone one, gpu-operator/nvidia-dcgm-" in planned.message
+    result = env.run(shipped.run_node_job, job())
+    assert result.succeeded, result.message
+    container = cluster_with_gpus.batch.read_namespaced_job(result.job_name, NS) \
+        .spec.template.spec.containers[0]
+    env_vars = {e.name: e for e in container.env}
+    assert env_vars["DCGM_HOST_ENGINE"].value == "standalone"
+    assert env_vars["NODE_IP"].value_from.field_ref.field_path == "status.hostIP"
+
+
+def test_no_validation_job_beside_dcgm_exporters_embedded_engine(
+        cluster_with_gpus: Cluster, shipped: JobActivities) -> None:
+    from temporalio.exceptions import ApplicationError
+
+    _standalone_dcgm_off(cluster_with_gpus)
+    with pytest.raises(ApplicationError) as err:
+        ActivityEnvironment().run(shipped.poll_node_job, job())
+    assert err.value.type == "HostEngineBusy" and not err.value.non_retryable
+    assert "gpu-operator/nvidia-dcgm-exporter-" in str(err.value)
+    assert not cluster_with_gpus.batch.list_namespaced_job(NS).items
+    # The exporter paused through its deploy label: the Job runs an engine of its own.
+    _exporter(cluster_with_gpus, "false")
+    wait_for(lambda: not [p for p in cluster_with_gpus.pods_on(NODE)
+                          if (p.metadata.labels or {}).get("app") == "nvidia-dcgm-exporter"],
+             timeout=15)
+    _, result = _looks(shipped, job(), first=2)
+    assert result.succeeded, result.message
+    env_vars = {e.name: e.value for e in cluster_with_gpus.batch.read_namespaced_job(
+        result.job_name, NS).spec.template.spec.containers[0].env}
+    assert env_vars["DCGM_HOST_ENGINE"] == "embedded"
+
+
+def test_a_second_host_engine_fails_as_dcgm_does(
+        cluster_with_gpus: Cluster, env: ActivityEnvironment,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator runs one host engine per node: a Job that starts its own beside the
+    exporter's embedded one (the old validation command) fails, its diagnostic never run."""
+    monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
+    cluster_with_gpus.core.create_namespace({"metadata": {"name": NS}})
+    _standalone_dcgm_off(cluster_with_gpus)
+    old = JobTemplate(purpose="validate", image="registry.sim.local/dcgm", command=[
+        "/bin/sh", "-c", "nv-hostengine --pid /tmp/p && exec dcgmi diag -r 2 -j"],
+        deadline=timedelta(minutes=5), output="exit-code")
+    acts = JobActivities(cluster_with_gpus.api, JobsSettings(
+        namespace=NS, templates={"validation": old}))
+    result = env.run(acts.run_node_job, job())
+    assert not result.succeeded
+    assert "a DCGM host engine already manages the GPUs" in result.message
+    assert "nvidia-dcgm-exporter" in result.message
+
+
+def test_host_engine_choice_reads_what_runs_on_the_node() -> None:
+    from activities.jobs import host_engine_choice
+
+    def pod(name: str, app: str, *, host_port: int | None = None, ready: bool = True,
+            deleting: bool = False, phase: str = "Running") -> dict[str, Any]:
+        ports = [{"containerPort": 5555, "hostPort": host_port}] if host_port else []
+        meta: dict[str, Any] = {"name": name, "namespace": "gpu-operator",
+                                "labels": {"app": app}}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return {"metadata": meta, "spec": {"containers": [{"name": "c", "ports": ports}]},
+                "status": {"phase": phase, "conditions": [
+                    {"type": "Ready", "status": "True" if ready else "False"}]}}
+
+    exporter = pod("exp", "nvidia-dcgm-exporter")
+    assert host_engine_choice([exporter, pod("dcgm", "nvidia-dcgm", host_port=5555)]) == (
+        "standalone", "gpu-operator/dcgm")
+    assert host_engine_choice([exporter]) == ("busy", "gpu-operator/exp")
+    # Not Ready, or on its way out: not an engine to use; the exporter still embeds one.
+    assert host_engine_choice([exporter, pod("dcgm", "x", host_port=5555, ready=False)])[0] \
+        == "busy"
+    assert host_engine_choice([pod("exp", "nvidia-dcgm-exporter", deleting=True)])[0] == "busy"
+    assert host_engine_choice([pod("exp", "nvidia-dcgm-exporter", phase="Failed")]) == (
+        "embedded", "")
+    assert host_engine_choice([]) == ("embedded", "")
