@@ -101,6 +101,32 @@ def missing_for_return(node: dict[str, Any], inp: ReturnInput) -> tuple[list[str
     return missing, result
 
 
+VALIDATOR_APP = "nvidia-operator-validator"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+
+
+def gpu_stack_not_ready(labels: dict[str, str], pods: list[Any]) -> list[str]:
+    """What the node's GPU stack still lacks before a validation pod may start: the GPU
+    Operator's own validator pod on the node Ready (after a reboot it checks the driver,
+    the toolkit and CUDA; a validation racing it finds a half-started stack); where no
+    validator runs, GPU feature discovery's ``nvidia.com/gpu.present`` "true" when the node
+    carries the label at all. Pure: node labels and V1Pods in."""
+    validators = [p for p in pods
+                  if ((p.metadata.labels or {}) if p.metadata else {}).get("app") == VALIDATOR_APP
+                  and not (p.status and p.status.phase in ("Succeeded", "Failed"))]
+    if validators:
+        waiting = [f"{p.metadata.namespace}/{p.metadata.name}" for p in validators
+                   if not any(c.type == "Ready" and c.status == "True"
+                              for c in (p.status.conditions or []) if p.status)]
+        return ([f"GPU Operator validator not Ready yet: {', '.join(waiting[:3])}"]
+                if waiting else [])
+    present = labels.get(GPU_PRESENT_LABEL)
+    if present is not None and present != "true":
+        return [f"node label {GPU_PRESENT_LABEL}={present[:40]!r} (GPU feature discovery "
+                "has not seen the GPUs yet)"]
+    return []
+
+
 class NodeReturnActivities:
     """``check_node_returned``: the node side of confirming a reboot."""
 
@@ -124,14 +150,17 @@ class NodeReturnActivities:
         data: dict[str, Any] = json.loads(resp.data)  # type: ignore[attr-defined]
         return data
 
-    def _gpu_holders(self, node: str) -> list[str]:
-        """Pods on the node that hold GPUs through the device plugin (not our own node
-        Jobs, not finished pods), named with their owner."""
+    def _pods_on(self, node: str) -> list[Any]:
         try:
             pods: list[Any] = self.core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={node}", _request_timeout=REQUEST_TIMEOUT).items
         except ApiException as err:
             raise_typed(err, f"list pods on {node}")
+        return pods
+
+    def _gpu_holders(self, pods: list[Any]) -> list[str]:
+        """Pods on the node that hold GPUs through the device plugin (not our own node
+        Jobs, not finished pods), named with their owner."""
         holders = []
         for pod in pods:
             labels = (pod.metadata.labels or {}) if pod.metadata else {}
@@ -165,7 +194,10 @@ class NodeReturnActivities:
             missing.append(f"allocatable {GPU_RESOURCE} {gpus} of {inp.expected_gpus} "
                            "expected (device plugin not registered, or a GPU it holds "
                            "unhealthy or gone)")
-        holders = await asyncio.to_thread(self._gpu_holders, inp.node)
+        pods = await asyncio.to_thread(self._pods_on, inp.node)
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        missing += gpu_stack_not_ready(labels, pods)
+        holders = self._gpu_holders(pods)
         if holders:
             missing.append("GPUs held by " + ", ".join(holders[:5])
                            + (f" and {len(holders) - 5} more" if len(holders) > 5 else "")

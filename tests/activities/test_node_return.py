@@ -233,3 +233,28 @@ def test_a_node_without_conditions_is_not_ready() -> None:
     assert missing == ["not Ready (Ready=missing, no Ready condition)",
                        "allocatable nvidia.com/gpu 0 of 8 expected"]
     assert result.ready_since is None
+
+
+def _validator(ready: bool, phase: str = "Running") -> object:
+    from kubernetes import client
+
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name="nvidia-operator-validator-x", namespace="gpu-operator",
+                                     labels={"app": "nvidia-operator-validator"}),
+        status=client.V1PodStatus(phase=phase, conditions=[
+            client.V1PodCondition(type="Ready", status="True" if ready else "False")]))
+
+
+def test_validation_waits_for_the_gpu_operators_validator_after_a_reboot() -> None:
+    from activities.node_return import gpu_stack_not_ready
+
+    waiting = gpu_stack_not_ready({}, [_validator(False)])
+    assert waiting == ["GPU Operator validator not Ready yet: "
+                       "gpu-operator/nvidia-operator-validator-x"]
+    assert gpu_stack_not_ready({"nvidia.com/gpu.present": "false"}, [_validator(True)]) == []
+    # No validator on the node: GPU feature discovery's label, where the node has it.
+    assert "nvidia.com/gpu.present='false'" in gpu_stack_not_ready(
+        {"nvidia.com/gpu.present": "false"}, [])[0]
+    assert gpu_stack_not_ready({"nvidia.com/gpu.present": "true"}, []) == []
+    assert gpu_stack_not_ready({}, [_validator(False, phase="Failed")]) == []
+    assert gpu_stack_not_ready({}, []) == []
