@@ -30,7 +30,13 @@ from activities.gpus import GPU_RESOURCE, pod_gpu_request, quantity
 from activities.kube import REQUEST_TIMEOUT, raise_typed
 from activities.node_keys import JOB_LABEL
 from workflows import errors
-from workflows.messages import GpusFree, GpusFreeInput, ReturnInput, ReturnResult
+from workflows.messages import (
+    GpusFree,
+    GpusFreeInput,
+    OutOfServiceInput,
+    ReturnInput,
+    ReturnResult,
+)
 from workflows.transitions import NodeState
 
 NODE_NOT_BACK = "NodeNotBack"
@@ -127,6 +133,34 @@ def gpu_stack_not_ready(labels: dict[str, str], pods: list[Any]) -> list[str]:
     return []
 
 
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+OUT_OF_SERVICE_VALUE = "gpu-remediate"
+"""Our taint's value: the one we take off again (someone else's is left alone)."""
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def out_of_service_taints(node: dict[str, Any], on: bool) -> tuple[list[dict[str, Any]] | None,
+                                                                   str]:
+    """The node's taints with our out-of-service taint put on (only while the node is not
+    Ready: a Ready node is no shutdown) or taken off, and what that does; None when
+    nothing changes. Pure: the Node as JSON in."""
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    ours = [t for t in taints if t.get("key") == OUT_OF_SERVICE
+            and t.get("value") == OUT_OF_SERVICE_VALUE]
+    if not on:
+        if not ours:
+            return None, f"no {OUT_OF_SERVICE} taint of ours"
+        return [t for t in taints if t not in ours], f"{OUT_OF_SERVICE} taint taken off"
+    if _ready(node).get("status") == "True":
+        return None, f"Ready: no {OUT_OF_SERVICE} taint on a node that runs"
+    if any(t.get("key") == OUT_OF_SERVICE for t in taints):
+        return None, f"{OUT_OF_SERVICE} taint already on"
+    return ([*taints, {"key": OUT_OF_SERVICE, "value": OUT_OF_SERVICE_VALUE,
+                       "effect": "NoExecute"}],
+            f"{OUT_OF_SERVICE}:NoExecute put on (non-graceful shutdown: its pods are "
+            "force-deleted, their volumes detached)")
+
+
 class NodeReturnActivities:
     """``check_node_returned``: the node side of confirming a reboot."""
 
@@ -208,6 +242,36 @@ class NodeReturnActivities:
                                    category=ApplicationErrorCategory.BENIGN)
         return GpusFree(allocatable_gpus=gpus,
                         message=f"{gpus} of {inp.expected_gpus} GPU(s) allocatable and free")
+
+    def _mark_out_of_service(self, inp: OutOfServiceInput) -> str:
+        for _ in range(5):
+            node = self._read(inp.node)
+            meta = node.get("metadata") or {}
+            if inp.uid and str(meta.get("uid") or "") != inp.uid:
+                raise ApplicationError(
+                    f"node {inp.node} was replaced: uid {inp.uid} at claim, now "
+                    f"{meta.get('uid')}", type=errors.NODE_GONE, non_retryable=True)
+            taints, what = out_of_service_taints(node, inp.on)
+            if taints is None:
+                return f"{inp.node}: {what}"
+            body = {"metadata": {"resourceVersion": meta.get("resourceVersion")},
+                    "spec": {"taints": taints or None}}
+            try:
+                self.core.patch_node(inp.node, body, _content_type=MERGE_PATCH,
+                                     _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+            except ApiException as err:
+                if err.status == 409:
+                    continue  # changed under us: read again
+                raise_typed(err, f"patch node {inp.node}")
+            return f"{inp.node}: {what}"
+        raise ApplicationError(f"node {inp.node} kept changing under us", type=errors.CONFLICT)
+
+    @activity.defn
+    async def mark_out_of_service(self, inp: OutOfServiceInput) -> str:
+        """remediation.drain.out_of_service_taint: put ``node.kubernetes.io/out-of-service``
+        on a node still not Ready (never on a Ready one), or take ours off. Guarded by the
+        node's resourceVersion; the answer says what it did."""
+        return await asyncio.to_thread(self._mark_out_of_service, inp)
 
     @activity.defn
     async def check_node_returned(self, inp: ReturnInput) -> ReturnResult:

@@ -606,6 +606,16 @@ class ReturnInput(_Message):
     )
 
 
+class OutOfServiceInput(_Message):
+    """Put on or take off ``node.kubernetes.io/out-of-service`` (``mark_out_of_service``)."""
+
+    node: str
+    uid: str = Field(default="", description="metadata.uid at claim; '' skips the check.")
+    on: bool = Field(description="True: taint a node that is still not Ready (non-graceful "
+                                 "node shutdown: its pods and volumes are released); False: "
+                                 "take our taint off (the node returned, or is released).")
+
+
 class ReturnResult(_Message):
     boot_id: str
     allocatable_gpus: int
