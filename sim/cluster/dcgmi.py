@@ -81,15 +81,15 @@ _CASE = re.compile(r'case\s+"?\$\{?(\w+)[^"\s]*"?\s+in\s+(.*?)\s*esac', re.DOTAL
 _BRANCH = re.compile(r"([^\s();]+)\)\s*(.*?)\s*;;", re.DOTALL)
 
 
-def command_line(pod: Obj) -> str:
+def command_line(pod: Obj, *, resolve: bool = True) -> str:
     """The command of the pod's container that runs dcgmi (else its first), args joined; a
     shell `case "$VAR" in ... esac` on the container's environment is reduced to the
-    branch that runs."""
+    branch that runs (unless ``resolve`` is False)."""
     lines = []
     for c in (pod.get("spec") or {}).get("containers") or []:
         env = {e.get("name"): str(e.get("value", "")) for e in c.get("env") or []}
         line = " ".join(str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])])
-        lines.append(_CASE.sub(functools.partial(_branch, env=env), line))
+        lines.append(_CASE.sub(functools.partial(_branch, env=env), line) if resolve else line)
     return next((line for line in lines if runs_dcgmi(line)), lines[0] if lines else "")
 
 

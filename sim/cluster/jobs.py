@@ -46,6 +46,12 @@ class JobPrograms:
             command = dcgmi.command_line(pod)
             if dcgmi.runs_dcgmi(command):
                 return await self._dcgmi(pod, node, command)
+            if dcgmi.runs_dcgmi(dcgmi.command_line(pod, resolve=False)):
+                # A dcgmi script whose branch for this environment runs no dcgmi (no host
+                # engine chosen): it proves nothing, and ends as its shell would.
+                out = "no DCGM host engine chosen: the diagnostic did not run\n"
+                self.kubelet.write_log(pod, out)
+                return 3, out.strip()
             health = await self.gpu.health(node)
             return (0, "") if health.ok else (1, "; ".join(health.problems) or "GPU unhealthy")
         if kind == "gpu-reset":

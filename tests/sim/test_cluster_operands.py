@@ -393,8 +393,17 @@ def test_dcgmi_without_a_host_engine_fails_like_dcgmi(k: Contract) -> None:
     assert term.exit_code != 0 and "Unable to connect to host engine" in term.message
 
 
+def no_host_engine(k: Contract) -> None:
+    """Neither the standalone dcgm operand nor dcgm-exporter (its embedded engine) on the
+    node: a Job may start the only host engine."""
+    set_operands(k, "false", only=["nvidia-dcgm", "nvidia-dcgm-exporter"])
+    wait_for(lambda: not {"nvidia-dcgm", "nvidia-dcgm-exporter"}
+             & set(operand_pods(k, running=False)), timeout=15)
+
+
 def test_dcgmi_with_an_embedded_host_engine_prints_the_diag_json(
         k: Contract, gpu: GpuSim) -> None:
+    no_host_engine(k)
     job(k, "validate-ok", "validate", command=[*HOST_ENGINE[:2], HOST_ENGINE[2].format(level=2)])
     pod = finished(k, "validate-ok")
     assert pod.status.phase == "Succeeded"
@@ -447,6 +456,42 @@ def test_dcgmi_host_reaches_the_nodes_host_engine_only_while_nvidia_dcgm_runs(
     pod = finished(k, "validate-host-2")
     assert pod.status.phase == "Failed"
     assert "connection to the specified host: 10.0.0.2" in log(k, pod)
+
+
+def test_a_second_host_engine_beside_the_nodes_fails_as_dcgm_does(k: Contract) -> None:
+    """One host engine per node: beside the standalone operand's, then beside the one
+    dcgm-exporter embeds, a Job's own nv-hostengine fails and its diagnostic never runs."""
+    wait_for(lambda: {"nvidia-dcgm", "nvidia-dcgm-exporter"} <= set(operand_pods(k)))
+    own = [*HOST_ENGINE[:2], HOST_ENGINE[2].format(level=1)]
+    job(k, "second-1", "validate", command=own)
+    pod = finished(k, "second-1")
+    assert pod.status.phase == "Failed"
+    assert "the standalone nvidia-dcgm operand" in log(k, pod)
+    assert "DCGM Diagnostic" not in log(k, pod)
+    set_operands(k, "false", only=["nvidia-dcgm"])
+    wait_for(lambda: "nvidia-dcgm" not in operand_pods(k, running=False), timeout=15)
+    job(k, "second-2", "validate", command=own)
+    pod = finished(k, "second-2")
+    assert pod.status.phase == "Failed"
+    assert "gpu-operator/nvidia-dcgm-exporter-" in log(k, pod) and "(embedded)" in log(k, pod)
+
+
+def test_a_case_on_the_environment_runs_the_branch_it_selects(k: Contract) -> None:
+    script = ('case "${ENGINE:-}" in standalone) exec dcgmi diag -r 1 -j --host "$NODE_IP" ;; '
+              'embedded) nv-hostengine && exec dcgmi diag -r 1 -j ;; '
+              '*) echo none; exit 3 ;; esac')
+    wait_for(lambda: "nvidia-dcgm" in operand_pods(k))
+    job(k, "case-standalone", "validate", command=["/bin/sh", "-c", script],
+        env=[{"name": "ENGINE", "value": "standalone"}])
+    assert finished(k, "case-standalone").status.phase == "Succeeded"
+    job(k, "case-none", "validate", command=["/bin/sh", "-c", script])
+    pod = finished(k, "case-none")
+    assert pod.status.phase == "Failed"
+    assert pod.status.container_statuses[0].state.terminated.exit_code == 3
+    no_host_engine(k)
+    job(k, "case-embedded", "validate", command=["/bin/sh", "-c", script],
+        env=[{"name": "ENGINE", "value": "embedded"}])
+    assert finished(k, "case-embedded").status.phase == "Succeeded"
 
 
 def test_validation_without_dcgmi_keeps_the_health_verdict(k: Contract, gpu: GpuSim) -> None:
