@@ -125,12 +125,31 @@ def gpu_stack_not_ready(labels: dict[str, str], pods: list[Any]) -> list[str]:
                    if not any(c.type == "Ready" and c.status == "True"
                               for c in (p.status.conditions or []) if p.status)]
         return ([f"GPU Operator validator not Ready yet: {', '.join(waiting[:3])}"]
-                if waiting else [])
+                if waiting else []) + mig_layout_not_applied(labels)
+    missing = []
     present = labels.get(GPU_PRESENT_LABEL)
     if present is not None and present != "true":
-        return [f"node label {GPU_PRESENT_LABEL}={present[:40]!r} (GPU feature discovery "
-                "has not seen the GPUs yet)"]
-    return []
+        missing.append(f"node label {GPU_PRESENT_LABEL}={present[:40]!r} (GPU feature "
+                       "discovery has not seen the GPUs yet)")
+    return missing + mig_layout_not_applied(labels)
+
+
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+
+
+def mig_layout_not_applied(labels: dict[str, str]) -> list[str]:
+    """A MIG node whose configured layout the MIG manager has not reported applied: a
+    validation would test the wrong devices. The MIG manager writes ``mig.config.state``
+    (pending, rebooting, success, failed) for the layout named by ``mig.config``."""
+    config = labels.get(MIG_CONFIG_LABEL)
+    if not config or config == "all-disabled":
+        return []
+    state = labels.get(MIG_STATE_LABEL, "")
+    if state == "success":
+        return []
+    return [f"MIG layout {config[:63]!r} not applied (node label {MIG_STATE_LABEL}="
+            f"{state[:20]!r}; the MIG manager applies {MIG_CONFIG_LABEL})"]
 
 
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"

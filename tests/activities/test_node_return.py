@@ -303,3 +303,13 @@ async def test_out_of_service_only_on_a_node_that_stays_not_ready_and_off_when_i
     said = await env.run(acts.mark_out_of_service,
                          OutOfServiceInput(node=NODE, uid=uid, on=False))
     assert "taken off" in said and not taints()
+
+
+def test_validation_waits_for_the_mig_layout_the_node_is_configured_with() -> None:
+    from activities.node_return import gpu_stack_not_ready
+
+    mig = {"nvidia.com/mig.config": "all-1g.10gb"}
+    assert "MIG layout 'all-1g.10gb' not applied" in gpu_stack_not_ready(
+        {**mig, "nvidia.com/mig.config.state": "pending"}, [])[0]
+    assert gpu_stack_not_ready({**mig, "nvidia.com/mig.config.state": "success"}, []) == []
+    assert gpu_stack_not_ready({"nvidia.com/mig.config": "all-disabled"}, []) == []
