@@ -84,7 +84,9 @@ class JobPrograms:
             message = dcgmi.reset_in_use(index, self._gpu_count(node), holders, gpus or [])
             self.kubelet.write_log(pod, message + "\n")
             return dcgmi.SMI_IN_USE_EXIT, message
-        targets: list[str | None] = [None]
+        # Without the GPU list (no GPU simulator to ask): the targets as named.
+        named = [u.strip() for u in (uuids or "").replace(" ", ",").split(",") if u.strip()]
+        targets: list[str | None] = list(named) or [index]
         was_on: list[str] = []
         if gpus is not None:
             by_uuid = {str(g.get("uuid")): g for g in gpus}

@@ -19,27 +19,37 @@ def manifest(kind: str, job: JobTemplate, gpus: int = 8) -> dict:
                         job, "gpu-remediate-jobs")
 
 
-def test_validation_job_requests_every_gpu_and_runs_as_non_root() -> None:
+def test_validation_job_requests_every_gpu_on_the_nodes_one_host_engine() -> None:
     m = manifest("validate", TEMPLATES["validation"])
     pod = m["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert pod["nodeName"] == "gpu-node-07"
     assert pod["tolerations"] == [{"operator": "Exists"}]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    assert container["securityContext"] == {
-        "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"}}
+    # Root as the image runs (an engine of its own on MIG/NVSwitch nodes needs it), but
+    # neither privileged nor the host's namespaces or files.
+    assert "securityContext" not in container
     assert "hostPID" not in pod and "volumes" not in pod
     assert pod["automountServiceAccountToken"] is False
     assert m["metadata"]["namespace"] == "gpu-remediate-jobs"
     assert m["spec"]["backoffLimit"] == 0
     assert m["spec"]["activeDeadlineSeconds"] == 20 * 60
-    # dcgmi needs a host engine: the pod starts its own before the diagnostic.
     shell, flag, script = container["command"]
     assert (shell, flag) == ("/bin/sh", "-c")
-    assert script.index("nv-hostengine") < script.index("dcgmi diag -r 2 -j")
+    # The worker chooses the engine: the node's standalone one, or the Job's own (started
+    # before the diagnostic); nothing chosen runs no diagnostic at all.
+    standalone = script[script.index("standalone)"):script.index(";;")]
+    assert 'dcgmi diag -r 2 -j --host "$NODE_IP"' in standalone
+    assert "nv-hostengine" not in standalone
+    embedded = script[script.index("embedded)"):]
+    assert embedded.index("nv-hostengine") < embedded.index("dcgmi diag -r 2 -j")
+    assert "*) echo" in script and "exit 3" in script
     assert TEMPLATES["validation"].output == "dcgmi-json"
+    chosen = job_manifest(NodeJobInput(node="n", kind="validate", name="v", gpus=8),
+                          TEMPLATES["validation"], "ns", host_engine="standalone")
+    env = chosen["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "DCGM_HOST_ENGINE", "value": "standalone"} in env
+    assert {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}} in env
 
 
 def test_default_reset_holds_no_gpu_and_handles_persistence_mode_by_uuid() -> None:

@@ -506,6 +506,7 @@ def test_validation_without_dcgmi_keeps_the_health_verdict(k: Contract, gpu: Gpu
 
 
 def test_pod_logs_through_the_kubernetes_client(k: Contract) -> None:
+    no_host_engine(k)
     job(k, "logged", "validate", command=[*HOST_ENGINE[:2], HOST_ENGINE[2].format(level=1)])
     pod = finished(k, "logged")
     full = log(k, pod)
