@@ -171,9 +171,11 @@ def host_engine_choice(pods: list[dict[str, Any]]) -> tuple[str, str]:
     """Which DCGM host engine a validation on the node uses, from the pods on it: one serving
     DCGM's port on the node (hostPort 5555: the GPU Operator's standalone ``dcgm`` operand)
     and Ready is ("standalone", its name); else dcgm-exporter still there (it embeds an
-    engine, Terminating or not) is ("busy", their names): a Job's own engine would be a
-    second one; else ("embedded", ""): the Job starts the only one."""
+    engine, Terminating or not) or a standalone engine starting or stopping is ("busy",
+    their names): a Job's own engine would be a second one; else ("embedded", ""): the Job
+    starts the only one."""
     standalone: list[str] = []
+    starting: list[str] = []
     exporters: list[str] = []
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
@@ -187,13 +189,15 @@ def host_engine_choice(pods: list[dict[str, Any]]) -> tuple[str, str]:
                     for c in status.get("conditions") or [])
         if serves and ready and not meta.get("deletionTimestamp"):
             standalone.append(name)
+        elif serves:
+            starting.append(name)  # an engine starting or stopping: one all the same
         elif ((meta.get("labels") or {}).get("app") in EXPORTER_APPS
               or any("dcgm-exporter" in str(c.get("image", "")) for c in containers)):
             exporters.append(name)
     if standalone:
         return "standalone", standalone[0]
-    if exporters:
-        return "busy", ", ".join(sorted(exporters))
+    if exporters or starting:
+        return "busy", ", ".join(sorted(exporters + starting))
     return "embedded", ""
 
 

@@ -165,11 +165,14 @@ class JobPrograms:
 
     def _engines(self, node: str) -> list[str]:
         """The host engine already running for the node's GPUs: the standalone nvidia-dcgm
-        operand, else the one dcgm-exporter embeds (until its pod is gone, Terminating or
-        not); none when neither runs."""
+        operand (starting, running or stopping), else the one dcgm-exporter embeds (until
+        its pod is gone, Terminating or not); none when neither runs."""
         if self.kubelet is None:
             return []
-        if self._node_host_engine(node):
+        if self._node_host_engine(node) or any(
+                (p.get("spec") or {}).get("nodeName") == node and not is_terminal(p)
+                and (p["metadata"].get("labels") or {}).get("app") == "nvidia-dcgm"
+                for p in self.kubelet.store.list(r.PODS, "gpu-operator")):
             return ["the standalone nvidia-dcgm operand"]
         return [f"{p['metadata']['namespace']}/{p['metadata']['name']} (embedded)"
                 for p in self.kubelet.store.list(r.PODS)

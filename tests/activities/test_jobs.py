@@ -327,6 +327,7 @@ def slow_jobs(tmp_path: Path, gpu_sim: ThreadedGpuSim,
     monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
     for k in _cluster(tmp_path, gpu_sim_url=gpu_sim.url, job_seconds=60):
         k.core.create_namespace({"metadata": {"name": NS}})
+        _standalone_ready(k)  # the shipped validation uses the node's host engine
         yield k, JobActivities(k.api)
 
 
@@ -638,6 +639,9 @@ def test_host_engine_choice_reads_what_runs_on_the_node() -> None:
     # Not Ready, or on its way out: not an engine to use; the exporter still embeds one.
     assert host_engine_choice([exporter, pod("dcgm", "x", host_port=5555, ready=False)])[0] \
         == "busy"
+    # A standalone engine still starting (after a reboot) is one too: wait, never a second.
+    assert host_engine_choice([pod("dcgm", "x", host_port=5555, ready=False)]) == (
+        "busy", "gpu-operator/dcgm")
     assert host_engine_choice([pod("exp", "nvidia-dcgm-exporter", deleting=True)])[0] == "busy"
     assert host_engine_choice([pod("exp", "nvidia-dcgm-exporter", phase="Failed")]) == (
         "embedded", "")
