@@ -117,8 +117,11 @@ def operands_off(k: Cluster, node: str = NODE) -> None:
     k.core.patch_node(node, {"metadata": {"labels": {
         f"nvidia.com/gpu.deploy.{o}": "false"
         for o in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery")}}})
+    # The operator's validator holds no GPU: it stays.
     wait_for(lambda: not [p for p in k.pods_on(node)
-                          if p.metadata.namespace == "gpu-operator"], timeout=15)
+                          if p.metadata.namespace == "gpu-operator"
+                          and (p.metadata.labels or {}).get("app")
+                          != "nvidia-operator-validator"], timeout=15)
 
 
 def test_gpu_reset_fails_while_the_operands_hold_the_gpus(

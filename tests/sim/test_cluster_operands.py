@@ -105,9 +105,11 @@ def four_operands(k: Contract, node: str = NODE) -> dict[str, Any]:
 def operand_pods(k: Contract, node: str = NODE, running: bool = True) -> dict[str, Any]:
     pods = k.core.list_namespaced_pod(
         "gpu-operator", field_selector=f"spec.nodeName={node}").items
+    # The four operands a reset turns off (the validator is checked on its own).
     return {p.metadata.labels["app"]: p for p in pods
-            if not running or (p.status.phase == "Running" and any(
-                c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))}
+            if p.metadata.labels["app"] in OPERANDS
+            and (not running or (p.status.phase == "Running" and any(
+                c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])))}
 
 
 def set_operands(k: Contract, value: str, node: str = NODE, only: list[str] | None = None
@@ -569,3 +571,35 @@ def test_operands_tolerate_the_gpu_taint_only_and_a_no_schedule_taint_stops_only
         "a new pod does not start under a taint it does not tolerate"
     k.core.patch_node(NODE, {"spec": {"taints": None}})
     wait_for(lambda: "nvidia-device-plugin-daemonset" in operand_pods(k))
+
+
+def test_the_operator_validator_is_ready_some_time_after_the_other_operands_at_boot(
+        k: Contract) -> None:
+    """After a reboot the GPU Operator's validator is Ready only some seconds after the
+    other operands (it checks the driver, the toolkit and CUDA first)."""
+    wait_for(lambda: len(operand_pods(k)) == 4)
+
+    def validator_ready() -> bool:
+        pods = k.core.list_namespaced_pod(
+            "gpu-operator", label_selector="app=nvidia-operator-validator",
+            field_selector=f"spec.nodeName={NODE}").items
+        return any(c.type == "Ready" and c.status == "True"
+                   for p in pods for c in p.status.conditions or [])
+
+    wait_for(validator_ready, timeout=15)
+    boot = k.core.read_node(NODE).status.node_info.boot_id
+    job(k, "reboot-v", "reboot")
+    wait_for(lambda: k.core.read_node(NODE).status.node_info.boot_id != boot, timeout=20)
+    wait_for(lambda: len(operand_pods(k)) == 4, timeout=20)
+    wait_for(validator_ready, timeout=20)
+
+    def ready_since(p: Any) -> Any:
+        return next(c.last_transition_time for c in p.status.conditions if c.type == "Ready")
+
+    pods = k.core.list_namespaced_pod("gpu-operator", field_selector=f"spec.nodeName={NODE}")
+    since = {p.metadata.labels["app"]: ready_since(p) for p in pods.items}
+    assert since["nvidia-operator-validator"] >= max(since[a] for a in OPERANDS)
+    delays = {p.metadata.labels["app"]: float(
+        p.metadata.annotations["sim.gpu-remediate.io/readiness-delay-seconds"])
+        for p in pods.items}
+    assert delays["nvidia-operator-validator"] > max(delays[a] for a in OPERANDS)
