@@ -34,14 +34,30 @@ def quantity(value: Any) -> int:
     return int(text)
 
 
+def _container_gpus(container: Any) -> int:
+    res = container.resources
+    limits = getattr(res, "limits", None) or {}
+    requests = getattr(res, "requests", None) or {}
+    return max(quantity(limits.get(GPU_RESOURCE, "0")),
+               quantity(requests.get(GPU_RESOURCE, "0")))
+
+
 def pod_gpu_request(pod: Any) -> int:
-    """GPUs a pod (a kubernetes client V1Pod) asks for: the larger of its containers'
-    limits and requests, summed over containers."""
-    total = 0
-    for c in (pod.spec.containers or []) if pod.spec else []:
-        res = c.resources
-        limits = getattr(res, "limits", None) or {}
-        requests = getattr(res, "requests", None) or {}
-        total += max(quantity(limits.get(GPU_RESOURCE, "0")),
-                     quantity(requests.get(GPU_RESOURCE, "0")))
-    return total
+    """GPUs a pod (a kubernetes client V1Pod) asks for, by the scheduler's rule: the larger
+    of each init container's request and the sum over the app containers (a restartable
+    init container, a sidecar, runs beside them and adds to both). A container's request
+    is the larger of its limit and its request."""
+    spec = pod.spec
+    if spec is None:
+        return 0
+    apps = sum(_container_gpus(c) for c in spec.containers or [])
+    sidecars = 0
+    init_peak = 0
+    for c in spec.init_containers or []:
+        gpus = _container_gpus(c)
+        if getattr(c, "restart_policy", None) == "Always":
+            sidecars += gpus
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, sidecars + gpus)
+    return max(apps + sidecars, init_peak)

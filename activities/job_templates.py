@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from importlib import metadata
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -22,6 +23,9 @@ DEFAULT_TEMPLATE: dict[str, str] = {"validate": "validation", "gpu-reset": "gpu-
                                     "reboot": "reboot"}
 """The template each step uses when the remediation names none (runs started before
 templates existed, or settings that keep the defaults)."""
+
+WORKER_ENV = ("NODE_NAME", "GPU_INDEX", "GPU_UUIDS", "DCGM_HOST_ENGINE", "NODE_IP")
+"""Environment the worker sets on every node Job; a template cannot override it."""
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
@@ -36,7 +40,8 @@ class JobTemplate(BaseModel):
     purpose: JobKind = Field(description="The step it serves: validate, gpu-reset or reboot. "
                                          "A step refuses a template made for another one.")
     image: str = Field(description="Container image; by digest (name@sha256:...) where "
-                                   "jobs.require_digest is set.")
+                                   "jobs.require_digest is set; @worker: the worker's own "
+                                   "image (jobs.worker_image).")
     command: list[str] = Field(min_length=1, max_length=64)
     deadline: timedelta = Field(gt=timedelta(0), le=timedelta(hours=12),
                                 description="The Job's activeDeadlineSeconds.")
@@ -57,14 +62,17 @@ class JobTemplate(BaseModel):
         description="ServiceAccount of the pod (no API token is mounted).")
     env: dict[str, str] = Field(
         default_factory=dict, max_length=32,
-        description="Extra environment of the container (NODE_NAME and GPU_INDEX are set by "
-                    "the worker and cannot be overridden).")
+        description="Extra environment of the container (NODE_NAME, GPU_INDEX, GPU_UUIDS, "
+                    "DCGM_HOST_ENGINE and NODE_IP are set by the worker and cannot be "
+                    "overridden).")
     output: Literal["exit-code", "dcgmi-json"] = Field(
         default="exit-code",
         description="How the result is read: the exit code alone, or (validation) the exit "
                     "code and the `dcgmi diag -j` JSON in the pod's log, parsed into which "
                     "test passed or failed on which GPU; output that cannot be read fails "
-                    "the validation.")
+                    "the validation. A dcgmi-json Job is told which host engine to use "
+                    "(DCGM_HOST_ENGINE standalone, with NODE_IP, or embedded) and is never "
+                    "created while another engine would run beside its own.")
 
     @field_validator("env")
     @classmethod
@@ -72,7 +80,7 @@ class JobTemplate(BaseModel):
         for name, text in value.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name):
                 raise ValueError(f"{name[:40]!r} is not an environment variable name")
-            if name in ("NODE_NAME", "GPU_INDEX"):
+            if name in WORKER_ENV:
                 raise ValueError(f"{name} is set by the worker")
             if len(text) > 4096:
                 raise ValueError(f"{name}: a value must be at most 4096 characters")
@@ -104,41 +112,101 @@ class JobTemplate(BaseModel):
 
 
 VALIDATION_COMMAND = (
-    # dcgmi is a client of nv-hostengine: a pod with its own network namespace has none
-    # unless it starts one (embedded), so the Job starts its own, then runs the medium
-    # diagnostic (memory, PCIe; about 2 minutes) with JSON output for the evidence.
-    "nv-hostengine --pid /tmp/nv-hostengine.pid --log-filename /tmp/nv-hostengine.log "
-    "&& exec dcgmi diag -r 2 -j")
+    # dcgmi is a client of nv-hostengine, and DCGM supports one host engine per GPU set (a
+    # second beside a running one may deadlock). The worker says which to use when it
+    # creates the Job (DCGM_HOST_ENGINE): the node's standalone engine (the GPU Operator's
+    # dcgm operand, hostPort 5555 on the node's IP), or, with dcgm-exporter and its
+    # embedded engine paused, one of the Job's own, as root (MIG and NVSwitch diagnostics
+    # need it). Then the medium diagnostic (memory, PCIe; about 2 minutes) as JSON.
+    'case "${DCGM_HOST_ENGINE:-}" in '
+    'standalone) exec dcgmi diag -r 2 -j --host "$NODE_IP" ;; '
+    "embedded) nv-hostengine --pid /tmp/nv-hostengine.pid "
+    "--log-filename /tmp/nv-hostengine.log && exec dcgmi diag -r 2 -j ;; "
+    "*) echo \"DCGM_HOST_ENGINE is ${DCGM_HOST_ENGINE:-unset}: no host engine chosen\"; "
+    "exit 3 ;; esac")
 
 REBOOT_COMMAND = (
-    "nsenter -t 1 -m -u -i -n -p -- systemctl reboot "
-    "|| { sync; echo b > /proc/sysrq-trigger; }")
+    # systemd on the host reboots it; a failing `systemctl reboot` is the Job's failure,
+    # never a reason to crash the kernel. Only a host without systemctl (Bottlerocket,
+    # Talos) is rebooted through the kernel's sysrq.
+    "if [ -x /host/usr/bin/systemctl ] || [ -x /host/bin/systemctl ]; then "
+    "exec nsenter -t 1 -m -u -i -n -p -- systemctl reboot; fi; "
+    "echo 'no systemctl on the host: rebooting through sysrq'; "
+    "sync; echo b > /proc/sysrq-trigger")
 
-RESET_COMMAND = (
-    # The flagged GPU where the remediation names one (GPU_INDEX), else every GPU of the
-    # node (remediation.reset_scope "node", as NVSwitch baseboards require).
-    'exec nvidia-smi --gpu-reset ${GPU_INDEX:+-i "$GPU_INDEX"}')
+RESET_COMMAND = r"""set -u
+# nvidia-smi from the driver: the GPU Operator's driver root, else the host's own driver.
+# The container asks the runtime for no GPU (NVIDIA_VISIBLE_DEVICES=void): it holds none.
+root="/host${DRIVER_ROOT:-/run/nvidia/driver}"
+[ -x "$root/usr/bin/nvidia-smi" ] || root=/host
+smi() { chroot "$root" nvidia-smi "$@"; }
+# The targets by UUID (GPU_UUIDS from the worker; else the GPU at GPU_INDEX; else every
+# GPU of the node, as NVSwitch baseboards require).
+q="--format=csv,noheader"
+if [ -n "${GPU_UUIDS:-}" ]; then targets=$(echo "$GPU_UUIDS" | tr ',' ' ')
+elif [ -n "${GPU_INDEX:-}" ]; then targets=$(smi -i "$GPU_INDEX" --query-gpu=uuid $q) || exit 6
+else targets=$(smi --query-gpu=uuid $q) || exit 6; fi
+[ -n "$targets" ] || { echo "No devices were found"; exit 6; }
+# nvidia-persistenced holds a GPU with persistence mode on, and a reset is refused:
+# off for exactly the targets, back on afterwards only where it was on.
+was_on=""
+rc=0
+for u in $targets; do
+  pm=$(smi -i "$u" --query-gpu=persistence_mode $q) \
+    || { echo "No devices were found matching $u"; rc=6; break; }
+  if [ "$pm" = "Enabled" ]; then smi -i "$u" -pm 0 >/dev/null || { rc=4; break; }
+    was_on="$was_on $u"; fi
+done
+if [ "$rc" -ne 0 ]; then :
+elif [ -n "${GPU_UUIDS:-}${GPU_INDEX:-}" ]; then
+  for u in $targets; do smi -i "$u" --gpu-reset || rc=$?; done
+else
+  smi --gpu-reset || rc=$?
+fi
+if [ "$rc" -ne 0 ]; then
+  echo "processes holding the GPUs (gpu_uuid, pid, process_name):"
+  smi --query-compute-apps=gpu_uuid,pid,process_name $q
+fi
+for u in $was_on; do smi -i "$u" -pm 1 >/dev/null || rc=5; done
+exit "$rc"
+"""
+
+WORKER_IMAGE = "@worker"
+"""A template image that means the worker's own image (``jobs.worker_image``): one the
+cluster already pulls, so an offline node needs no other registry."""
+
+
+def _default_worker_image() -> str:
+    try:
+        version = metadata.version("gpu-remediate")
+    except metadata.PackageNotFoundError:
+        version = "0.1.0"
+    return f"ghcr.io/gpu-remediate/gpu-remediate:{version}"
 
 
 def _defaults() -> dict[str, JobTemplate]:
     return {
-        # dcgmi diag with its own host engine needs the GPUs the Job requests, not root.
+        # dcgmi diag on the node's one host engine (see VALIDATION_COMMAND): root, as the
+        # image runs, for an engine of its own on MIG and NVSwitch nodes; not privileged.
         "validation": JobTemplate(
             purpose="validate", image="nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
             command=["/bin/sh", "-c", VALIDATION_COMMAND], deadline=timedelta(minutes=20),
-            run_as_user=1000, output="dcgmi-json"),
+            output="dcgmi-json"),
         # nvidia-smi --gpu-reset needs the device nodes of GPUs nothing holds: privileged,
         # the NVIDIA runtime to bring the driver's tools and devices in (the GPU Operator
         # installs RuntimeClass nvidia), and the operands turned off first (the workflow).
+        # NVIDIA_VISIBLE_DEVICES=void: the runtime gives the container no GPU, so nothing
+        # of its own holds one; nvidia-smi comes from the driver root under /host.
         "gpu-reset": JobTemplate(
             purpose="gpu-reset", image="nvcr.io/nvidia/cuda:12.8.0-base-ubuntu22.04",
             command=["/bin/sh", "-c", RESET_COMMAND], deadline=timedelta(minutes=10),
             privileged=True, runtime_class_name="nvidia",
-            env={"NVIDIA_VISIBLE_DEVICES": "all"}),
+            env={"NVIDIA_VISIBLE_DEVICES": "void"}),
         # Reboot through the host's PID 1: nsenter into its namespaces and ask systemd;
-        # where the host has no systemctl (Bottlerocket, Talos), the kernel's sysrq.
+        # where the host has no systemctl (Bottlerocket, Talos), the kernel's sysrq. From
+        # the worker's own image: the cluster already pulls it.
         "reboot": JobTemplate(
-            purpose="reboot", image="busybox:1.37",
+            purpose="reboot", image=WORKER_IMAGE,
             command=["/bin/sh", "-c", REBOOT_COMMAND],
             deadline=timedelta(minutes=30), privileged=True),
     }
@@ -158,6 +226,12 @@ class JobsSettings(BaseModel):
         default=False,
         description="Refuse templates whose image is not pinned by digest (set in the "
                     "shipped deploy configuration once the digests are filled in).")
+    worker_image: str = Field(
+        default_factory=_default_worker_image, min_length=1, max_length=512,
+        description="The worker's own image (set it to what the Deployment runs, by digest "
+                    "where require_digest is set): templates whose image is @worker run "
+                    "from it, the built-in reboot among them, so a node that can pull the "
+                    "worker needs no other registry.")
     templates: dict[str, JobTemplate] = Field(
         default_factory=_defaults,
         description="Named templates. The built-in validation, gpu-reset and reboot are "
@@ -180,10 +254,19 @@ class JobsSettings(BaseModel):
         if not _NAME.fullmatch(self.namespace):
             raise ValueError("namespace: must be a DNS label (lower-case letters, digits, '-')")
         problems = []
+        if not _IMAGE.fullmatch(self.worker_image) or self.worker_image == WORKER_IMAGE:
+            problems.append("worker_image: must be an image reference without blanks")
+        elif self.require_digest and not _DIGEST.search(self.worker_image) and any(
+                t.image == WORKER_IMAGE for t in self.templates.values()):
+            problems.append(f"worker_image: {self.worker_image!r} is not pinned by digest "
+                            "(name@sha256:<64 hex>) and jobs.require_digest is set (templates "
+                            + ", ".join(sorted(n for n, t in self.templates.items()
+                                               if t.image == WORKER_IMAGE))
+                            + " run from it)")
         for name, t in sorted(self.templates.items()):
             if not _NAME.fullmatch(name):
                 problems.append(f"templates.{name}: a name must be a DNS label")
-            if self.require_digest and not t.pinned:
+            if self.require_digest and not t.pinned and t.image != WORKER_IMAGE:
                 problems.append(f"templates.{name}.image: {t.image!r} is not pinned by digest "
                                 "(name@sha256:<64 hex>) and jobs.require_digest is set")
         for kind, name in DEFAULT_TEMPLATE.items():
@@ -204,6 +287,8 @@ class JobsSettings(BaseModel):
                                   f"(jobs.templates; for {kind}: {known or 'none'})")
         if template.purpose != kind:
             raise TemplateRefused(f"Job template {name!r} is for {template.purpose}, not {kind}")
+        if template.image == WORKER_IMAGE:
+            return template.model_copy(update={"image": self.worker_image})
         return template
 
     def longest_deadline(self) -> timedelta:

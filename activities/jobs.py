@@ -6,7 +6,9 @@ adopts the Job it already created instead of starting a second one.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -33,7 +35,7 @@ writes tens of kilobytes)."""
 
 
 def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
-                 run_id: str = "") -> dict[str, Any]:
+                 run_id: str = "", host_engine: str = "") -> dict[str, Any]:
     """The Job: the worker's template for the step, pinned by nodeName (so cordon and taints
     do not stop it), tolerating everything, requesting all the node's GPUs for validation
     (exclusive access). Only the node, the name and the GPU come from the workflow."""
@@ -53,6 +55,13 @@ def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
     }
     if inp.gpu_index is not None:
         container["env"].append({"name": "GPU_INDEX", "value": inp.gpu_index})
+    if inp.gpu_uuids:
+        container["env"].append({"name": "GPU_UUIDS", "value": ",".join(inp.gpu_uuids)})
+    if host_engine:
+        container["env"] += [
+            {"name": "DCGM_HOST_ENGINE", "value": host_engine},
+            # The standalone engine listens on the node (hostPort 5555).
+            {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
     if inp.kind == "validate" and inp.gpus > 0:
         container["resources"] = {"limits": {GPU_RESOURCE: str(inp.gpus)}}
     pod_spec: dict[str, Any] = {
@@ -68,7 +77,9 @@ def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
     if template.runtime_class_name:
         pod_spec["runtimeClassName"] = template.runtime_class_name
     if template.privileged:
-        container["securityContext"] = {"privileged": True}
+        # Root inside: an image whose USER is not root (the worker's own) gets no
+        # capabilities from `privileged` alone, and nsenter/chroot need them.
+        container["securityContext"] = {"privileged": True, "runAsUser": 0}
         pod_spec["hostPID"] = True
         pod_spec["volumes"] = [{"name": "host", "hostPath": {"path": "/"}}]
         container["volumeMounts"] = [{"name": "host", "mountPath": "/host"}]
@@ -99,6 +110,110 @@ def _condition(job: Any, kind: str) -> Any | None:
     return None
 
 
+# Since Kubernetes 1.31 the Job controller adds FailureTarget / SuccessCriteriaMet as soon
+# as the outcome is decided, and Failed / Complete only once every pod has terminated. A
+# pod on a node that lost power never terminates, so the interim condition is the verdict.
+_ENDS = {"Complete": ("Complete", "SuccessCriteriaMet"), "Failed": ("Failed", "FailureTarget")}
+
+
+def _ended(job: Any, outcome: str) -> Any | None:
+    """The condition that decides the outcome (``Complete`` or ``Failed``), terminal or
+    interim, or None."""
+    for kind in _ENDS[outcome]:
+        cond = _condition(job, kind)
+        if cond is not None:
+            return cond
+    return None
+
+
+PULL_FAILURES = frozenset({"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"})
+"""Container waiting reasons that mean the image will not come: the kubelet retried the
+pull at least once (ErrImagePull alone is the first try, often a blip), the pull policy
+forbids pulling, or the reference is malformed."""
+
+
+def pull_failure(pods: list[Any]) -> str:
+    """Why the Job's pod cannot start, from its containers' waiting state, or ""."""
+    for pod in pods:
+        statuses = [*((pod.status.init_container_statuses or []) if pod.status else []),
+                    *((pod.status.container_statuses or []) if pod.status else [])]
+        for cs in statuses:
+            waiting = cs.state.waiting if cs.state else None
+            if waiting is not None and waiting.reason in PULL_FAILURES:
+                name = pod.metadata.name if pod.metadata else "?"
+                detail = f": {waiting.message.strip()[:300]}" if waiting.message else ""
+                return f"pod {name}: image {cs.image} not pulled ({waiting.reason}{detail})"
+    return ""
+
+
+_COMPUTE_APP = re.compile(
+    r"^\s*((?:GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{7,63}),\s*(\d{1,10}),\s*([^\n,]{1,200}?)\s*"
+    r"(?:,[^\n]*)?$", re.MULTILINE)
+
+
+def reset_holders(text: str) -> list[str]:
+    """Who holds the GPUs, from the rows of `nvidia-smi --query-compute-apps=gpu_uuid,pid,
+    process_name --format=csv,noheader` that the reset prints when it is refused:
+    "pid 4100 (/usr/bin/python3) on GPU-...". Node output: bounded, de-duplicated."""
+    found: list[str] = []
+    for m in _COMPUTE_APP.finditer(text[-20_000:]):
+        entry = f"pid {m.group(2)} ({m.group(3)}) on {m.group(1)}"
+        if entry not in found:
+            found.append(entry)
+    return found[:10]
+
+
+DCGM_PORT = 5555
+EXPORTER_APPS = frozenset({"nvidia-dcgm-exporter", "dcgm-exporter"})
+
+
+def host_engine_choice(pods: list[dict[str, Any]]) -> tuple[str, str]:
+    """Which DCGM host engine a validation on the node uses, from the pods on it: one serving
+    DCGM's port on the node (hostPort 5555: the GPU Operator's standalone ``dcgm`` operand)
+    and Ready is ("standalone", its name); else dcgm-exporter still there (it embeds an
+    engine, Terminating or not) or a standalone engine starting or stopping is ("busy",
+    their names): a Job's own engine would be a second one; else ("embedded", ""): the Job
+    starts the only one."""
+    standalone: list[str] = []
+    starting: list[str] = []
+    exporters: list[str] = []
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        name = f"{meta.get('namespace')}/{meta.get('name')}"
+        containers = (pod.get("spec") or {}).get("containers") or []
+        serves = any(port.get("hostPort") == DCGM_PORT
+                     for c in containers for port in c.get("ports") or [])
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in status.get("conditions") or [])
+        if serves and ready and not meta.get("deletionTimestamp"):
+            standalone.append(name)
+        elif serves:
+            starting.append(name)  # an engine starting or stopping: one all the same
+        elif ((meta.get("labels") or {}).get("app") in EXPORTER_APPS
+              or any("dcgm-exporter" in str(c.get("image", "")) for c in containers)):
+            exporters.append(name)
+    if standalone:
+        return "standalone", standalone[0]
+    if exporters or starting:
+        return "busy", ", ".join(sorted(exporters + starting))
+    return "embedded", ""
+
+
+def node_not_ready(node: dict[str, Any]) -> str:
+    """Why no node Job may be created on the node now ("" when it is Ready): a Job pod on a
+    NotReady node cannot run, or would run once the node returns, long after the step
+    gave up on it (a reboot Job would reboot a node back in service)."""
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            if cond.get("status") == "True":
+                return ""
+            return (f"Ready={cond.get('status')} ({cond.get('reason') or 'no reason'}"
+                    + (f": {str(cond['message'])[:200]}" if cond.get("message") else "") + ")")
+    return "no Ready condition"
+
+
 class JobActivities:
     def __init__(self, api: client.ApiClient, jobs: JobsSettings | None = None) -> None:
         self.batch = client.BatchV1Api(api)
@@ -117,7 +232,20 @@ class JobActivities:
 
     def _ensure(self, inp: NodeJobInput) -> None:
         run_id = activity.info().workflow_run_id or ""
-        manifest = job_manifest(inp, self._template(inp), self.namespace, run_id)
+        template = self._template(inp)
+        self._node_ready(inp)
+        engine = ""
+        if template.output == "dcgmi-json":
+            engine, who = host_engine_choice(self._pods_on_node(inp.node))
+            if engine == "busy":
+                raise ApplicationError(
+                    f"{inp.kind} Job {inp.name} not created: dcgm-exporter's embedded DCGM "
+                    f"host engine runs on {inp.node} ({who}); the Job's own would be a "
+                    "second beside it: waiting for the exporter to be paused",
+                    type=errors.HOST_ENGINE_BUSY, category=ApplicationErrorCategory.BENIGN)
+            log.info("%s Job %s on %s: DCGM host engine %s%s", inp.kind, inp.name, inp.node,
+                     engine, f" ({who})" if who else "")
+        manifest = job_manifest(inp, template, self.namespace, run_id, engine)
         try:
             self.batch.create_namespaced_job(
                 self.namespace, client.V1Job.model_validate(manifest),
@@ -127,6 +255,31 @@ class JobActivities:
             if err.status != 409:
                 raise_typed(err, f"create job {self.namespace}/{inp.name}")
             self._adopt(inp, run_id)
+
+    def _pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        try:
+            resp = self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            raise_typed(err, f"list pods on {node}")
+        items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []  # type: ignore[attr-defined]
+        return items
+
+    def _node_ready(self, inp: NodeJobInput) -> None:
+        try:
+            resp = self.core.read_node(inp.node, _preload_content=False,
+                                       _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status == 404:
+                raise ApplicationError(f"node {inp.node} is gone", type=errors.NODE_GONE,
+                                       non_retryable=True) from err
+            raise_typed(err, f"read node {inp.node}")
+        why = node_not_ready(json.loads(resp.data))  # type: ignore[attr-defined]
+        if why:
+            raise ApplicationError(
+                f"{inp.kind} Job {inp.name} not created: node {inp.node} is NotReady, {why}",
+                type=errors.NODE_NOT_READY, category=ApplicationErrorCategory.BENIGN)
 
     def _adopt(self, inp: NodeJobInput, run_id: str) -> None:
         """A retry adopts the Job it created before, never another run's: that Job's result
@@ -145,7 +298,7 @@ class JobActivities:
                 type=errors.JOB_CONFLICT, non_retryable=True)
 
     def _failure_message(self, inp: NodeJobInput, job: Any) -> str:
-        cond = _condition(job, "Failed")
+        cond = _ended(job, "Failed")
         parts = [f"{cond.reason}: {cond.message}" if cond else "failed"]
         try:
             pods = self.core.list_namespaced_pod(
@@ -165,6 +318,10 @@ class JobActivities:
                 term = cs.state.terminated if cs.state else None
                 if term and term.message:
                     parts.append(term.message.strip()[:500])
+                    holders = reset_holders(term.message) if inp.kind == "gpu-reset" else []
+                    if holders:
+                        # Who must go before a reset can work, first: the reason to act on.
+                        parts.insert(1, "GPU reset refused: held by " + ", ".join(holders))
         return "; ".join(parts)
 
     @activity.defn
@@ -209,15 +366,23 @@ class JobActivities:
         done = self._result(inp, job)
         if done is not None:
             return done
+        self._check_pull(inp)
         active = getattr(job.status, "active", None) or 0
         raise ApplicationError(f"{inp.kind} Job {inp.name} running ({active} pod(s) active)",
                                type=errors.JOB_RUNNING, category=ApplicationErrorCategory.BENIGN)
 
     def _planned(self, inp: NodeJobInput) -> NodeJobResult:
         t = self._template(inp)
+        engine = ""
+        if t.output == "dcgmi-json":
+            mode, who = host_engine_choice(self._pods_on_node(inp.node))
+            engine = {"standalone": f" (DCGM host engine: the node's standalone one, {who})",
+                      "busy": f" (DCGM host engine: its own, once dcgm-exporter ({who}) is "
+                              "paused)",
+                      "embedded": " (DCGM host engine: its own, as root)"}[mode]
         return NodeJobResult(succeeded=True, job_name=inp.name,
-                             message=f"would run {inp.kind} Job {inp.name} on {inp.node}: "
-                                     f"{t.image} {' '.join(t.command)}"[:500])
+                             message=(f"would run {inp.kind} Job {inp.name} on {inp.node}"
+                                      f"{engine}: {t.image} {' '.join(t.command)}")[:500])
 
     @activity.defn
     def delete_node_job(self, inp: NodeJobInput) -> None:
@@ -225,8 +390,26 @@ class JobActivities:
         if not inp.dry_run:
             self._delete(inp)
 
+    def _check_pull(self, inp: NodeJobInput) -> None:
+        """A Job whose pod cannot pull its image never runs its step (for a reboot: the node
+        was never asked to reboot). Said as such, and the Job deleted so that it cannot
+        run late, should the image come after all."""
+        try:
+            pods: list[Any] = self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"job-name={inp.name}",
+                _request_timeout=REQUEST_TIMEOUT).items
+        except ApiException:
+            return  # the next look tries again
+        why = pull_failure(pods)
+        if not why:
+            return
+        metrics.JOBS.labels(inp.kind, "failed").inc()
+        self._delete(inp, why)
+        raise ApplicationError(f"{inp.kind} Job {inp.name} never started: {why}",
+                               type=errors.JOB_NOT_STARTED, non_retryable=True)
+
     def _result(self, inp: NodeJobInput, job: Any) -> NodeJobResult | None:
-        complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
+        complete, failed = _ended(job, "Complete"), _ended(job, "Failed")
         if not complete and not failed:
             return None
         reads_output = self._template(inp).output == "dcgmi-json"
@@ -278,19 +461,20 @@ class JobActivities:
         except DiagUnparseable as err:
             return None, f"pod {pod.metadata.name}'s log: {err}"
 
-    def _delete(self, inp: NodeJobInput) -> None:
+    def _delete(self, inp: NodeJobInput, why: str = "") -> None:
         """Stop the Job and its pod (background deletion: the pod gets its grace period),
         so an aborted validation does not keep every GPU of a node back in service."""
         try:
             self.batch.delete_namespaced_job(
                 inp.name, self.namespace, propagation_policy="Background",
                 _request_timeout=REQUEST_TIMEOUT)
-            metrics.JOBS.labels(inp.kind, "aborted").inc()
-            log.info("deleted %s Job %s/%s: remediation of %s aborted",
-                     inp.kind, self.namespace, inp.name, inp.node)
+            if not why:
+                metrics.JOBS.labels(inp.kind, "aborted").inc()
+            log.info("deleted %s Job %s/%s: %s", inp.kind, self.namespace, inp.name,
+                     why or f"remediation of {inp.node} aborted")
         except ApiException as err:
             if err.status != 404:
-                log.warning("could not delete aborted Job %s/%s: %s %s",
+                log.warning("could not delete Job %s/%s: %s %s",
                             self.namespace, inp.name, err.status, err.reason)
 
     def _wait(self, inp: NodeJobInput) -> NodeJobResult:
@@ -304,6 +488,7 @@ class JobActivities:
             done = self._result(inp, job)
             if done is not None:
                 return done
+            self._check_pull(inp)
             status = job.status
             activity.heartbeat({"active": getattr(status, "active", None) or 0})
             time.sleep(POLL_SECONDS)

@@ -30,7 +30,13 @@ from activities.gpus import GPU_RESOURCE, pod_gpu_request, quantity
 from activities.kube import REQUEST_TIMEOUT, raise_typed
 from activities.node_keys import JOB_LABEL
 from workflows import errors
-from workflows.messages import GpusFree, GpusFreeInput, ReturnInput, ReturnResult
+from workflows.messages import (
+    GpusFree,
+    GpusFreeInput,
+    OutOfServiceInput,
+    ReturnInput,
+    ReturnResult,
+)
 from workflows.transitions import NodeState
 
 NODE_NOT_BACK = "NodeNotBack"
@@ -101,6 +107,79 @@ def missing_for_return(node: dict[str, Any], inp: ReturnInput) -> tuple[list[str
     return missing, result
 
 
+VALIDATOR_APP = "nvidia-operator-validator"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+
+
+def gpu_stack_not_ready(labels: dict[str, str], pods: list[Any]) -> list[str]:
+    """What the node's GPU stack still lacks before a validation pod may start: the GPU
+    Operator's own validator pod on the node Ready (after a reboot it checks the driver,
+    the toolkit and CUDA; a validation racing it finds a half-started stack); where no
+    validator runs, GPU feature discovery's ``nvidia.com/gpu.present`` "true" when the node
+    carries the label at all. Pure: node labels and V1Pods in."""
+    validators = [p for p in pods
+                  if ((p.metadata.labels or {}) if p.metadata else {}).get("app") == VALIDATOR_APP
+                  and not (p.status and p.status.phase in ("Succeeded", "Failed"))]
+    if validators:
+        waiting = [f"{p.metadata.namespace}/{p.metadata.name}" for p in validators
+                   if not any(c.type == "Ready" and c.status == "True"
+                              for c in (p.status.conditions or []) if p.status)]
+        return ([f"GPU Operator validator not Ready yet: {', '.join(waiting[:3])}"]
+                if waiting else []) + mig_layout_not_applied(labels)
+    missing = []
+    present = labels.get(GPU_PRESENT_LABEL)
+    if present is not None and present != "true":
+        missing.append(f"node label {GPU_PRESENT_LABEL}={present[:40]!r} (GPU feature "
+                       "discovery has not seen the GPUs yet)")
+    return missing + mig_layout_not_applied(labels)
+
+
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+
+
+def mig_layout_not_applied(labels: dict[str, str]) -> list[str]:
+    """A MIG node whose configured layout the MIG manager has not reported applied: a
+    validation would test the wrong devices. The MIG manager writes ``mig.config.state``
+    (pending, rebooting, success, failed) for the layout named by ``mig.config``."""
+    config = labels.get(MIG_CONFIG_LABEL)
+    if not config or config == "all-disabled":
+        return []
+    state = labels.get(MIG_STATE_LABEL, "")
+    if state == "success":
+        return []
+    return [f"MIG layout {config[:63]!r} not applied (node label {MIG_STATE_LABEL}="
+            f"{state[:20]!r}; the MIG manager applies {MIG_CONFIG_LABEL})"]
+
+
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+OUT_OF_SERVICE_VALUE = "gpu-remediate"
+"""Our taint's value: the one we take off again (someone else's is left alone)."""
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def out_of_service_taints(node: dict[str, Any], on: bool) -> tuple[list[dict[str, Any]] | None,
+                                                                   str]:
+    """The node's taints with our out-of-service taint put on (only while the node is not
+    Ready: a Ready node is no shutdown) or taken off, and what that does; None when
+    nothing changes. Pure: the Node as JSON in."""
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    ours = [t for t in taints if t.get("key") == OUT_OF_SERVICE
+            and t.get("value") == OUT_OF_SERVICE_VALUE]
+    if not on:
+        if not ours:
+            return None, f"no {OUT_OF_SERVICE} taint of ours"
+        return [t for t in taints if t not in ours], f"{OUT_OF_SERVICE} taint taken off"
+    if _ready(node).get("status") == "True":
+        return None, f"Ready: no {OUT_OF_SERVICE} taint on a node that runs"
+    if any(t.get("key") == OUT_OF_SERVICE for t in taints):
+        return None, f"{OUT_OF_SERVICE} taint already on"
+    return ([*taints, {"key": OUT_OF_SERVICE, "value": OUT_OF_SERVICE_VALUE,
+                       "effect": "NoExecute"}],
+            f"{OUT_OF_SERVICE}:NoExecute put on (non-graceful shutdown: its pods are "
+            "force-deleted, their volumes detached)")
+
+
 class NodeReturnActivities:
     """``check_node_returned``: the node side of confirming a reboot."""
 
@@ -124,14 +203,17 @@ class NodeReturnActivities:
         data: dict[str, Any] = json.loads(resp.data)  # type: ignore[attr-defined]
         return data
 
-    def _gpu_holders(self, node: str) -> list[str]:
-        """Pods on the node that hold GPUs through the device plugin (not our own node
-        Jobs, not finished pods), named with their owner."""
+    def _pods_on(self, node: str) -> list[Any]:
         try:
             pods: list[Any] = self.core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={node}", _request_timeout=REQUEST_TIMEOUT).items
         except ApiException as err:
             raise_typed(err, f"list pods on {node}")
+        return pods
+
+    def _gpu_holders(self, pods: list[Any]) -> list[str]:
+        """Pods on the node that hold GPUs through the device plugin (not our own node
+        Jobs, not finished pods), named with their owner."""
         holders = []
         for pod in pods:
             labels = (pod.metadata.labels or {}) if pod.metadata else {}
@@ -165,7 +247,10 @@ class NodeReturnActivities:
             missing.append(f"allocatable {GPU_RESOURCE} {gpus} of {inp.expected_gpus} "
                            "expected (device plugin not registered, or a GPU it holds "
                            "unhealthy or gone)")
-        holders = await asyncio.to_thread(self._gpu_holders, inp.node)
+        pods = await asyncio.to_thread(self._pods_on, inp.node)
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        missing += gpu_stack_not_ready(labels, pods)
+        holders = self._gpu_holders(pods)
         if holders:
             missing.append("GPUs held by " + ", ".join(holders[:5])
                            + (f" and {len(holders) - 5} more" if len(holders) > 5 else "")
@@ -176,6 +261,36 @@ class NodeReturnActivities:
                                    category=ApplicationErrorCategory.BENIGN)
         return GpusFree(allocatable_gpus=gpus,
                         message=f"{gpus} of {inp.expected_gpus} GPU(s) allocatable and free")
+
+    def _mark_out_of_service(self, inp: OutOfServiceInput) -> str:
+        for _ in range(5):
+            node = self._read(inp.node)
+            meta = node.get("metadata") or {}
+            if inp.uid and str(meta.get("uid") or "") != inp.uid:
+                raise ApplicationError(
+                    f"node {inp.node} was replaced: uid {inp.uid} at claim, now "
+                    f"{meta.get('uid')}", type=errors.NODE_GONE, non_retryable=True)
+            taints, what = out_of_service_taints(node, inp.on)
+            if taints is None:
+                return f"{inp.node}: {what}"
+            body = {"metadata": {"resourceVersion": meta.get("resourceVersion")},
+                    "spec": {"taints": taints or None}}
+            try:
+                self.core.patch_node(inp.node, body, _content_type=MERGE_PATCH,
+                                     _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+            except ApiException as err:
+                if err.status == 409:
+                    continue  # changed under us: read again
+                raise_typed(err, f"patch node {inp.node}")
+            return f"{inp.node}: {what}"
+        raise ApplicationError(f"node {inp.node} kept changing under us", type=errors.CONFLICT)
+
+    @activity.defn
+    async def mark_out_of_service(self, inp: OutOfServiceInput) -> str:
+        """remediation.drain.out_of_service_taint: put ``node.kubernetes.io/out-of-service``
+        on a node still not Ready (never on a Ready one), or take ours off. Guarded by the
+        node's resourceVersion; the answer says what it did."""
+        return await asyncio.to_thread(self._mark_out_of_service, inp)
 
     @activity.defn
     async def check_node_returned(self, inp: ReturnInput) -> ReturnResult:

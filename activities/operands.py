@@ -392,9 +392,23 @@ class OperandActivities:
 
     # -------------------------------------------------------------- checks
 
+    def _selected(self, inp: OperandsWaitInput) -> list[dict[str, Any]]:
+        """The DaemonSets of the operands waited for; an operand that none selects (a wrong
+        operator namespace, a renamed label) fails the wait, naming where it looked: found
+        nothing is not the same as gone, nor as back."""
+        daemonsets = self._daemonsets(inp.namespace)
+        missing = [label for label in inp.labels if not selected_daemonsets(daemonsets, [label])]
+        if missing:
+            raise ApplicationError(
+                f"{inp.node}: no DaemonSet in namespace {inp.namespace} selects "
+                + ", ".join(f"{label}=true" for label in missing)
+                + " (remediation.gpu_operator.namespace / operands)",
+                type=errors.OPERANDS_NOT_FOUND, non_retryable=True)
+        return selected_daemonsets(daemonsets, inp.labels)
+
     def _gone(self, inp: OperandsWaitInput) -> OperandsState:
         node = self._read_node(inp.node)
-        selected = selected_daemonsets(self._daemonsets(inp.namespace), inp.labels)
+        selected = self._selected(inp)
         uids = {str(_meta(ds).get("uid") or "") for ds in selected} - {""}
         # Present is present: a Terminating pod still holds the device.
         holding = [p for p in self._pods_on(inp.namespace, inp.node) if _owner_uid(p) in uids]
@@ -405,12 +419,8 @@ class OperandActivities:
                 f"{inp.node}: {len(holding)} GPU operand pod(s) still on the node: "
                 + ", ".join(named), *named, type=OPERANDS_RUNNING,
                 category=ApplicationErrorCategory.BENIGN)
-        if not selected:
-            message = (f"{inp.node}: no DaemonSet in {inp.namespace} selects "
-                       f"{', '.join(inp.labels)}: nothing to wait for")
-        else:
-            message = (f"{inp.node}: no pod of {', '.join(_key(d) for d in selected)} "
-                       "left on the node")
+        message = (f"{inp.node}: no pod of {', '.join(_key(d) for d in selected)} "
+                   "left on the node")
         return OperandsState(pods=[], allocatable_gpus=gpus, message=message)
 
     def _back(self, inp: OperandsWaitInput) -> OperandsState:
@@ -420,7 +430,7 @@ class OperandActivities:
         ready: list[str] = []
         missing: list[str] = []
         expected = 0
-        for ds in selected_daemonsets(self._daemonsets(inp.namespace), inp.labels):
+        for ds in self._selected(inp):
             selector = _node_selector(ds)
             if any(node_labels.get(k) != v for k, v in selector.items()
                    if k not in inp.labels):

@@ -139,7 +139,7 @@ def test_the_detector_observes_on_its_own_queue(tmp_path: Path) -> None:
      "'reboot' is for reboot, not validate"),
     ("jobs:\n  templates:\n    validation: {purpose: reboot, image: x, command: [x], "
      "deadline: PT1M}\n", "templates.validation.purpose: the built-in validation template"),
-    ("jobs:\n  require_digest: true\n", "templates.reboot.image: 'busybox:1.37' is not pinned"),
+    ("jobs:\n  require_digest: true\n", "worker_image: 'ghcr.io/gpu-remediate/gpu-remediate:"),
     ("jobs:\n  templates:\n    reboot: {image: x, command: [x], deadline: PT1M, "
      "privileged: true, run_as_user: 1000}\n", "a privileged template runs as root"),
     ("jobs:\n  templates:\n    Bad_Name: {purpose: validate, image: x, command: [x], "

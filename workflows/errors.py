@@ -24,6 +24,10 @@ THERMAL_UNCHANGED: Final = "ThermalUnchanged"
 NOT_ORPHAN: Final = "NotOrphan"
 DETECTOR_NOT_RUNNING: Final = "DetectorNotRunning"
 LEASE_REFUSED: Final = "LeaseRefused"
+JOB_NOT_STARTED: Final = "JobNotStarted"
+NODE_NOT_READY: Final = "NodeNotReady"
+HOST_ENGINE_BUSY: Final = "HostEngineBusy"
+OPERANDS_NOT_FOUND: Final = "OperandsNotFound"
 
 ERROR_TYPES: Final[dict[str, str]] = {
     NODE_GONE: "The node was deleted, or replaced by another machine under its name (another "
@@ -42,6 +46,16 @@ ERROR_TYPES: Final[dict[str, str]] = {
                           "no disruptive step is taken meanwhile).",
     LEASE_REFUSED: "The detector holds no live lease for this remediation (a direct start, a "
                    "wrong token, an orphan's lease): it takes no disruptive step.",
+    JOB_NOT_STARTED: "A node Job's pod cannot start (its image cannot be pulled): the step "
+                     "never ran on the node; the Job is deleted; not retried.",
+    HOST_ENGINE_BUSY: "A DCGM validation Job is not created while dcgm-exporter's embedded "
+                      "host engine runs on the node (its own would be a second one): the "
+                      "poll of a wait by retry (benign) until the exporter is paused.",
+    OPERANDS_NOT_FOUND: "No DaemonSet in the configured GPU Operator namespace selects a "
+                        "configured operand's deploy label (a wrong namespace would look like "
+                        "a successful restore): not retried.",
+    NODE_NOT_READY: "The node is NotReady, so no node Job is created on it (its pod could "
+                    "not run, or would run late): the poll of a wait by retry (benign).",
 }
 """Every failure type, and what it means."""
 

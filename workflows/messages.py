@@ -38,6 +38,9 @@ from workflows.leases import Lease, LeaseStatus
 from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
 from workflows.transitions import NodeState, Outcome, Step
 
+GPU_UUID = re.compile(r"(GPU|MIG)-[0-9a-fA-F][0-9a-fA-F-]{7,63}")
+"""A GPU (or MIG device) UUID as NVML and dcgm-exporter spell it."""
+
 
 def _cut(limit: int) -> AfterValidator:
     return AfterValidator(lambda text: text if len(text) <= limit else text[: limit - 1] + "…")
@@ -470,6 +473,19 @@ class NodeJobInput(_Message):
     gpus: int
     gpu_index: str | None = None
     dry_run: bool = False
+    gpu_uuids: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="GPU reset: the target GPUs by UUID (the Job's GPU_UUIDS), which "
+                    "survives re-enumeration; empty: GPU_INDEX, else every GPU.")
+
+    @field_validator("gpu_uuids")
+    @classmethod
+    def _uuids(cls, value: list[str]) -> list[str]:
+        # Read from the exporter (node-written text) and handed to a shell: UUIDs only.
+        for u in value:
+            if not GPU_UUID.fullmatch(u):
+                raise ValueError(f"gpu_uuids: {u[:60]!r} is not a GPU UUID (GPU-<hex and ->)")
+        return value
 
 
 class NodeJobResult(_Message):
@@ -771,6 +787,16 @@ class ReturnInput(_Message):
         description="When the reboot was requested: a Ready transition after it proves a "
                     "reboot when no boot ID can be compared.",
     )
+
+
+class OutOfServiceInput(_Message):
+    """Put on or take off ``node.kubernetes.io/out-of-service`` (``mark_out_of_service``)."""
+
+    node: str
+    uid: str = Field(default="", description="metadata.uid at claim; '' skips the check.")
+    on: bool = Field(description="True: taint a node that is still not Ready (non-graceful "
+                                 "node shutdown: its pods and volumes are released); False: "
+                                 "take our taint off (the node returned, or is released).")
 
 
 class ReturnResult(_Message):

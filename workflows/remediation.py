@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.leases import LeaseCheck
     from workflows.messages import (
+        GPU_UUID,
         ClaimInput,
         ClaimResult,
         DrainInput,
@@ -70,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
         OperandsInput,
         OperandsPaused,
         OperandsWaitInput,
+        deploy_label,
     )
     from workflows.search_attributes import REMEDIATION_ACTION, REMEDIATION_STATE
     from workflows.transitions import NodeState, Outcome, Step
@@ -985,24 +987,65 @@ class RemediationWorkflow:
         """Reboot, then wait for the node to show it: a new boot ID (or, from kubelets that
         report none, a Ready transition after the request), Ready, every GPU allocatable
         and its exporter answering. The Job's own fate says nothing: the shutdown kills its
-        pod, or lets it exit 0 first. Polled by activity retries, so the wait holds no
-        worker slot and adds no history events."""
+        pod, or lets it exit 0 first, and on a node that lost power its pod never ends (the
+        Job stays at FailureTarget, or running). So the return is timed from the request:
+        the Job is watched only within reboot_return_timeout, and only a Job that never
+        started (its image cannot be pulled) ends the step as such. Polled by activity
+        retries, so the wait holds no worker slot and adds no history events."""
         requested = workflow.now()
-        job = await self._job("reboot", attempt)
         timeout = self.inp.settings.reboot_return_timeout
+        if self.inp.dry_run or not workflow.patched("reboot-timed-from-request"):
+            job = await self._job("reboot", attempt)
+        else:
+            s = self.inp.settings
+            name = node_job_name("reboot", self.inp.node, workflow.info().run_id, attempt)
+            self._plan(f"run reboot Job {name} on {self.inp.node}")
+            job_in = NodeJobInput(node=self.inp.node, kind="reboot", name=name,
+                                  template=s.job_templates.for_kind("reboot"), gpus=self.gpus)
+            self.job_in_progress = job_in
+            every = s.job_poll_interval
+            try:
+                job = await self._call(
+                    act.poll_node_job, job_in, timeout=timedelta(minutes=1),
+                    heartbeat=False, summary=f"reboot job on {self.inp.node}",
+                    retry=RetryPolicy(initial_interval=every, backoff_coefficient=1.0,
+                                      maximum_interval=every,
+                                      non_retryable_error_types=[
+                                          *errors.NOT_RETRIED, errors.JOB_TEMPLATE_REFUSED]),
+                    schedule_to_close=min(timeout, s.job_timeout))
+            except ActivityError as err:
+                cause = err.cause
+                if isinstance(cause, ApplicationError) and cause.type == errors.JOB_NOT_STARTED:
+                    self.job_in_progress = None
+                    why = f"reboot never started: {cause}"
+                    await self._note_event("RebootNotStarted", f"{self.inp.node} {why}",
+                                           "Warning")
+                    return NodeJobResult(succeeded=False, job_name=name, message=why)
+                if not _timed_out(err):
+                    raise
+                # Still running (its pod on a node that lost power never ends): the node's
+                # return decides, in what is left of the same timeout.
+                job = NodeJobResult(succeeded=False, job_name=name,
+                                    message=f"reboot Job {name} not finished: {_cause(err)}")
+            self.job_in_progress = None
         self._plan(f"wait up to {timeout} for a new boot ID, Ready, {self.gpus} GPUs "
                    "allocatable and the exporter answering")
         if self.inp.dry_run:
             return job
+        wait = timeout
+        if workflow.patched("reboot-timed-from-request"):
+            # What is left of the timeout since the request; at least one more look.
+            wait = max(timeout - (workflow.now() - requested),
+                       self.inp.settings.node_poll_interval)
         self._details(f"reboot requested ({job.message or 'Job created'}); waiting up to "
-                      f"{timeout} for the node to come back")
+                      f"{wait} for the node to come back")
         try:
             back = await self._call(
                 act.check_node_returned,
                 ReturnInput(node=self.inp.node, uid=self.uid, old_boot_id=self.boot_id,
                             expected_gpus=self.gpus, reboot_requested_at=requested),
                 timeout=timedelta(minutes=1), heartbeat=False, retry=self._poll_retry(),
-                schedule_to_close=timeout,
+                schedule_to_close=wait,
                 summary=f"wait for {self.inp.node} to come back from its reboot")
         except ActivityError as err:
             why = f"did not return within {timeout} of its reboot: {_cause(err)}"
@@ -1127,7 +1170,71 @@ class RemediationWorkflow:
                 return NodeJobResult(succeeded=False, job_name="",
                                      message=f"not every GPU free for validation within "
                                              f"{s.gpus_free_timeout}: {free}")
+        # One DCGM host engine per node: the standalone one (the GPU Operator's dcgm
+        # operand) where it runs; else dcgm-exporter, whose embedded engine it would be,
+        # is paused for the diagnostic and restored exactly as found, like the reset's
+        # operands. The Job activity picks the engine from what runs on the node and
+        # never creates the Job beside the exporter's.
+        op = s.gpu_operator
+        exporter = "dcgm-exporter"
+        pause_exporter = False
+        if (exporter in op.operands and not self.inp.dry_run
+                and workflow.patched("one-dcgm-host-engine")):
+            pause_exporter = True
+            if "dcgm" in op.operands:
+                try:
+                    await self._call(
+                        act.check_operands_back,
+                        OperandsWaitInput(node=self.inp.node, labels=[deploy_label("dcgm")],
+                                          namespace=op.namespace),
+                        timeout=timedelta(minutes=1), heartbeat=False,
+                        retry=RetryPolicy(maximum_attempts=1),
+                        summary=f"look for a standalone DCGM host engine on {self.inp.node}")
+                    pause_exporter = False
+                except ActivityError as err:
+                    workflow.logger.info("no standalone DCGM host engine on %s: %s",
+                                         self.inp.node, _cause(err))
+            if not pause_exporter:
+                self._plan("validate on the node's standalone DCGM host engine (the GPU "
+                           "Operator's dcgm operand, hostPort 5555)")
+            else:
+                self._plan("no standalone DCGM host engine: pause dcgm-exporter (its "
+                           "embedded engine) for the diagnostic, run the Job's own as root, "
+                           "restore the exporter as found")
+                paused = await self._node_call(
+                    act.pause_gpu_operands,
+                    OperandsInput(node=self.inp.node, operands=[exporter],
+                                  namespace=op.namespace),
+                    summary=f"pause dcgm-exporter on {self.inp.node} for validation",
+                    check_cancel=False)
+                self.operands_paused = paused
+                self._check_cancelled()
+                self._details(f"DCGM host engine: the Job's own; {paused.message}")
+                if paused.changed:
+                    gone = await self._wait_for(
+                        act.check_operands_gone,
+                        OperandsWaitInput(node=self.inp.node, labels=sorted(paused.changed),
+                                          namespace=op.namespace),
+                        op.stop_timeout, f"wait for dcgm-exporter to leave {self.inp.node}")
+                    if isinstance(gone, str):
+                        await self._restore_operands()
+                        return NodeJobResult(succeeded=False, job_name="", message=(
+                            f"dcgm-exporter did not stop within {op.stop_timeout} for the "
+                            f"validation's host engine: {gone}"))
         check = await self._job("validate", attempt)
+        if pause_exporter:
+            changed = sorted(self.operands_paused.changed) if self.operands_paused else []
+            await self._restore_operands()
+            if changed:
+                back = await self._wait_for(
+                    act.check_operands_back,
+                    OperandsWaitInput(node=self.inp.node, labels=changed,
+                                      namespace=op.namespace, expected_gpus=self.gpus),
+                    op.start_timeout, f"wait for dcgm-exporter on {self.inp.node}")
+                if isinstance(back, str):
+                    # The health read below finds out whether the exporter answers.
+                    self._details(f"dcgm-exporter not back within {op.start_timeout}: "
+                                  f"{back}")
         if not check.succeeded or self.inp.dry_run:
             return check
         self._plan("read the node's DCGM health again; return it only if no fault shows")
@@ -1349,14 +1456,25 @@ class RemediationWorkflow:
         s = self.inp.settings
         name = node_job_name(kind, self.inp.node, workflow.info().run_id, attempt)
         gpu_index = None
+        gpu_uuids: list[str] = []
         if kind == "gpu-reset" and s.reset_scope == "gpu":
             gpus = sorted({f.gpu for f in self.inp.verdict.findings if f.gpu.isdecimal()})
             gpu_index = gpus[0] if len(gpus) == 1 else None
+            if gpu_index is not None and workflow.patched("reset-by-uuid"):
+                # By UUID, which survives re-enumeration; the index only when the exporter
+                # gave none (or one that is no UUID: the exporter's text is the node's).
+                uuids = sorted({f.uuid for f in self.inp.verdict.findings
+                                if f.gpu == gpu_index and GPU_UUID.fullmatch(f.uuid)})
+                gpu_uuids = uuids if len(uuids) == 1 else []
+        target = (f" on GPU {gpu_uuids[0]}" if gpu_uuids
+                  else f" on GPU {gpu_index}" if gpu_index is not None else "")
         self._plan(f"run {kind} Job {name} on {self.inp.node}"
-                   + (f" requesting all {self.gpus} GPUs" if kind == "validate" else ""))
+                   + (f" requesting all {self.gpus} GPUs" if kind == "validate" else "")
+                   + (target if kind == "gpu-reset" else ""))
         job = NodeJobInput(node=self.inp.node, kind=kind, name=name,
                            template=s.job_templates.for_kind(kind), gpus=self.gpus,
-                           gpu_index=gpu_index, dry_run=self.inp.dry_run)
+                           gpu_index=gpu_index, dry_run=self.inp.dry_run,
+                           gpu_uuids=gpu_uuids)
         if not workflow.patched("jobs-polled-by-retry"):
             return await self._call(
                 act.run_node_job, job, timeout=s.job_timeout,
@@ -1376,11 +1494,18 @@ class RemediationWorkflow:
                                                              errors.JOB_TEMPLATE_REFUSED]),
                 schedule_to_close=s.job_timeout)
         except ActivityError as err:
+            cause = err.cause
+            if (isinstance(cause, ApplicationError) and cause.type == errors.JOB_NOT_STARTED
+                    and workflow.patched("job-not-started-reported")):
+                # The image cannot be pulled: the step never ran, said as such.
+                self.job_in_progress = None
+                return NodeJobResult(succeeded=False, job_name=name, message=str(cause))
             if not _timed_out(err):
                 raise
+            last = _cause(err) if workflow.patched("job-wait-says-last-look") else ""
             result = NodeJobResult(succeeded=False, job_name=name,
                                    message=f"{kind} Job {name} did not finish within "
-                                           f"{s.job_timeout}")
+                                           f"{s.job_timeout}" + (f": {last}" if last else ""))
         self.job_in_progress = None
         return result
 

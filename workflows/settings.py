@@ -81,6 +81,15 @@ class DrainSettings(_Model):
                     "period counts as gone: that kubelet will never confirm the deletion "
                     "(kubectl drain's --skip-wait-for-delete-timeout).",
     )
+    out_of_service_taint: bool = Field(
+        default=False,
+        description="A node that stays NotReady (did not return from its reboot) gets "
+                    "node.kubernetes.io/out-of-service:NoExecute (non-graceful node shutdown, "
+                    "GA in Kubernetes 1.28): its pods are force-deleted and their volumes "
+                    "detached, so StatefulSets and Jobs elsewhere can go on. Taken off when "
+                    "it returns. Only for nodes known to be off: the taint tells Kubernetes "
+                    "the node will not write to its volumes again.",
+    )
 
 
 class JobTemplateNames(_Model):

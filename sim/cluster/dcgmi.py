@@ -15,6 +15,7 @@ naming the pods that hold the GPUs.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ DCGM_VERSION = "4.2.3"
 DEFAULT_DRIVER = "570.124.06"
 HOST_ENGINE_PORT = 5555
 SMI_IN_USE_EXIT = 1
+SMI_NOT_FOUND_EXIT = 6
 CONNECT_EXIT = 1
 DIAG_FAIL_EXIT = 1
 HOST_ENGINE_STARTED = (
@@ -75,13 +77,28 @@ _SEVERITY_ISOLATE = 2
 _GPU_PROBLEM = re.compile(r"^GPU (\d+)\b")
 
 
-def command_line(pod: Obj) -> str:
-    """The command of the pod's container that runs dcgmi (else its first), args joined."""
-    lines = [
-        " ".join(str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])])
-        for c in (pod.get("spec") or {}).get("containers") or []
-    ]
+_CASE = re.compile(r'case\s+"?\$\{?(\w+)[^"\s]*"?\s+in\s+(.*?)\s*esac', re.DOTALL)
+_BRANCH = re.compile(r"([^\s();]+)\)\s*(.*?)\s*;;", re.DOTALL)
+
+
+def command_line(pod: Obj, *, resolve: bool = True) -> str:
+    """The command of the pod's container that runs dcgmi (else its first), args joined; a
+    shell `case "$VAR" in ... esac` on the container's environment is reduced to the
+    branch that runs (unless ``resolve`` is False)."""
+    lines = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        env = {e.get("name"): str(e.get("value", "")) for e in c.get("env") or []}
+        line = " ".join(str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])])
+        lines.append(_CASE.sub(functools.partial(_branch, env=env), line) if resolve else line)
     return next((line for line in lines if runs_dcgmi(line)), lines[0] if lines else "")
+
+
+def _branch(m: re.Match[str], *, env: dict[str, str]) -> str:
+    value = env.get(m.group(1), "")
+    for pattern, body in _BRANCH.findall(m.group(2)):
+        if pattern in (value, "*"):
+            return str(body)
+    return ""
 
 
 def runs_dcgmi(command: str) -> bool:
@@ -224,6 +241,18 @@ def run(command: str, engine: HostEngine, gpus: int, driver: str,
     return (DIAG_FAIL_EXIT if failed else 0), out + body
 
 
+SECOND_ENGINE_EXIT = 1
+SECOND_ENGINE = (
+    "Err: Failed to start DCGM Server: a DCGM host engine already manages the GPUs of this "
+    "node ({holders}). DCGM supports one host engine per set of GPUs; a second one beside "
+    "it is unsupported and may deadlock.\n")
+
+
+def second_engine(holders: list[str]) -> tuple[int, str]:
+    """nv-hostengine started beside the node's running host engine (simulated wording)."""
+    return SECOND_ENGINE_EXIT, SECOND_ENGINE.format(holders=", ".join(holders))
+
+
 def unreachable_host(host: str) -> tuple[int, str]:
     return CONNECT_EXIT, NO_HOST_ENGINE.format(host=host)
 
@@ -239,13 +268,39 @@ def termination_message(pod: Obj, code: int, out: str) -> str:
     return tail.encode()[-FALLBACK_BYTES:].decode(errors="ignore")
 
 
-def reset_in_use(index: str | None, gpus: int, holders: list[Obj]) -> str:
-    """nvidia-smi -r's refusal, plus which pods hold the GPUs (what `fuser /dev/nvidia*`
-    would have shown)."""
+def reset_in_use(index: str | None, gpus: int, holders: list[Obj],
+                 gpu_list: list[dict[str, object]] | None = None) -> str:
+    """nvidia-smi -r's refusal, which pods hold the GPUs (what `fuser /dev/nvidia*` would
+    have shown), and the holding processes as `nvidia-smi --query-compute-apps=gpu_uuid,
+    pid,process_name --format=csv,noheader` lists them (one row per holder and GPU)."""
     targets = [index] if index is not None else [str(i) for i in range(max(gpus, 1))]
     names = ", ".join(
         f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in holders)
     lines = [SMI_IN_USE.format(gpu=t) for t in targets]
     lines.append(f"Processes using the GPUs belong to pods: {names}")
+    uuids = {str(g.get("index")): str(g.get("uuid")) for g in gpu_list or []}
+    rows = []
+    for n, p in enumerate(holders):
+        containers = (p.get("spec") or {}).get("containers") or [{}]
+        process = " ".join(str(a) for a in containers[0].get("command") or []) or \
+            f"/usr/bin/{containers[0].get('name', 'app')}"
+        for t in targets:
+            rows.append(f"{uuids.get(t, f'GPU-index-{t}')}, {4100 + 17 * n}, {process[:60]}")
+    if rows:
+        lines.append(COMPUTE_APPS_HEADER)
+        lines += rows
     return "\n".join(lines)
+
+
+COMPUTE_APPS_HEADER = "processes holding the GPUs (gpu_uuid, pid, process_name):"
+_PM_OFF = re.compile(r"(?:-pm|--persistence-mode)(?:=|\s+)0\b")
+_PM_ON = re.compile(r"(?:-pm|--persistence-mode)(?:=|\s+)1\b")
+
+
+def turns_persistence_off(command: str) -> bool:
+    return _PM_OFF.search(command) is not None
+
+
+def restores_persistence(command: str) -> bool:
+    return _PM_ON.search(command) is not None
 

@@ -24,6 +24,9 @@ DCGM_PORT = 9400
 # node "true" when the node joins.
 DEPLOY_LABEL = "nvidia.com/gpu.deploy.{}"
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
+VALIDATOR = "nvidia-operator-validator"
+VALIDATOR_READY_FACTOR = 3.0
+"""The validator is Ready this many operand start times after it starts."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,10 @@ OPERANDS = (
             "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04", True),
     Operand("gpu-feature-discovery", "gpu-feature-discovery",
             "nvcr.io/nvidia/k8s-device-plugin:v0.17.1", False),
+    # Checks the driver, the container toolkit and CUDA on the node, and is Ready only once
+    # they work: after a boot, some seconds after the other operands.
+    Operand(VALIDATOR, "operator-validator",
+            "nvcr.io/nvidia/cloud-native/gpu-operator-validator:v25.3.0", False),
 )
 DEPLOY_LABELS = {DEPLOY_LABEL.format(o.deploy): "true" for o in OPERANDS}
 BASE_NAMESPACES = (
@@ -185,7 +192,8 @@ def _pdb(w: Workload, labels: dict[str, str]) -> Obj:
 
 def _operand_daemonset(op: Operand, operand_seconds: float) -> Obj:
     labels = {"app": op.name}
-    annotations = {objects.READINESS_DELAY: str(operand_seconds)}
+    delay = operand_seconds * (VALIDATOR_READY_FACTOR if op.name == VALIDATOR else 1.0)
+    annotations = {objects.READINESS_DELAY: str(delay)}
     if op.holds_gpus:
         annotations[objects.HOLDS_GPUS] = "true"
     container: dict[str, Any] = {"name": op.name, "image": op.image}
@@ -194,7 +202,10 @@ def _operand_daemonset(op: Operand, operand_seconds: float) -> Obj:
         annotations[objects.POD_IP] = "127.0.0.1"
         container["ports"] = [{"name": "metrics", "containerPort": DCGM_PORT, "protocol": "TCP"}]
     if op.name == "nvidia-dcgm":
-        container["ports"] = [{"name": "dcgm", "containerPort": 5555, "protocol": "TCP"}]
+        # The standalone host engine, reachable on the node's IP (the GPU Operator's
+        # dcgm operand sets hostPort 5555).
+        container["ports"] = [{"name": "dcgm", "containerPort": 5555, "hostPort": 5555,
+                               "protocol": "TCP"}]
     return {
         "metadata": {"name": op.name, "namespace": OPERATOR_NAMESPACE, "labels": labels},
         "spec": {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sim.cluster import deletion
 from sim.cluster import resources as r
+from sim.cluster.podutil import condition
 from sim.cluster.store import Obj, Store
 
 _KINDS = {
@@ -14,6 +15,16 @@ _KINDS = {
     "Job": r.JOBS,
     "Node": r.NODES,
 }
+
+
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+
+
+def _out_of_service(node: Obj) -> bool:
+    ready = condition(node, "Ready") or {}
+    return ready.get("status") != "True" and any(
+        t.get("key") == OUT_OF_SERVICE and t.get("effect") == "NoExecute"
+        for t in (node.get("spec") or {}).get("taints") or [])
 
 
 class GarbageCollector:
@@ -29,7 +40,9 @@ class GarbageCollector:
 
     def reconcile(self, now: float) -> None:
         pods = self.store.list(r.PODS)
-        node_names = {n["metadata"]["name"] for n in self.store.list(r.NODES)}
+        nodes = self.store.list(r.NODES)
+        node_names = {n["metadata"]["name"] for n in nodes}
+        out_of_service = {n["metadata"]["name"] for n in nodes if _out_of_service(n)}
         for pod in pods:
             m = pod["metadata"]
             refs = m.get("ownerReferences") or []
@@ -39,6 +52,10 @@ class GarbageCollector:
                 continue
             node = (pod.get("spec") or {}).get("nodeName")
             if node and node not in node_names:
+                self.store.remove(r.PODS, m["namespace"], m["name"])
+            elif node in out_of_service and m.get("deletionTimestamp"):
+                # Non-graceful node shutdown: podgc force-deletes the pods still
+                # terminating on a NotReady node tainted out-of-service.
                 self.store.remove(r.PODS, m["namespace"], m["name"])
         self._foreground()
         self._namespaces()

@@ -45,7 +45,7 @@ class GpuLink:
         if self._client is not None:
             await self._client.aclose()
 
-    async def _call(self, method: str, url: str, body: dict[str, str] | None = None
+    async def _call(self, method: str, url: str, body: dict[str, object] | None = None
                     ) -> httpx.Response:
         """One request, retried until the deadline; the last error is raised
         (``httpx.HTTPError``) or the last 5xx response returned."""
@@ -82,7 +82,7 @@ class GpuLink:
             return Outcome(False, [f"cannot read GPU health from the GPU simulator: {err}"])
         return Outcome(bool(data.get("healthy")), [str(p) for p in data.get("problems") or []])
 
-    async def _post(self, url: str, body: dict[str, str]) -> Outcome:
+    async def _post(self, url: str, body: dict[str, object]) -> Outcome:
         if self._client is None:
             return Outcome(True)
         try:
@@ -124,8 +124,34 @@ class GpuLink:
         except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
+    async def gpus(self, node: str) -> list[dict[str, object]] | None:
+        """The node's GPUs as the GPU simulator lists them (index, uuid, persistence_mode,
+        ...); None without a GPU simulator or when it does not answer."""
+        if self._client is None:
+            return None
+        try:
+            resp = await self._call("GET", f"{self.base_url}/api/v1/nodes/{node}")
+            resp.raise_for_status()
+            gpus = resp.json().get("gpus") or []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return [g for g in gpus if isinstance(g, dict)]
+
+    async def persistence(self, node: str, gpu: str, enabled: bool) -> Outcome:
+        """`nvidia-smi -i GPU -pm 0|1`."""
+        if self._client is None:
+            return Outcome(True)
+        try:
+            resp = await self._call("POST", f"{self.base_url}/api/v1/nodes/{node}/persistence",
+                                    {"gpu": gpu, "enabled": enabled})
+        except httpx.HTTPError as err:
+            return Outcome(False, [f"GPU simulator unreachable: {err}"])
+        if resp.status_code < 300:
+            return Outcome(True)
+        return Outcome(False, [f"HTTP {resp.status_code}: {resp.text[:300]}"])
+
     async def reset(self, node: str, gpu: str | None) -> Outcome:
-        body = {"gpu": gpu} if gpu is not None else {}
+        body: dict[str, object] = {"gpu": gpu} if gpu is not None else {}
         return await self._post(f"{self.base_url}/api/v1/nodes/{node}/reset", body)
 
     async def reboot(self, node: str) -> Outcome:

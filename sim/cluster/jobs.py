@@ -46,6 +46,12 @@ class JobPrograms:
             command = dcgmi.command_line(pod)
             if dcgmi.runs_dcgmi(command):
                 return await self._dcgmi(pod, node, command)
+            if dcgmi.runs_dcgmi(dcgmi.command_line(pod, resolve=False)):
+                # A dcgmi script whose branch for this environment runs no dcgmi (no host
+                # engine chosen): it proves nothing, and ends as its shell would.
+                out = "no DCGM host engine chosen: the diagnostic did not run\n"
+                self.kubelet.write_log(pod, out)
+                return 3, out.strip()
             health = await self.gpu.health(node)
             return (0, "") if health.ok else (1, "; ".join(health.problems) or "GPU unhealthy")
         if kind == "gpu-reset":
@@ -64,25 +70,66 @@ class JobPrograms:
 
 
     async def _reset(self, pod: Obj, node: str) -> tuple[int, str]:
-        """`nvidia-smi -r`: refused while another process holds the GPUs."""
+        """The reset container: `nvidia-smi --gpu-reset` is refused while another process
+        holds a GPU, and while a target GPU has persistence mode on (nvidia-persistenced,
+        which the GPU Operator's driver runs, holds it). A command that turns persistence
+        off (`-pm 0`) before it resets does so for its targets only, and one that turns it
+        back on (`-pm 1`) does so only where it was on."""
         index = _gpu_index(pod)
+        uuids = _env(pod, "GPU_UUIDS")
+        command = dcgmi.command_line(pod)
         holders = self.kubelet.gpu_holders(node, pod["metadata"]["uid"]) if self.kubelet else []
+        gpus = await self.gpu.gpus(node)
         if holders:
-            message = dcgmi.reset_in_use(index, self._gpu_count(node), holders)
+            message = dcgmi.reset_in_use(index, self._gpu_count(node), holders, gpus or [])
             self.kubelet.write_log(pod, message + "\n")
             return dcgmi.SMI_IN_USE_EXIT, message
-        outcome = await self.gpu.reset(node, index)
-        if not outcome.ok:
-            return 1, "; ".join(outcome.problems)
+        # Without the GPU list (no GPU simulator to ask): the targets as named.
+        named = [u.strip() for u in (uuids or "").replace(" ", ",").split(",") if u.strip()]
+        targets: list[str | None] = list(named) or [index]
+        was_on: list[str] = []
+        if gpus is not None:
+            by_uuid = {str(g.get("uuid")): g for g in gpus}
+            by_index = {str(g.get("index")): g for g in gpus}
+            if uuids:
+                wanted = [u.strip() for u in uuids.replace(" ", ",").split(",") if u.strip()]
+            elif index is not None:
+                wanted = [str(by_index[index]["uuid"])] if index in by_index else [index]
+            else:
+                wanted = list(by_uuid)
+            unknown = [u for u in wanted if u not in by_uuid]
+            if unknown:
+                message = f"No devices were found matching {', '.join(unknown)}"
+                self.kubelet.write_log(pod, message + "\n")
+                return dcgmi.SMI_NOT_FOUND_EXIT, message
+            if dcgmi.turns_persistence_off(command):
+                for u in wanted:
+                    if by_uuid[u].get("persistence_mode"):
+                        await self.gpu.persistence(node, u, False)
+                        was_on.append(u)
+            targets = list(wanted) if (uuids or index is not None) else [None]
+        problems: list[str] = []
+        cleared: list[dict[str, object]] = []
+        for target in targets:
+            outcome = await self.gpu.reset(node, target)
+            problems += outcome.problems
+            cleared += outcome.cleared
+        if dcgmi.restores_persistence(command):
+            for u in was_on:
+                await self.gpu.persistence(node, u, True)
+        if problems:
+            message = "; ".join(problems)
+            self.kubelet.write_log(pod, message + "\n")
+            return 1, message
         # The device plugin on the node (if one runs) saw the XIDs this reset cleared.
         xids: dict[int, list[int]] = {}
-        for c in outcome.cleared:
+        for c in cleared:
             if c.get("kind") == "xid" and isinstance(c.get("gpu"), int) and c.get("value"):
                 xids.setdefault(int(c["gpu"]), []).append(int(c["value"]))  # type: ignore[call-overload]
         if xids and self.kubelet is not None:
             self.kubelet.plugin_health({node: xids})
-        done = "all GPUs" if index is None else f"GPU {index}"
-        self.kubelet.write_log(pod, f"{done} on {node} reset.\nAll done.\n")
+        done = "all GPUs" if targets == [None] else ", ".join(str(t) for t in targets)
+        self.kubelet.write_log(pod, f"GPU {done} on {node} reset.\nAll done.\n")
         return 0, ""
 
     def _gpu_count(self, node: str) -> int:
@@ -101,7 +148,10 @@ class JobPrograms:
         driver = ((obj or {}).get("metadata", {}).get("annotations") or {}).get(
             "nvidia.com/gpu.driver", dcgmi.DEFAULT_DRIVER)
         engine = dcgmi.host_engine(command)
-        if (not engine.embedded and engine.host is not None and self.kubelet is not None
+        running = self._engines(node)
+        if engine.embedded and running:
+            code, out = dcgmi.second_engine(running)
+        elif (not engine.embedded and engine.host is not None and self.kubelet is not None
                 and not self._node_host_engine(node)):
             # --host reaches the node's standalone nv-hostengine: the nvidia-dcgm operand.
             code, out = dcgmi.unreachable_host(engine.host)
@@ -113,6 +163,22 @@ class JobPrograms:
         self.kubelet.write_log(pod, out)
         return code, dcgmi.termination_message(pod, code, out)
 
+    def _engines(self, node: str) -> list[str]:
+        """The host engine already running for the node's GPUs: the standalone nvidia-dcgm
+        operand (starting, running or stopping), else the one dcgm-exporter embeds (until
+        its pod is gone, Terminating or not); none when neither runs."""
+        if self.kubelet is None:
+            return []
+        if self._node_host_engine(node) or any(
+                (p.get("spec") or {}).get("nodeName") == node and not is_terminal(p)
+                and (p["metadata"].get("labels") or {}).get("app") == "nvidia-dcgm"
+                for p in self.kubelet.store.list(r.PODS, "gpu-operator")):
+            return ["the standalone nvidia-dcgm operand"]
+        return [f"{p['metadata']['namespace']}/{p['metadata']['name']} (embedded)"
+                for p in self.kubelet.store.list(r.PODS)
+                if (p.get("spec") or {}).get("nodeName") == node and not is_terminal(p)
+                and (p["metadata"].get("labels") or {}).get("app") == "nvidia-dcgm-exporter"]
+
     def _node_host_engine(self, node: str) -> bool:
         """The GPU Operator's nvidia-dcgm pod (the standalone nv-hostengine) runs on the node."""
         for p in self.kubelet.store.list(r.PODS, "gpu-operator"):
@@ -123,11 +189,23 @@ class JobPrograms:
         return False
 
 
-def _gpu_index(pod: Obj) -> str | None:
+def _cond(kind: str, reason: str, message: str, ts: str) -> dict[str, Any]:
+    return {"type": kind, "status": "True", "reason": reason, "message": message,
+            "lastProbeTime": ts, "lastTransitionTime": ts}
+
+
+def _env(pod: Obj, name: str) -> str | None:
     for c in pod["spec"].get("containers") or []:
         for env in c.get("env") or []:
-            if env.get("name") == "GPU_INDEX" and env.get("value") not in (None, ""):
+            if env.get("name") == name and env.get("value") not in (None, ""):
                 return str(env["value"])
+    return None
+
+
+def _gpu_index(pod: Obj) -> str | None:
+    value = _env(pod, "GPU_INDEX")
+    if value is not None:
+        return value
     label = (pod["metadata"].get("labels") or {}).get(objects.GPU_LABEL)
     return str(label) if label else None
 
@@ -141,9 +219,23 @@ class _Tracking:
     failed: set[str] = field(default_factory=set)
 
 
+INTERIM = {"Complete": "SuccessCriteriaMet", "Failed": "FailureTarget"}
+"""Since Kubernetes 1.31 the Job controller first adds the interim condition, and the
+terminal one only once every pod of the Job has terminated (KEP-4368)."""
+
+
 def _finished(job: Obj) -> str | None:
     for kind in ("Complete", "Failed"):
         c = condition(job, kind)
+        if c and c.get("status") == "True":
+            return kind
+    return None
+
+
+def _interim(job: Obj) -> str | None:
+    """The terminal condition the Job is bound for (its interim one is set), or None."""
+    for kind, interim in INTERIM.items():
+        c = condition(job, interim)
         if c and c.get("status") == "True":
             return kind
     return None
@@ -194,7 +286,13 @@ class JobController:
         active = [p for p in pods if not is_terminal(p) and not is_terminating(p)]
         terminating = [p for p in pods if is_terminating(p) and not is_terminal(p)]
         status = dict(job.get("status") or {})
+        # A copy: appending to the stored list would make the change invisible below.
+        status["conditions"] = list(status.get("conditions") or [])
         ts = clock.rfc3339(now)
+        bound = _interim(job)
+        if bound is not None:
+            self._finishing(job, status, pods, bound, track, ts)
+            return
         if spec.get("suspend"):
             for p in active:
                 deletion.delete_pod(self.store, p, None)
@@ -230,8 +328,12 @@ class JobController:
         if verdict is not None:
             for p in active:
                 deletion.delete_pod(self.store, p, None)
+            terminating += active
             active = []
             self._finish(status, verdict, ts)
+            if not terminating:
+                # Every pod has terminated already: both conditions in the same update.
+                self._terminal(status, verdict[0], ts)
         elif not spec.get("suspend"):
             missing = min(parallelism, completions - len(track.succeeded)) - len(active)
             for _ in range(max(0, missing)):
@@ -246,31 +348,48 @@ class JobController:
                 "uncountedTerminatedPods": {},
             }
         )
-        for key in ("active", "succeeded", "failed", "terminating"):
-            if not status[key]:
-                status.pop(key)
+        for key in ("active", "succeeded", "failed", "terminating", "conditions"):
+            if not status.get(key):
+                status.pop(key, None)
         if status != job.get("status"):
             job["status"] = status
             self.store.put_internal(r.JOBS, job)
 
     def _finish(self, status: dict[str, Any], verdict: tuple[str, str, str], ts: str) -> None:
+        """The verdict: only the interim condition now. The terminal one follows in
+        `_finishing`, once no pod of the Job is left running or terminating."""
         kind, reason, message = verdict
-        # Since Kubernetes 1.31 the terminal condition follows an interim one.
-        interim = "SuccessCriteriaMet" if kind == "Complete" else "FailureTarget"
+        status.setdefault("conditions", []).append(_cond(INTERIM[kind], reason, message, ts))
+
+    @staticmethod
+    def _terminal(status: dict[str, Any], kind: str, ts: str) -> None:
         conds = status.setdefault("conditions", [])
-        for t in (interim, kind):
-            conds.append(
-                {
-                    "type": t,
-                    "status": "True",
-                    "reason": reason,
-                    "message": message,
-                    "lastProbeTime": ts,
-                    "lastTransitionTime": ts,
-                }
-            )
+        interim: dict[str, Any] = next(
+            (c for c in conds if c.get("type") == INTERIM[kind]), {})
+        conds.append(_cond(kind, interim.get("reason", ""), interim.get("message", ""), ts))
         if kind == "Complete":
             status["completionTime"] = ts
+
+    def _finishing(self, job: Obj, status: dict[str, Any], pods: list[Obj], kind: str,
+                   track: _Tracking, ts: str) -> None:
+        """A Job past its verdict: its remaining pods are told to stop; the terminal
+        condition is added only once none is left but terminal ones. A pod on a node
+        that lost power never terminates (its kubelet cannot confirm), so neither does
+        the Job, until the pod is force-deleted (node deleted, or out-of-service)."""
+        live = [p for p in pods if not is_terminal(p)]
+        for p in live:
+            if not is_terminating(p):
+                deletion.delete_pod(self.store, p, None)
+        if not live:
+            self._terminal(status, kind, ts)
+        status.update({"active": 0, "ready": 0, "succeeded": len(track.succeeded),
+                       "failed": len(track.failed), "terminating": len(live)})
+        for key in ("active", "succeeded", "failed", "terminating", "conditions"):
+            if not status.get(key):
+                status.pop(key, None)
+        if status != job.get("status"):
+            job["status"] = status
+            self.store.put_internal(r.JOBS, job)
 
     def _create_pod(self, job: Obj) -> Obj:
         m = job["metadata"]

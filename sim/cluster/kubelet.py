@@ -36,6 +36,10 @@ from sim.cluster.podutil import (
 from sim.cluster.store import Obj, Store
 
 HEARTBEAT_SECONDS = 10.0
+SIGTERM_EXIT_SECONDS = 0.5
+UNREACHABLE_REGISTRIES = frozenset({"unreachable.invalid"})
+"""Registries no simulated node can reach (an offline cluster): a pod with an image from
+one never starts (ImagePullBackOff)."""
 LEASE_SECONDS = 40
 MIRROR_PREFIX = "node-local-agent"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
@@ -73,6 +77,7 @@ class Kubelet:
         self._running: dict[str, _Running] = {}
         self._heartbeat: dict[str, float] = {}
         self._deleting: dict[str, float] = {}
+        self._pull_failed: set[str] = set()
         self._ip_seq = 10
         # What each container wrote to stdout, by pod uid and container name (pods/log).
         self.logs: dict[str, dict[str, str]] = {}
@@ -90,11 +95,16 @@ class Kubelet:
         """A reboot command on the node; True when it returns before the shutdown."""
         return self.machines.plan_reboot(node, clock.now())
 
-    def command(self, node: str, what: NodeCommand) -> dict[str, object]:
-        """A scripted machine fault or its end (`gpu-remediate sim node ...`)."""
+    def command(self, node: str, what: NodeCommand, *, hard: bool = False) -> dict[str, object]:
+        """A scripted machine fault or its end (`gpu-remediate sim node ...`). ``hard``
+        (hang only): the machine loses power now, with no graceful shutdown."""
         m = self.machines.get(node)
         now = clock.now()
-        if what == "hang":
+        if hard and what != "hang":
+            raise ValueError("hard applies to hang only")
+        if what == "hang" and hard:
+            self._power_loss(node, m, now)
+        elif what == "hang":
             if not m.powered and m.registered:
                 m.boot_at = None  # already down: this reboot never returns
             else:
@@ -129,6 +139,33 @@ class Kubelet:
             m.boot_at = now
             m.events.append("recovered: the hung reboot completes")
 
+    def _power_loss(self, node: str, m: Machine, now: float) -> None:
+        """Power lost: no graceful node shutdown, so nothing on the node is told. The
+        kubelet just stops posting: the node goes Unknown after the grace period, its
+        pods keep their phase (Running stays Running, a deletion is never confirmed),
+        and it does not come back until `recover`."""
+        if not m.registered:
+            return
+        m.shutdown_at = None
+        m.hang_next_reboot = False
+        m.boot_at = None
+        m.plugin_at = None
+        m.plugin_registered = False
+        m.power_lost = True
+        if m.powered:
+            m.powered = False
+            m.reboots += 1
+            m.silent_since = m.silent_since or now
+            m.marked_unknown = False
+        m.events.append("power lost: no graceful shutdown, never returns until recover")
+        # The processes die with the machine; the API server is not told.
+        for pod in self.store.list(r.PODS):
+            if (pod.get("spec") or {}).get("nodeName") == node:
+                running = self._running.pop(pod["metadata"]["uid"], None)
+                if running and running.task:
+                    running.task.cancel()
+                self._deleting.pop(pod["metadata"]["uid"], None)
+
     def _shutdown(self, node: str, m: Machine, now: float) -> None:
         """Graceful node shutdown: every pod on the node is killed, the kubelet stops."""
         m.shutdown_at = None
@@ -154,6 +191,7 @@ class Kubelet:
         """The machine is up: a new boot ID, Ready, and no GPUs until the plugin registers."""
         m.powered = True
         m.boot_at = None
+        m.power_lost = False
         m.events.append("booted")
         obj = self.store.find(r.NODES, "", node)
         if obj is None:
@@ -501,8 +539,14 @@ class Kubelet:
             # Like the kubelet, time the grace period from when the deletion was seen:
             # deletionTimestamp has only second precision.
             seen = self._deleting.setdefault(uid, now)
-            if now >= seen + float(m.get("deletionGracePeriodSeconds") or 0):
+            grace = float(m.get("deletionGracePeriodSeconds") or 0)
+            running = self._running.get(uid)
+            if running is not None and running.task is not None:
+                # A Job's one-shot tool does not trap SIGTERM: it ends at once.
+                grace = min(grace, SIGTERM_EXIT_SECONDS)
+            if now >= seen + grace:
                 self._deleting.pop(uid, None)
+                self._pull_failed.discard(uid)
                 running = self._running.pop(uid, None)
                 if running and running.task:
                     running.task.cancel()
@@ -512,7 +556,9 @@ class Kubelet:
             return
         running = self._running.get(uid)
         if phase(pod) == "Pending":
-            if self._admit(pod, node, now):
+            if uid in self._pull_failed:
+                return  # in image pull back-off: never starts
+            if self._admit(pod, node, now) and self._pulled(pod, now):
                 self._start(pod, node, now)
         elif running is None:
             self._restart(pod, now)
@@ -550,9 +596,37 @@ class Kubelet:
         self.store.put_internal(r.PODS, pod)
         return False
 
+    def _pulled(self, pod: Obj, now: float) -> bool:
+        """The images are there. One from an unreachable registry (an offline node) is
+        not: the pod stays Pending, its container waiting in ImagePullBackOff."""
+        containers = (pod.get("spec") or {}).get("containers") or []
+        bad = [c for c in containers
+               if str(c.get("image", "")).split("/", 1)[0] in UNREACHABLE_REGISTRIES]
+        if not bad:
+            return True
+        self._pull_failed.add(pod["metadata"]["uid"])
+        status = pod.setdefault("status", {})
+        status.update({"phase": "Pending", "startTime": clock.rfc3339(now), "containerStatuses": [
+            {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
+             "started": False, "restartCount": 0,
+             "state": {"waiting": {"reason": "ImagePullBackOff", "message": (
+                 f'Back-off pulling image "{c.get("image", "")}": dial tcp: lookup '
+                 f'{str(c.get("image", "")).split("/", 1)[0]}: no such host')}}}
+            if c in bad else
+            {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
+             "started": False, "restartCount": 0,
+             "state": {"waiting": {"reason": "PodInitializing"}}}
+            for c in containers]})
+        self.store.put_internal(r.PODS, pod)
+        return False
+
     def _restart(self, pod: Obj, now: float) -> None:
-        """A Running pod this kubelet is not tracking: its containers restart (after a reboot)."""
+        """A Running pod this kubelet is not tracking: its containers restart (after a reboot),
+        or, with restartPolicy Never (a Job's pod after a power loss), it ends Failed."""
         m = pod["metadata"]
+        if (pod.get("spec") or {}).get("restartPolicy") == "Never":
+            self._fail_lost(pod, now)
+            return
         if is_ready(pod):
             self._running[m["uid"]] = _Running(ready_at=now)
             return
@@ -563,6 +637,17 @@ class Kubelet:
             cs["restartCount"] = cs.get("restartCount", 0) + 1
             cs["started"] = True
             cs["state"] = {"running": {"startedAt": ts}}
+        self.store.put_internal(r.PODS, pod)
+
+    def _fail_lost(self, pod: Obj, now: float) -> None:
+        ts = clock.rfc3339(now)
+        status = pod.setdefault("status", {})
+        status.update({"phase": "Failed", "reason": "Terminated",
+                       "message": "The node lost power while the pod ran."})
+        for cs in status.get("containerStatuses") or []:
+            cs.update({"ready": False, "started": False, "state": {"terminated": {
+                "exitCode": 137, "reason": "Error", "startedAt": ts, "finishedAt": ts}}})
+        self._set_pod_ready(pod, False, now)
         self.store.put_internal(r.PODS, pod)
 
     def _start(self, pod: Obj, node: str, now: float) -> None:

@@ -81,6 +81,7 @@ class Machine:
     steady: bool = False
     plugin_unhealthy: set[int] = field(default_factory=set)
     plugin_managed: bool = False
+    power_lost: bool = False
 
     @property
     def registered(self) -> bool:
@@ -132,6 +133,8 @@ class Machine:
     def describe(self) -> dict[str, Any]:
         if not self.registered:
             state = "replaced (registering)"
+        elif not self.powered and self.power_lost:
+            state = "down (power lost: never returns)"
         elif not self.powered:
             state = "down (hung: never returns)" if self.boot_at is None else "down (rebooting)"
         elif self.wedged:
@@ -145,7 +148,8 @@ class Machine:
         else:
             state = "up"
         return {"state": state, "reboots": self.reboots,
-                "hang_next_reboot": self.hang_next_reboot, "events": self.events[-10:],
+                "hang_next_reboot": self.hang_next_reboot,
+                "power_lost": self.power_lost, "events": self.events[-10:],
                 "device_plugin_unhealthy_gpus": sorted(self.plugin_unhealthy)}
 
 

@@ -25,9 +25,11 @@ Url = Annotated[str, typer.Option("--url", help="Base URL of a running cluster s
 NodeArg = Annotated[str, typer.Argument(help="Node name (a scenario node with a kubelet).")]
 
 
-def _post(url: str, node: str, command: str) -> dict[str, Any]:
+def _post(url: str, node: str, command: str, params: dict[str, str] | None = None
+          ) -> dict[str, Any]:
     try:
-        resp = httpx.post(f"{url.rstrip('/')}/sim/v1/nodes/{node}/{command}", timeout=10)
+        resp = httpx.post(f"{url.rstrip('/')}/sim/v1/nodes/{node}/{command}", params=params,
+                          timeout=10)
     except httpx.HTTPError as err:
         console.print(f"[red]cannot reach the cluster simulator at {url}:[/red] {err}")
         raise typer.Exit(1) from err
@@ -48,12 +50,16 @@ def _report(result: dict[str, Any]) -> None:
 
 
 @node_app.command()
-def hang(node: NodeArg, url: Url = DEFAULT_URL) -> None:
+def hang(node: NodeArg, url: Url = DEFAULT_URL,
+         hard: Annotated[bool, typer.Option(
+             "--hard", help="Power lost now: no graceful shutdown, the pods keep their phase "
+                            "on a NotReady node, and the node never returns until recover.")]
+         = False) -> None:
     """The node's next reboot never returns (already down: this one never does).
 
-    Example: gpu-remediate sim node hang gpu-node-01
+    Example: gpu-remediate sim node hang gpu-node-01 --hard
     """
-    _report(_post(url, node, "hang"))
+    _report(_post(url, node, "hang", {"hard": "true"} if hard else None))
 
 
 @node_app.command()

@@ -49,13 +49,25 @@ def owned_by(obj: Obj, owner: Obj) -> bool:
     return ref is not None and ref.get("uid") == owner["metadata"]["uid"]
 
 
+def _container_gpus(c: dict[str, Any]) -> int:
+    res = c.get("resources") or {}
+    return int((res.get("requests") or {}).get(GPU) or (res.get("limits") or {}).get(GPU) or 0)
+
+
 def gpu_request(pod: Obj) -> int:
-    total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        value = (res.get("requests") or {}).get(GPU) or (res.get("limits") or {}).get(GPU) or 0
-        total += int(value)
-    return total
+    """The pod's effective request, as the scheduler and the kubelet count it: the larger
+    of each init container's and the app containers' sum (sidecars, restartable init
+    containers, add to both)."""
+    spec = pod.get("spec") or {}
+    apps = sum(_container_gpus(c) for c in spec.get("containers") or [])
+    sidecars = peak = 0
+    for c in spec.get("initContainers") or []:
+        if c.get("restartPolicy") == "Always":
+            sidecars += _container_gpus(c)
+            peak = max(peak, sidecars)
+        else:
+            peak = max(peak, sidecars + _container_gpus(c))
+    return max(apps + sidecars, peak)
 
 
 def allocatable_gpus(node: Obj) -> int:

@@ -138,7 +138,8 @@ class ClusterApi:
         return _json({"nodes": self.kubelet.describe() if self.kubelet else {}})
 
     async def _node_command(self, request: web.Request) -> web.Response:
-        """Script a node's machine: POST /sim/v1/nodes/{node}/{hang|replace|wedge|recover}."""
+        """Script a node's machine: POST /sim/v1/nodes/{node}/{hang|replace|wedge|recover}
+        (hang?hard=true: power lost now, no graceful shutdown)."""
         if request.method != "POST":
             return _error(errors.method_not_allowed())
         node, command = request.match_info["node"], request.match_info["command"]
@@ -147,7 +148,12 @@ class ClusterApi:
                 f"unknown node command {command!r}: one of {', '.join(COMMANDS)}"))
         if self.kubelet is None or node not in self.kubelet.nodes:
             return _error(errors.not_found(r.NODES, node))
-        return _json(self.kubelet.command(node, cast(NodeCommand, command)))
+        hard = request.query.get("hard", "false")
+        if hard not in ("true", "false") or (hard == "true" and command != "hang"):
+            return _error(errors.bad_request(
+                f"hard: {hard[:20]!r} is not allowed here (true or false, and only for hang)"))
+        return _json(self.kubelet.command(node, cast(NodeCommand, command),
+                                          hard=hard == "true"))
 
     # -- Kubernetes API ---------------------------------------------------------
 

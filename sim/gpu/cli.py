@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -148,7 +149,8 @@ def clear(node: NodeArg, gpu: GpuOpt = None, url: Url = DEFAULT_URL) -> None:
 
 @gpu_app.command()
 def reset(node: NodeArg, gpu: GpuOpt = None, url: Url = DEFAULT_URL) -> None:
-    """GPU reset (nvidia-smi -r) of one GPU or all GPUs of a node.
+    """GPU reset (nvidia-smi -r) of one GPU or all GPUs of a node; refused while a target
+    GPU has persistence mode on (see `persistence`).
 
     Example: gpu-remediate sim gpu reset gpu-node-01 --gpu 3
     """
@@ -181,13 +183,41 @@ def exporter(
     _out.print(f"{node} exporter: {state['mode']} (delay {state['delay_seconds']} s)")
 
 
+@gpu_app.command()
+def persistence(
+    node: NodeArg,
+    gpu: GpuOpt = None,
+    on: Annotated[bool, typer.Option("--on/--off", help="Persistence mode on or off.")] = True,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Persistence mode of one GPU or every GPU (nvidia-smi -i N -pm 1|0). It is on by
+    default, as nvidia-persistenced keeps it, and a reset is refused while it is on.
+
+    Example: gpu-remediate sim gpu persistence gpu-node-01 --gpu 3 --off
+    """
+    result = _run(lambda c: c.set_persistence(node, on, gpu), url)
+    for g in result["gpus"]:
+        state = "Enabled" if g["persistence_mode"] else "Disabled"
+        _out.print(f"{node} GPU {g['index']} ({g['uuid']}): persistence mode {state}")
+
+
 @gpu_app.command("list")
-def list_(url: Url = DEFAULT_URL) -> None:
+def list_(
+    url: Url = DEFAULT_URL,
+    output: Annotated[str, typer.Option(
+        "--output", "-o", help="table, or json (every GPU with its persistence_mode).")]
+    = "table",
+) -> None:
     """Show every node, its exporter mode, health and active faults.
 
-    Example: gpu-remediate sim gpu list --url http://127.0.0.1:9400
+    Example: gpu-remediate sim gpu list --url http://127.0.0.1:9400 -o json
     """
+    if output not in ("table", "json"):
+        _fail(f"--output: {output!r} is not one of table, json")
     nodes = _run(lambda c: c.list_nodes(), url)
+    if output == "json":
+        print(json.dumps({"nodes": nodes}, indent=2))
+        return
     table = Table("node", "GPUs", "exporter", "healthy", "faults")
     for n in nodes:
         faults = [

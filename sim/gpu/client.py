@@ -80,10 +80,19 @@ class GpuSimClient:
         result: dict[str, Any] = self._call("DELETE", f"/nodes/{node}/faults", params=params)
         return result
 
-    def reset(self, node: str, gpu: int | None = None) -> dict[str, Any]:
+    def reset(self, node: str, gpu: int | str | None = None) -> dict[str, Any]:
         """GPU reset; raises GpuSimError(status=409) when the GPU cannot be reset."""
         body = {} if gpu is None else {"gpu": str(gpu)}
         result: dict[str, Any] = self._call("POST", f"/nodes/{node}/reset", json=body)
+        return result
+
+    def set_persistence(self, node: str, enabled: bool, gpu: int | str | None = None
+                        ) -> dict[str, Any]:
+        """`nvidia-smi [-i GPU] -pm 0|1`; gpu is an index or a UUID, None for every GPU."""
+        body: dict[str, Any] = {"enabled": enabled}
+        if gpu is not None:
+            body["gpu"] = str(gpu)
+        result: dict[str, Any] = self._call("POST", f"/nodes/{node}/persistence", json=body)
         return result
 
     def reboot(self, node: str) -> dict[str, Any]:

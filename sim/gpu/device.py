@@ -83,6 +83,9 @@ class Gpu:
     # side prunes, so a render in a worker thread never races a concurrent injection.
     xid_events: tuple[tuple[float, int], ...] = ()
     pod: PodRef | None = None
+    # nvidia-persistenced (which the GPU Operator's driver container runs) keeps every GPU
+    # open with persistence mode on: a reset is refused until it is turned off.
+    persistence_mode: bool = True
     ecc_sbe_vol: int = 0
     ecc_dbe_vol: int = 0
     ecc_sbe_agg: int = 0

@@ -180,7 +180,13 @@ class Fleet:
             raise UnknownNode(name, len(self.nodes)) from None
 
     def gpu(self, node: str, index: int | str) -> Gpu:
+        """A GPU by index, or by UUID ("GPU-...") as nvidia-smi -i takes it."""
         n = self.node(node)
+        if isinstance(index, str) and index.startswith("GPU-"):
+            for g in n.gpus:
+                if g.uuid == index:
+                    return g
+            raise UnknownGpu(node, index, len(n.gpus))
         try:
             i = int(index)
         except (TypeError, ValueError):
@@ -229,9 +235,25 @@ class Fleet:
         return removed
 
     # -- repairs ---------------------------------------------------------------------
-    def reset(self, node: str, gpu: int | str | None = None) -> RepairResult:
-        """`nvidia-smi -r`: clears reset-class faults on one GPU or all GPUs of the node."""
+    def set_persistence(self, node: str, gpu: int | str | None, enabled: object) -> list[Gpu]:
+        """`nvidia-smi [-i ID] -pm 0|1`: persistence mode of one GPU or every GPU."""
+        if not isinstance(enabled, bool):
+            raise ValueError(f"enabled must be true or false, got {enabled!r}")
         targets = self._targets(node, gpu)
+        for g in targets:
+            g.persistence_mode = enabled
+        return targets
+
+    def reset(self, node: str, gpu: int | str | None = None) -> RepairResult:
+        """`nvidia-smi -r`: clears reset-class faults on one GPU or all GPUs of the node.
+        Refused while persistence mode is on for a target (nvidia-persistenced holds it)."""
+        targets = self._targets(node, gpu)
+        held = [g for g in targets if g.persistence_mode]
+        if held:
+            return RepairResult(False, "; ".join(
+                f"Unable to reset GPU {g.pci_bus_id} ({g.uuid}) because it's being used by "
+                "some other process: persistence mode is Enabled (nvidia-persistenced holds "
+                "it); turn it off first (nvidia-smi -i UUID -pm 0)" for g in held))
         for g in targets:
             if _unreachable(g):
                 return RepairResult(
@@ -255,6 +277,7 @@ class Fleet:
             g.energy_mj = 0.0
             g.thermal_violation_ns = 0.0
             g.pod = None  # pods die with the node; the cluster re-assigns them
+            g.persistence_mode = True  # nvidia-persistenced starts again with the driver
             g.label_cache.clear()
         cleared = self._repair(n.gpus, frozenset({"reset", "reboot"}))
         self._restart_exporter(n)
@@ -356,6 +379,7 @@ class Fleet:
                     "uuid": g.uuid,
                     "pci_bus_id": g.pci_bus_id,
                     "device": g.device,
+                    "persistence_mode": g.persistence_mode,
                     "last_xid": g.last_xid,
                     "pod": None if g.pod is None else vars(g.pod),
                     "faults": [f.to_json() for f in g.faults],

@@ -181,6 +181,18 @@ async def reboot(request: web.Request) -> web.Response:
 
 
 @_api
+async def set_persistence(request: web.Request) -> web.Response:
+    node = request.match_info["node"]
+    body = await _body(request)
+    gpu = body.get("gpu")
+    changed = _fleet(request).set_persistence(node, None if gpu is None else str(gpu),
+                                              body.get("enabled"))
+    return web.json_response({"node": node, "gpus": [
+        {"index": g.index, "uuid": g.uuid, "persistence_mode": g.persistence_mode}
+        for g in changed]})
+
+
+@_api
 async def health(request: web.Request) -> web.Response:
     report = _fleet(request).health(request.match_info["node"])
     return web.json_response(
@@ -230,6 +242,7 @@ def create_app(fleet: Fleet) -> web.Application:
     r.add_delete("/api/v1/nodes/{node}/faults", clear_faults)
     r.add_post("/api/v1/nodes/{node}/reset", reset)
     r.add_post("/api/v1/nodes/{node}/reboot", reboot)
+    r.add_post("/api/v1/nodes/{node}/persistence", set_persistence)
     r.add_get("/api/v1/nodes/{node}/health", health)
     r.add_put("/api/v1/nodes/{node}/exporter", set_exporter)
     r.add_put("/api/v1/nodes/{node}/gpus/{gpu}/pod", set_pod)

@@ -260,6 +260,7 @@ async def test_acknowledgement_is_forgotten_once_the_exporter_stops_showing_the_
     cluster.core.patch_node("gpu-node-01", {"metadata": {"annotations": {
         A_ACK_XIDS: json.dumps({uuid: 48})}}})
     assert (await observe(cluster, template(gpu_sim))).verdicts == []
+    gpu_sim.client.set_persistence("gpu-node-01", False, 0)  # as the reset Job does first
     gpu_sim.client.reset("gpu-node-01", 0)  # the exporter restarts: the series is gone
     await observe(cluster, template(gpu_sim))
     annotations = cluster.core.read_node("gpu-node-01").metadata.annotations or {}

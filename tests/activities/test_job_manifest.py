@@ -19,35 +19,95 @@ def manifest(kind: str, job: JobTemplate, gpus: int = 8) -> dict:
                         job, "gpu-remediate-jobs")
 
 
-def test_validation_job_requests_every_gpu_and_runs_as_non_root() -> None:
+def test_validation_job_requests_every_gpu_on_the_nodes_one_host_engine() -> None:
     m = manifest("validate", TEMPLATES["validation"])
     pod = m["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert pod["nodeName"] == "gpu-node-07"
     assert pod["tolerations"] == [{"operator": "Exists"}]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    assert container["securityContext"] == {
-        "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"}}
+    # Root as the image runs (an engine of its own on MIG/NVSwitch nodes needs it), but
+    # neither privileged nor the host's namespaces or files.
+    assert "securityContext" not in container
     assert "hostPID" not in pod and "volumes" not in pod
     assert pod["automountServiceAccountToken"] is False
     assert m["metadata"]["namespace"] == "gpu-remediate-jobs"
     assert m["spec"]["backoffLimit"] == 0
     assert m["spec"]["activeDeadlineSeconds"] == 20 * 60
-    # dcgmi needs a host engine: the pod starts its own before the diagnostic.
     shell, flag, script = container["command"]
     assert (shell, flag) == ("/bin/sh", "-c")
-    assert script.index("nv-hostengine") < script.index("dcgmi diag -r 2 -j")
+    # The worker chooses the engine: the node's standalone one, or the Job's own (started
+    # before the diagnostic); nothing chosen runs no diagnostic at all.
+    standalone = script[script.index("standalone)"):script.index(";;")]
+    assert 'dcgmi diag -r 2 -j --host "$NODE_IP"' in standalone
+    assert "nv-hostengine" not in standalone
+    embedded = script[script.index("embedded)"):]
+    assert embedded.index("nv-hostengine") < embedded.index("dcgmi diag -r 2 -j")
+    assert "*) echo" in script and "exit 3" in script
     assert TEMPLATES["validation"].output == "dcgmi-json"
+    chosen = job_manifest(NodeJobInput(node="n", kind="validate", name="v", gpus=8),
+                          TEMPLATES["validation"], "ns", host_engine="standalone")
+    env = chosen["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "DCGM_HOST_ENGINE", "value": "standalone"} in env
+    assert {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}} in env
 
 
-def test_default_reset_uses_the_nvidia_runtime_and_resets_only_the_named_gpu() -> None:
+def test_default_reset_holds_no_gpu_and_handles_persistence_mode_by_uuid() -> None:
     t = TEMPLATES["gpu-reset"]
-    assert t.runtime_class_name == "nvidia" and t.env == {"NVIDIA_VISIBLE_DEVICES": "all"}
-    assert '${GPU_INDEX:+-i "$GPU_INDEX"}' in t.command[-1]
+    # void: the runtime gives the container no GPU, so nothing of its own holds one.
+    assert t.runtime_class_name == "nvidia" and t.env == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    script = t.command[-1]
+    # Persistence off for each target by UUID, the reset by UUID, back on only where it was.
+    off, reset, on = (script.index('-i "$u" -pm 0'), script.index('-i "$u" --gpu-reset'),
+                      script.index('-i "$u" -pm 1'))
+    assert off < reset < on
+    assert 'was_on="$was_on $u"' in script and "for u in $was_on" in script
+    assert 'if [ "$pm" = "Enabled" ]' in script
+    # A refusal lists who holds the GPUs, as nvidia-smi reports them.
+    assert "--query-compute-apps=gpu_uuid,pid,process_name" in script
     env = manifest("gpu-reset", t)["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in env
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in env
+
+
+def test_reset_targets_travel_as_uuids() -> None:
+    inp = NodeJobInput(node="n", kind="gpu-reset", name="r", gpus=8, gpu_index="3",
+                       gpu_uuids=["GPU-5f0c6a2e-8d0b-4c1e-9a57-6b1f3c2d9e41"])
+    env = job_manifest(inp, TEMPLATES["gpu-reset"], "ns")["spec"]["template"]["spec"][
+        "containers"][0]["env"]
+    assert {"name": "GPU_UUIDS", "value": "GPU-5f0c6a2e-8d0b-4c1e-9a57-6b1f3c2d9e41"} in env
+    # Exporter text is the node's: anything but a UUID never reaches the shell.
+    with pytest.raises(ValueError, match="gpu_uuids"):
+        NodeJobInput(node="n", kind="gpu-reset", name="r", gpus=8,
+                     gpu_uuids=["GPU-1; reboot"])
+    with pytest.raises(ValueError, match="set by the worker"):
+        JobTemplate(purpose="gpu-reset", image="x", command=["true"],
+                    deadline=timedelta(minutes=3), env={"GPU_UUIDS": "all"})
+
+
+def test_reboot_runs_from_the_workers_own_image_and_sysrq_only_without_systemctl() -> None:
+    jobs = JobsSettings(worker_image="registry.example/gpu-remediate@sha256:" + "a" * 64)
+    t = jobs.resolve("reboot", "")
+    assert t.image == "registry.example/gpu-remediate@sha256:" + "a" * 64
+    assert "busybox" not in JobsSettings().resolve("reboot", "").image
+    script = t.command[-1]
+    # A failing `systemctl reboot` is the Job's failure (exec), never a sysrq crash.
+    assert script.index("[ -x /host/usr/bin/systemctl ]") < script.index(
+        "exec nsenter -t 1 -m -u -i -n -p -- systemctl reboot") < script.index("sysrq-trigger")
+    assert "|| { sync" not in script
+    pod = manifest("reboot", t)["spec"]["template"]["spec"]
+    # The worker's image runs as a non-root user: the privileged container runs as root.
+    assert pod["containers"][0]["securityContext"] == {"privileged": True, "runAsUser": 0}
+
+
+def test_require_digest_names_the_worker_image_the_reboot_runs_from() -> None:
+    with pytest.raises(ValueError, match=r"worker_image: .* not pinned .*templates reboot"):
+        JobsSettings(require_digest=True, templates={
+            "validation": {"image": "v@sha256:" + "b" * 64, "command": ["x"],
+                           "deadline": "PT1M"},
+            "gpu-reset": {"image": "r@sha256:" + "c" * 64, "command": ["x"],
+                          "deadline": "PT1M"}})
+    with pytest.raises(ValueError, match="worker_image: must be an image reference"):
+        JobsSettings(worker_image="has blanks")
 
 
 def test_template_env_cannot_override_what_the_worker_sets() -> None:
@@ -62,7 +122,7 @@ def test_reset_job_is_privileged_targets_one_gpu_and_requests_none() -> None:
     m = manifest("gpu-reset", job)
     pod = m["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    assert container["securityContext"] == {"privileged": True}
+    assert container["securityContext"] == {"privileged": True, "runAsUser": 0}
     assert {"name": "GPU_INDEX", "value": "3"} in container["env"]
     assert "resources" not in container
     assert pod["serviceAccountName"] == "gpu-repair"

@@ -16,7 +16,7 @@ from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities import jobs as jobs_module
-from activities.job_templates import JobsSettings, JobTemplate
+from activities.job_templates import RESET_COMMAND, JobsSettings, JobTemplate
 from activities.jobs import JobActivities
 from tests.activities.conftest import Cluster, Heartbeats, ThreadedGpuSim, _cluster
 from tests.polling import wait_for
@@ -28,7 +28,10 @@ NODE = "gpu-node-04"  # runs no workload: all 8 GPUs free
 
 
 def _tool(kind: Kind) -> JobTemplate:
-    return JobTemplate(purpose=kind, image="registry.sim.local/tool", command=["true"],
+    # The reset runs the shipped script: the simulated GPUs have persistence mode on, as
+    # nvidia-persistenced keeps it, and refuse a reset that does not turn it off.
+    command = ["/bin/sh", "-c", RESET_COMMAND] if kind == "gpu-reset" else ["true"]
+    return JobTemplate(purpose=kind, image="registry.sim.local/tool", command=command,
                        deadline=timedelta(minutes=5), privileged=kind != "validate")
 
 
@@ -114,8 +117,11 @@ def operands_off(k: Cluster, node: str = NODE) -> None:
     k.core.patch_node(node, {"metadata": {"labels": {
         f"nvidia.com/gpu.deploy.{o}": "false"
         for o in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery")}}})
+    # The operator's validator holds no GPU: it stays.
     wait_for(lambda: not [p for p in k.pods_on(node)
-                          if p.metadata.namespace == "gpu-operator"], timeout=15)
+                          if p.metadata.namespace == "gpu-operator"
+                          and (p.metadata.labels or {}).get("app")
+                          != "nvidia-operator-validator"], timeout=15)
 
 
 def test_gpu_reset_fails_while_the_operands_hold_the_gpus(
@@ -303,6 +309,12 @@ def test_a_job_for_a_node_with_a_253_character_name_is_accepted(
     assert len(long_node) == 253
     run_id = "01a23858-d59a-7c38-98dd-25ad5521cb6d"
     inp = job(node=long_node, name=node_job_name("validate", long_node, run_id, 1))
+    # A Node of that name, Ready (no node Job is created on a node that is not).
+    cluster_with_gpus.core.create_node({"metadata": {"name": long_node}})
+    cluster_with_gpus.core.patch_node_status(long_node, {"status": {"conditions": [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady",
+         "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
     ActivityEnvironment().run(acts._ensure, inp)
     created = cluster_with_gpus.batch.read_namespaced_job(inp.name, NS)
     assert created.metadata.labels["gpu-remediate.io/node"] == label_value(long_node)
@@ -318,6 +330,7 @@ def slow_jobs(tmp_path: Path, gpu_sim: ThreadedGpuSim,
     monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
     for k in _cluster(tmp_path, gpu_sim_url=gpu_sim.url, job_seconds=60):
         k.core.create_namespace({"metadata": {"name": NS}})
+        _standalone_ready(k)  # the shipped validation uses the node's host engine
         yield k, JobActivities(k.api)
 
 
@@ -398,7 +411,16 @@ def shipped(cluster_with_gpus: Cluster, monkeypatch: pytest.MonkeyPatch) -> JobA
     engine and its JSON is the evidence."""
     monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
     cluster_with_gpus.core.create_namespace({"metadata": {"name": NS}})
+    _standalone_ready(cluster_with_gpus)
     return JobActivities(cluster_with_gpus.api, JobsSettings(namespace=NS))
+
+
+def _standalone_ready(k: Cluster) -> None:
+    """The node's standalone host engine (the GPU Operator's dcgm operand) up and Ready."""
+    wait_for(lambda: [p for p in k.pods_on(NODE)
+                      if (p.metadata.labels or {}).get("app") == "nvidia-dcgm"
+                      and any(c.type == "Ready" and c.status == "True"
+                              for c in p.status.conditions or [])], timeout=15)
 
 
 def test_shipped_validation_keeps_dcgmi_evidence_of_every_gpu(
@@ -430,6 +452,200 @@ def test_validation_without_a_host_engine_fails_like_real_dcgmi(
                        deadline=timedelta(minutes=5), run_as_user=1000, output="dcgmi-json")
     acts = JobActivities(cluster_with_gpus.api, JobsSettings(
         namespace=NS, templates={"validation": bare}))
+    _standalone_ready(cluster_with_gpus)
     result = env.run(acts.run_node_job, job())
     assert not result.succeeded and result.evidence == ""
     assert "Unable to connect to host engine" in result.message
+
+
+# -- Kubernetes >= 1.31, persistence mode, nodes that cannot run a Job ------------------
+
+
+def _job_object(*conditions: tuple[str, str]) -> Any:
+    from kubernetes import client
+
+    return client.V1Job(status=client.V1JobStatus(conditions=[
+        client.V1JobCondition(type=t, status="True", reason=reason, message=f"{reason} msg")
+        for t, reason in conditions]))
+
+
+def test_the_interim_condition_is_the_verdict(acts: JobActivities) -> None:
+    """A pod on a node that lost power never terminates, so Failed/Complete may never come:
+    FailureTarget and SuccessCriteriaMet decide."""
+    failed = acts._result(job("reboot"), _job_object(("FailureTarget", "DeadlineExceeded")))
+    assert failed is not None and not failed.succeeded
+    assert failed.message.startswith("DeadlineExceeded: DeadlineExceeded msg")
+    done = acts._result(job("reboot"), _job_object(("SuccessCriteriaMet", "CompletionsReached")))
+    assert done is not None and done.succeeded
+    assert acts._result(job("reboot"), _job_object()) is None
+
+
+def test_reset_with_persistence_mode_on_succeeds_and_restores_it(
+        cluster_with_gpus: Cluster, gpu_sim: ThreadedGpuSim, acts: JobActivities,
+        env: ActivityEnvironment) -> None:
+    operands_off(cluster_with_gpus)
+    gpu_sim.client.inject_fault(NODE, 4, "ecc-dbe", 1)
+    gpu_sim.client.set_persistence(NODE, False, 6)  # off before: stays off
+    uuid = next(g["uuid"] for g in gpu_sim.client.get_node(NODE)["gpus"] if g["index"] == 4)
+    inp = job("gpu-reset", gpu_index="4").model_copy(update={"gpu_uuids": [uuid]})
+    result = env.run(acts.run_node_job, inp)
+    assert result.succeeded, result.message
+    assert gpu_sim.client.health(NODE)["healthy"]
+    modes = [g["persistence_mode"] for g in gpu_sim.client.get_node(NODE)["gpus"]]
+    assert modes == [True] * 6 + [False, True]
+
+
+def test_a_refused_reset_names_the_process_holding_the_gpu(
+        cluster_with_gpus: Cluster, gpu_sim: ThreadedGpuSim, acts: JobActivities,
+        env: ActivityEnvironment) -> None:
+    gpu_sim.client.inject_fault(NODE, 2, "ecc-dbe", 1)
+    result = env.run(acts.run_node_job, job("gpu-reset", gpu_index="2"))
+    assert not result.succeeded
+    # Parsed from nvidia-smi --query-compute-apps: the GPU, the pid and the process.
+    assert "held by pid " in result.message and "on GPU-" in result.message, result.message
+
+
+def test_no_job_is_created_on_a_not_ready_node(
+        cluster_with_gpus: Cluster, acts: JobActivities) -> None:
+    import httpx
+    from temporalio.exceptions import ApplicationError
+
+    httpx.post(f"{cluster_with_gpus.sim.url}/sim/v1/nodes/{NODE}/wedge").raise_for_status()
+    wait_for(lambda: any(c.type == "Ready" and c.status != "True"
+                         for c in cluster_with_gpus.node(NODE).status.conditions), timeout=15)
+    env = ActivityEnvironment()
+    for kind in ("validate", "gpu-reset", "reboot"):
+        with pytest.raises(ApplicationError) as err:
+            env.run(acts.poll_node_job, job(kind))
+        assert err.value.type == "NodeNotReady" and not err.value.non_retryable
+        assert NODE in str(err.value) and "Ready=Unknown" in str(err.value)
+    assert not cluster_with_gpus.batch.list_namespaced_job(NS).items
+
+
+def test_a_job_whose_image_cannot_be_pulled_never_started_and_is_deleted(
+        cluster_with_gpus: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    from temporalio.exceptions import ApplicationError
+
+    monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
+    cluster_with_gpus.core.create_namespace({"metadata": {"name": NS}})
+    offline = JobTemplate(purpose="reboot", image="unreachable.invalid/busybox:1.37",
+                          command=["true"], deadline=timedelta(minutes=5), privileged=True)
+    acts = JobActivities(cluster_with_gpus.api, JobsSettings(
+        namespace=NS, templates={"reboot": offline}))
+    env = ActivityEnvironment()
+
+    def look(attempt: int) -> ApplicationError | None:
+        env.info = dataclasses.replace(env.info, attempt=attempt)
+        try:
+            env.run(acts.poll_node_job, job("reboot"))
+        except ApplicationError as e:
+            return None if e.type == "JobRunning" else e
+        raise AssertionError("a Job that cannot pull its image finished")
+
+    attempts = iter(range(1, 1000))
+    failure = wait_for(lambda: look(next(attempts)), timeout=15)
+    with pytest.raises(ApplicationError) as err:
+        raise failure
+    assert err.value.type == "JobNotStarted" and err.value.non_retryable
+    assert "ImagePullBackOff" in str(err.value) and "unreachable.invalid" in str(err.value)
+    wait_for(lambda: not cluster_with_gpus.batch.list_namespaced_job(NS).items)
+
+
+# -- one DCGM host engine per node --------------------------------------------------------
+
+
+def _standalone_dcgm_off(k: Cluster) -> None:
+    """The node without the GPU Operator's standalone dcgm operand: dcgm-exporter embeds the
+    node's only host engine."""
+    k.core.patch_node(NODE, {"metadata": {"labels": {"nvidia.com/gpu.deploy.dcgm": "false"}}})
+    wait_for(lambda: not [p for p in k.pods_on(NODE)
+                          if (p.metadata.labels or {}).get("app") == "nvidia-dcgm"], timeout=15)
+
+
+def _exporter(k: Cluster, value: str) -> None:
+    k.core.patch_node(NODE, {"metadata": {"labels": {
+        "nvidia.com/gpu.deploy.dcgm-exporter": value}}})
+
+
+def test_validation_uses_the_nodes_standalone_host_engine(
+        cluster_with_gpus: Cluster, shipped: JobActivities, env: ActivityEnvironment) -> None:
+    planned = env.run(shipped.run_node_job, job(dry_run=True))
+    assert "the node's standalone one, gpu-operator/nvidia-dcgm-" in planned.message
+    result = env.run(shipped.run_node_job, job())
+    assert result.succeeded, result.message
+    container = cluster_with_gpus.batch.read_namespaced_job(result.job_name, NS) \
+        .spec.template.spec.containers[0]
+    env_vars = {e.name: e for e in container.env}
+    assert env_vars["DCGM_HOST_ENGINE"].value == "standalone"
+    assert env_vars["NODE_IP"].value_from.field_ref.field_path == "status.hostIP"
+
+
+def test_no_validation_job_beside_dcgm_exporters_embedded_engine(
+        cluster_with_gpus: Cluster, shipped: JobActivities) -> None:
+    from temporalio.exceptions import ApplicationError
+
+    _standalone_dcgm_off(cluster_with_gpus)
+    with pytest.raises(ApplicationError) as err:
+        ActivityEnvironment().run(shipped.poll_node_job, job())
+    assert err.value.type == "HostEngineBusy" and not err.value.non_retryable
+    assert "gpu-operator/nvidia-dcgm-exporter-" in str(err.value)
+    assert not cluster_with_gpus.batch.list_namespaced_job(NS).items
+    # The exporter paused through its deploy label: the Job runs an engine of its own.
+    _exporter(cluster_with_gpus, "false")
+    wait_for(lambda: not [p for p in cluster_with_gpus.pods_on(NODE)
+                          if (p.metadata.labels or {}).get("app") == "nvidia-dcgm-exporter"],
+             timeout=15)
+    _, result = _looks(shipped, job(), first=2)
+    assert result.succeeded, result.message
+    env_vars = {e.name: e.value for e in cluster_with_gpus.batch.read_namespaced_job(
+        result.job_name, NS).spec.template.spec.containers[0].env}
+    assert env_vars["DCGM_HOST_ENGINE"] == "embedded"
+
+
+def test_a_second_host_engine_fails_as_dcgm_does(
+        cluster_with_gpus: Cluster, env: ActivityEnvironment,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator runs one host engine per node: a Job that starts its own beside the
+    exporter's embedded one (the old validation command) fails, its diagnostic never run."""
+    monkeypatch.setattr(jobs_module, "POLL_SECONDS", 0.1)
+    cluster_with_gpus.core.create_namespace({"metadata": {"name": NS}})
+    _standalone_dcgm_off(cluster_with_gpus)
+    old = JobTemplate(purpose="validate", image="registry.sim.local/dcgm", command=[
+        "/bin/sh", "-c", "nv-hostengine --pid /tmp/p && exec dcgmi diag -r 2 -j"],
+        deadline=timedelta(minutes=5), output="exit-code")
+    acts = JobActivities(cluster_with_gpus.api, JobsSettings(
+        namespace=NS, templates={"validation": old}))
+    result = env.run(acts.run_node_job, job())
+    assert not result.succeeded
+    assert "a DCGM host engine already manages the GPUs" in result.message
+    assert "nvidia-dcgm-exporter" in result.message
+
+
+def test_host_engine_choice_reads_what_runs_on_the_node() -> None:
+    from activities.jobs import host_engine_choice
+
+    def pod(name: str, app: str, *, host_port: int | None = None, ready: bool = True,
+            deleting: bool = False, phase: str = "Running") -> dict[str, Any]:
+        ports = [{"containerPort": 5555, "hostPort": host_port}] if host_port else []
+        meta: dict[str, Any] = {"name": name, "namespace": "gpu-operator",
+                                "labels": {"app": app}}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return {"metadata": meta, "spec": {"containers": [{"name": "c", "ports": ports}]},
+                "status": {"phase": phase, "conditions": [
+                    {"type": "Ready", "status": "True" if ready else "False"}]}}
+
+    exporter = pod("exp", "nvidia-dcgm-exporter")
+    assert host_engine_choice([exporter, pod("dcgm", "nvidia-dcgm", host_port=5555)]) == (
+        "standalone", "gpu-operator/dcgm")
+    assert host_engine_choice([exporter]) == ("busy", "gpu-operator/exp")
+    # Not Ready, or on its way out: not an engine to use; the exporter still embeds one.
+    assert host_engine_choice([exporter, pod("dcgm", "x", host_port=5555, ready=False)])[0] \
+        == "busy"
+    # A standalone engine still starting (after a reboot) is one too: wait, never a second.
+    assert host_engine_choice([pod("dcgm", "x", host_port=5555, ready=False)]) == (
+        "busy", "gpu-operator/dcgm")
+    assert host_engine_choice([pod("exp", "nvidia-dcgm-exporter", deleting=True)])[0] == "busy"
+    assert host_engine_choice([pod("exp", "nvidia-dcgm-exporter", phase="Failed")]) == (
+        "embedded", "")
+    assert host_engine_choice([]) == ("embedded", "")

@@ -233,3 +233,83 @@ def test_a_node_without_conditions_is_not_ready() -> None:
     assert missing == ["not Ready (Ready=missing, no Ready condition)",
                        "allocatable nvidia.com/gpu 0 of 8 expected"]
     assert result.ready_since is None
+
+
+def _validator(ready: bool, phase: str = "Running") -> object:
+    from kubernetes import client
+
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name="nvidia-operator-validator-x", namespace="gpu-operator",
+                                     labels={"app": "nvidia-operator-validator"}),
+        status=client.V1PodStatus(phase=phase, conditions=[
+            client.V1PodCondition(type="Ready", status="True" if ready else "False")]))
+
+
+def test_validation_waits_for_the_gpu_operators_validator_after_a_reboot() -> None:
+    from activities.node_return import gpu_stack_not_ready
+
+    waiting = gpu_stack_not_ready({}, [_validator(False)])
+    assert waiting == ["GPU Operator validator not Ready yet: "
+                       "gpu-operator/nvidia-operator-validator-x"]
+    assert gpu_stack_not_ready({"nvidia.com/gpu.present": "false"}, [_validator(True)]) == []
+    # No validator on the node: GPU feature discovery's label, where the node has it.
+    assert "nvidia.com/gpu.present='false'" in gpu_stack_not_ready(
+        {"nvidia.com/gpu.present": "false"}, [])[0]
+    assert gpu_stack_not_ready({"nvidia.com/gpu.present": "true"}, []) == []
+    assert gpu_stack_not_ready({}, [_validator(False, phase="Failed")]) == []
+    assert gpu_stack_not_ready({}, []) == []
+
+
+async def test_out_of_service_only_on_a_node_that_stays_not_ready_and_off_when_it_returns(
+        k: Cluster, acts: NodeReturnActivities) -> None:
+    import httpx
+
+    from activities.node_return import OUT_OF_SERVICE
+    from workflows.messages import OutOfServiceInput
+
+    env = ActivityEnvironment()
+    uid = k.node(NODE).metadata.uid
+
+    def taints() -> list[tuple[str, str | None, str]]:
+        return [(t.key, t.value, t.effect) for t in k.node(NODE).spec.taints or []
+                if t.key == OUT_OF_SERVICE]
+
+    said = await env.run(acts.mark_out_of_service, OutOfServiceInput(node=NODE, uid=uid, on=True))
+    assert "Ready: no" in said and not taints(), "never on a node that runs"
+    # A pod of a Job on the node when it loses power: deleted, it stays Terminating.
+    k.core.create_namespace({"metadata": {"name": "oos"}})
+    k.core.create_namespaced_pod("oos", {"metadata": {"name": "stuck", "annotations": {
+        "sim.gpu-remediate.io/run-forever": "true"}}, "spec": {
+        "nodeName": NODE, "containers": [{"name": "c", "image": "registry.sim.local/x"}]}})
+    wait_for(lambda: k.core.read_namespaced_pod("stuck", "oos").status.phase == "Running")
+    httpx.post(f"{k.sim.url}/sim/v1/nodes/{NODE}/hang", params={"hard": "true"}
+               ).raise_for_status()
+    wait_for(lambda: any(c.type == "Ready" and c.status != "True"
+                         for c in k.node(NODE).status.conditions), timeout=15)
+    k.core.delete_namespaced_pod("stuck", "oos")
+    time.sleep(0.5)
+    assert k.core.read_namespaced_pod("stuck", "oos").metadata.deletion_timestamp
+    said = await env.run(acts.mark_out_of_service, OutOfServiceInput(node=NODE, uid=uid, on=True))
+    assert "put on" in said
+    assert taints() == [(OUT_OF_SERVICE, "gpu-remediate", "NoExecute")]
+
+    def pod_gone() -> bool:
+        return not [p for p in k.core.list_namespaced_pod("oos").items]
+
+    wait_for(pod_gone, timeout=10)  # podgc force-deletes it: the pod is released
+    httpx.post(f"{k.sim.url}/sim/v1/nodes/{NODE}/recover").raise_for_status()
+    wait_for(lambda: any(c.type == "Ready" and c.status == "True"
+                         for c in k.node(NODE).status.conditions), timeout=15)
+    said = await env.run(acts.mark_out_of_service,
+                         OutOfServiceInput(node=NODE, uid=uid, on=False))
+    assert "taken off" in said and not taints()
+
+
+def test_validation_waits_for_the_mig_layout_the_node_is_configured_with() -> None:
+    from activities.node_return import gpu_stack_not_ready
+
+    mig = {"nvidia.com/mig.config": "all-1g.10gb"}
+    assert "MIG layout 'all-1g.10gb' not applied" in gpu_stack_not_ready(
+        {**mig, "nvidia.com/mig.config.state": "pending"}, [])[0]
+    assert gpu_stack_not_ready({**mig, "nvidia.com/mig.config.state": "success"}, []) == []
+    assert gpu_stack_not_ready({"nvidia.com/mig.config": "all-disabled"}, []) == []

@@ -486,7 +486,8 @@ async def test_a_round_trip_with_the_simulated_gpu_operator(
         pytest.skip("the simulator does not ship the GPU Operator DaemonSets yet")
 
     def sim_pods() -> dict[str, Any]:
-        return our_pods(k, prefix="")
+        # The operands a reset turns off (the operator's validator holds no GPU: it stays).
+        return {n: p for n, p in our_pods(k, prefix="").items() if n in SIM_OPERATOR}
 
     wait_for(lambda: all(n in sim_pods() and ready(sim_pods()[n]) for n in SIM_OPERATOR))
     assert all(labels(k).get(lb) == "true" for lb in LABELS)
@@ -608,3 +609,21 @@ async def test_without_a_device_plugin_pod_nothing_is_restarted(
     done = await run(acts.restart_device_plugin, plugin_in(expected_gpus=gpus + 1))
     assert done.evicted == [] and "no device-plugin pod" in done.message
     assert k.events(NODE, "DevicePluginRestarted") == []
+
+
+@pytest.mark.parametrize("which", ["gone", "back"])
+async def test_a_wait_that_finds_no_daemonset_for_an_operand_fails_naming_where_it_looked(
+        k: Cluster, acts: OperandActivities, which: str) -> None:
+    """A wrong operator namespace must not look like operands that left or came back."""
+    operator(k)
+    fn = acts.check_operands_gone if which == "gone" else acts.check_operands_back
+    wrong = OperandsWaitInput(node=NODE, labels=LABELS, namespace="gpu-operator-resources")
+    err = await refused(fn, wrong)
+    assert err.type == "OperandsNotFound" and err.non_retryable
+    assert "namespace gpu-operator-resources" in str(err)
+    assert f"{LABELS[0]}=true" in str(err)
+    # One operand of several without its DaemonSet is named alone.
+    extra = "nvidia.com/gpu.deploy.sandbox-validator"
+    err = await refused(fn, wait_in(labels_=[*LABELS, extra]))
+    assert err.type == "OperandsNotFound" and f"{extra}=true" in str(err)
+    assert LABELS[0] not in str(err)

@@ -116,6 +116,7 @@ async def test_xid_48_cleared_by_reset_between_reads_is_still_seen(stack: Stack)
     sim.inject_fault(node, 0, "xid", 48)
     selector = f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{node}"}}'
     await until_prometheus(stack, selector, present=True)
+    sim.set_persistence(node, False, 0)  # as the reset Job does first
     sim.reset(node, 0)
     await until_prometheus(stack, selector, present=False)
     result = await source(stack).read_detailed([node], thermal_hold=HOLD)

@@ -220,7 +220,8 @@ def _clear_gpus(k: Contract, node: str) -> None:
     """What a reset needs first: no operand and no GPU pod left holding the node's GPUs."""
     k.core.patch_node(node, {"metadata": {"labels": {
         f"nvidia.com/gpu.deploy.{o}": "false"
-        for o in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery")}}})
+        for o in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery",
+                  "operator-validator")}}})
     k.apps.patch_namespaced_replica_set("trainer", "team-a", {"spec": {"replicas": 0}})
     wait_for(lambda: not [
         p for p in k.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items

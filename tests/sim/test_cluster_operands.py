@@ -105,9 +105,11 @@ def four_operands(k: Contract, node: str = NODE) -> dict[str, Any]:
 def operand_pods(k: Contract, node: str = NODE, running: bool = True) -> dict[str, Any]:
     pods = k.core.list_namespaced_pod(
         "gpu-operator", field_selector=f"spec.nodeName={node}").items
+    # The four operands a reset turns off (the validator is checked on its own).
     return {p.metadata.labels["app"]: p for p in pods
-            if not running or (p.status.phase == "Running" and any(
-                c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))}
+            if p.metadata.labels["app"] in OPERANDS
+            and (not running or (p.status.phase == "Running" and any(
+                c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])))}
 
 
 def set_operands(k: Contract, value: str, node: str = NODE, only: list[str] | None = None
@@ -265,10 +267,48 @@ def test_gpu_reset_fails_while_operands_or_gpu_pods_hold_the_gpus(
         return False
 
     wait_for(trainer_gone)  # a terminating pod holds the GPUs until it is killed
-    job(k, "reset-3", "gpu-reset", gpu_index="3")
-    pod = finished(k, "reset-3")
+    # Nothing else holds GPU 3 now, but nvidia-persistenced does: a bare reset is refused.
+    job(k, "reset-3", "gpu-reset", gpu_index="3", command=["nvidia-smi", "-r", "-i", "3"])
+    term = finished(k, "reset-3").status.container_statuses[0].state.terminated
+    assert term.exit_code != 0 and "persistence mode is Enabled" in term.message
+    assert not gpu.sim.fleet.health(NODE).healthy
+    job(k, "reset-4", "gpu-reset", gpu_index="3", command=[
+        "sh", "-c", 'nvidia-smi -i "$U" -pm 0 && nvidia-smi -i "$U" -r; nvidia-smi -i "$U" -pm 1'])
+    pod = finished(k, "reset-4")
     assert pod.status.phase == "Succeeded", pod.status.container_statuses[0].state
     assert gpu.sim.fleet.health(NODE).healthy
+    assert all(g.persistence_mode for g in gpu.sim.fleet.node(NODE).gpus), "restored as found"
+
+
+def test_reset_turns_persistence_off_for_its_targets_only_and_back_on_only_where_it_was(
+        k: Contract, gpu: GpuSim) -> None:
+    set_operands(k, "false")
+    wait_for(lambda: not operand_pods(k, running=False))
+    fleet = gpu.sim.fleet
+    gpu.inject(NODE, 2, "ecc-dbe", 1)
+    fleet.set_persistence(NODE, 5, False)  # an admin turned it off on GPU 5 before
+    u2, u5 = fleet.gpu(NODE, 2).uuid, fleet.gpu(NODE, 5).uuid
+    seen: list[list[bool]] = []
+    original = fleet.reset
+
+    def spy(node: str, gpu_id: int | str | None = None) -> Any:
+        seen.append([g.persistence_mode for g in fleet.node(node).gpus])
+        return original(node, gpu_id)
+
+    fleet.reset = spy  # type: ignore[method-assign]
+    job(k, "by-uuid", "gpu-reset", command=["sh", "-c", "-pm 0 ... -r ... -pm 1"],
+        env=[{"name": "GPU_UUIDS", "value": f"{u2},{u5}"}])
+    pod = finished(k, "by-uuid")
+    assert pod.status.phase == "Succeeded", pod.status.container_statuses[0].state
+    assert seen and all(not s[2] and not s[5] for s in seen)
+    assert all(s[i] for s in seen for i in range(8) if i not in (2, 5)), "others left on"
+    modes = [g.persistence_mode for g in fleet.node(NODE).gpus]
+    assert modes == [True, True, True, True, True, False, True, True]
+    assert fleet.health(NODE).healthy
+    job(k, "bad-uuid", "gpu-reset", command=["sh", "-c", "-pm 0 -r"],
+        env=[{"name": "GPU_UUIDS", "value": "GPU-00000000-dead"}])
+    term = finished(k, "bad-uuid").status.container_statuses[0].state.terminated
+    assert term.exit_code == 6 and "GPU-00000000-dead" in term.message
 
 
 # -- device plugin ----------------------------------------------------------------------
@@ -305,6 +345,8 @@ def test_a_critical_xid_keeps_the_gpu_unhealthy_in_the_plugin_until_it_restarts(
     assert machines[NODE]["device_plugin_unhealthy_gpus"] == [3]
     # A reset that reached the GPU (here straight through the GPU simulator) clears the
     # XID, but the running plugin keeps the GPU unhealthy: allocatable < capacity.
+    httpx.post(f"{gpu.url}/api/v1/nodes/{NODE}/persistence",
+               json={"gpu": 3, "enabled": False}).raise_for_status()
     httpx.post(f"{gpu.url}/api/v1/nodes/{NODE}/reset", json={"gpu": 3}).raise_for_status()
     assert gpu.sim.fleet.health(NODE).healthy
     time.sleep(4 * TIMING.plugin_health_seconds)
@@ -353,8 +395,17 @@ def test_dcgmi_without_a_host_engine_fails_like_dcgmi(k: Contract) -> None:
     assert term.exit_code != 0 and "Unable to connect to host engine" in term.message
 
 
+def no_host_engine(k: Contract) -> None:
+    """Neither the standalone dcgm operand nor dcgm-exporter (its embedded engine) on the
+    node: a Job may start the only host engine."""
+    set_operands(k, "false", only=["nvidia-dcgm", "nvidia-dcgm-exporter"])
+    wait_for(lambda: not {"nvidia-dcgm", "nvidia-dcgm-exporter"}
+             & set(operand_pods(k, running=False)), timeout=15)
+
+
 def test_dcgmi_with_an_embedded_host_engine_prints_the_diag_json(
         k: Contract, gpu: GpuSim) -> None:
+    no_host_engine(k)
     job(k, "validate-ok", "validate", command=[*HOST_ENGINE[:2], HOST_ENGINE[2].format(level=2)])
     pod = finished(k, "validate-ok")
     assert pod.status.phase == "Succeeded"
@@ -409,6 +460,42 @@ def test_dcgmi_host_reaches_the_nodes_host_engine_only_while_nvidia_dcgm_runs(
     assert "connection to the specified host: 10.0.0.2" in log(k, pod)
 
 
+def test_a_second_host_engine_beside_the_nodes_fails_as_dcgm_does(k: Contract) -> None:
+    """One host engine per node: beside the standalone operand's, then beside the one
+    dcgm-exporter embeds, a Job's own nv-hostengine fails and its diagnostic never runs."""
+    wait_for(lambda: {"nvidia-dcgm", "nvidia-dcgm-exporter"} <= set(operand_pods(k)))
+    own = [*HOST_ENGINE[:2], HOST_ENGINE[2].format(level=1)]
+    job(k, "second-1", "validate", command=own)
+    pod = finished(k, "second-1")
+    assert pod.status.phase == "Failed"
+    assert "the standalone nvidia-dcgm operand" in log(k, pod)
+    assert "DCGM Diagnostic" not in log(k, pod)
+    set_operands(k, "false", only=["nvidia-dcgm"])
+    wait_for(lambda: "nvidia-dcgm" not in operand_pods(k, running=False), timeout=15)
+    job(k, "second-2", "validate", command=own)
+    pod = finished(k, "second-2")
+    assert pod.status.phase == "Failed"
+    assert "gpu-operator/nvidia-dcgm-exporter-" in log(k, pod) and "(embedded)" in log(k, pod)
+
+
+def test_a_case_on_the_environment_runs_the_branch_it_selects(k: Contract) -> None:
+    script = ('case "${ENGINE:-}" in standalone) exec dcgmi diag -r 1 -j --host "$NODE_IP" ;; '
+              'embedded) nv-hostengine && exec dcgmi diag -r 1 -j ;; '
+              '*) echo none; exit 3 ;; esac')
+    wait_for(lambda: "nvidia-dcgm" in operand_pods(k))
+    job(k, "case-standalone", "validate", command=["/bin/sh", "-c", script],
+        env=[{"name": "ENGINE", "value": "standalone"}])
+    assert finished(k, "case-standalone").status.phase == "Succeeded"
+    job(k, "case-none", "validate", command=["/bin/sh", "-c", script])
+    pod = finished(k, "case-none")
+    assert pod.status.phase == "Failed"
+    assert pod.status.container_statuses[0].state.terminated.exit_code == 3
+    no_host_engine(k)
+    job(k, "case-embedded", "validate", command=["/bin/sh", "-c", script],
+        env=[{"name": "ENGINE", "value": "embedded"}])
+    assert finished(k, "case-embedded").status.phase == "Succeeded"
+
+
 def test_validation_without_dcgmi_keeps_the_health_verdict(k: Contract, gpu: GpuSim) -> None:
     gpu.inject(NODE, 0, "xid", 79)
     job(k, "validate-plain", "validate")
@@ -421,6 +508,7 @@ def test_validation_without_dcgmi_keeps_the_health_verdict(k: Contract, gpu: Gpu
 
 
 def test_pod_logs_through_the_kubernetes_client(k: Contract) -> None:
+    no_host_engine(k)
     job(k, "logged", "validate", command=[*HOST_ENGINE[:2], HOST_ENGINE[2].format(level=1)])
     pod = finished(k, "logged")
     full = log(k, pod)
@@ -483,3 +571,35 @@ def test_operands_tolerate_the_gpu_taint_only_and_a_no_schedule_taint_stops_only
         "a new pod does not start under a taint it does not tolerate"
     k.core.patch_node(NODE, {"spec": {"taints": None}})
     wait_for(lambda: "nvidia-device-plugin-daemonset" in operand_pods(k))
+
+
+def test_the_operator_validator_is_ready_some_time_after_the_other_operands_at_boot(
+        k: Contract) -> None:
+    """After a reboot the GPU Operator's validator is Ready only some seconds after the
+    other operands (it checks the driver, the toolkit and CUDA first)."""
+    wait_for(lambda: len(operand_pods(k)) == 4)
+
+    def validator_ready() -> bool:
+        pods = k.core.list_namespaced_pod(
+            "gpu-operator", label_selector="app=nvidia-operator-validator",
+            field_selector=f"spec.nodeName={NODE}").items
+        return any(c.type == "Ready" and c.status == "True"
+                   for p in pods for c in p.status.conditions or [])
+
+    wait_for(validator_ready, timeout=15)
+    boot = k.core.read_node(NODE).status.node_info.boot_id
+    job(k, "reboot-v", "reboot")
+    wait_for(lambda: k.core.read_node(NODE).status.node_info.boot_id != boot, timeout=20)
+    wait_for(lambda: len(operand_pods(k)) == 4, timeout=20)
+    wait_for(validator_ready, timeout=20)
+
+    def ready_since(p: Any) -> Any:
+        return next(c.last_transition_time for c in p.status.conditions if c.type == "Ready")
+
+    pods = k.core.list_namespaced_pod("gpu-operator", field_selector=f"spec.nodeName={NODE}")
+    since = {p.metadata.labels["app"]: ready_since(p) for p in pods.items}
+    assert since["nvidia-operator-validator"] >= max(since[a] for a in OPERANDS)
+    delays = {p.metadata.labels["app"]: float(
+        p.metadata.annotations["sim.gpu-remediate.io/readiness-delay-seconds"])
+        for p in pods.items}
+    assert delays["nvidia-operator-validator"] > max(delays[a] for a in OPERANDS)

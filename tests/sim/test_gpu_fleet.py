@@ -28,7 +28,33 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def fleet(clock: FakeClock) -> Fleet:
-    return Fleet([NodeSpec(NODE), NodeSpec("n2")], clock=clock)
+    """A fleet whose GPUs have persistence mode off, as the reset Job leaves them before it
+    resets: these tests are about what a reset clears (the refusal has its own tests)."""
+    f = Fleet([NodeSpec(NODE), NodeSpec("n2")], clock=clock)
+    for name in f.nodes:
+        f.set_persistence(name, None, False)
+    return f
+
+
+def test_persistence_mode_is_on_by_default_and_refuses_a_reset(clock: FakeClock) -> None:
+    f = Fleet([NodeSpec(NODE, gpus=2)], clock=clock)
+    f.inject(NODE, 1, "xid", 48)
+    assert [g["persistence_mode"] for g in f.node_json(NODE)["gpus"]] == [True, True]
+    refused = f.reset(NODE, 1)
+    assert not refused.ok and "persistence mode is Enabled" in refused.reason
+    assert f.gpu(NODE, 1).faults, "a refused reset clears nothing"
+    uuid = f.gpu(NODE, 1).uuid
+    f.set_persistence(NODE, uuid, False)  # nvidia-smi -i UUID -pm 0: that GPU only
+    assert [g["persistence_mode"] for g in f.node_json(NODE)["gpus"]] == [True, False]
+    assert f.reset(NODE, uuid).ok and not f.gpu(NODE, 1).faults
+    assert not f.reset(NODE).ok, "GPU 0 still has it on"
+    f.reboot(NODE)
+    assert f.gpu(NODE, 1).persistence_mode, "nvidia-persistenced starts again at boot"
+
+
+def test_gpu_by_unknown_uuid_names_it(fleet: Fleet) -> None:
+    with pytest.raises(UnknownGpu, match="GPU-nope"):
+        fleet.gpu(NODE, "GPU-nope")
 
 
 def value(fleet: Fleet, metric: str, gpu: int, node: str = NODE) -> str | None:

@@ -42,7 +42,9 @@ class ThreadedSimulator:
 
 @pytest.fixture
 def sim() -> Iterator[ThreadedSimulator]:
-    server = ThreadedSimulator(Fleet([NodeSpec(NODE), NodeSpec("gpu-node-02", gpus=4)]))
+    fleet = Fleet([NodeSpec(NODE), NodeSpec("gpu-node-02", gpus=4)])
+    fleet.set_persistence(NODE, None, False)  # resets here are about what they clear
+    server = ThreadedSimulator(fleet)
     yield server
     server.stop()
 
@@ -306,3 +308,37 @@ def test_cli_errors_exit_1_with_server_message(sim: ThreadedSimulator) -> None:
         gpu_app, ["inject", "ghost", "--kind", "xid", "--value", "1", "--url", sim.url]
     )
     assert r.exit_code == 1 and "unknown node 'ghost'" in r.output
+
+
+def test_persistence_mode_shown_per_gpu_and_a_reset_refused_while_on(
+        http: httpx.Client) -> None:
+    gpus = http.get("/api/v1/nodes/gpu-node-02").json()["gpus"]
+    assert [g["persistence_mode"] for g in gpus] == [True] * 4
+    r = http.post("/api/v1/nodes/gpu-node-02/reset", json={"gpu": "2"})
+    assert r.status_code == 409 and "persistence mode is Enabled" in r.json()["error"]
+    r = http.post("/api/v1/nodes/gpu-node-02/persistence", json={"gpu": "2", "enabled": "no"})
+    assert r.status_code == 422 and "enabled" in r.json()["error"]
+    uuid = gpus[2]["uuid"]
+    r = http.post("/api/v1/nodes/gpu-node-02/persistence", json={"gpu": uuid, "enabled": False})
+    assert r.json()["gpus"] == [{"index": 2, "uuid": uuid, "persistence_mode": False}]
+    assert http.post("/api/v1/nodes/gpu-node-02/reset", json={"gpu": uuid}).status_code == 200
+
+
+def test_cli_lists_persistence_mode_as_json_and_refuses_a_reset(sim: ThreadedSimulator) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from sim.gpu.cli import gpu_app
+
+    runner = CliRunner()
+    out = runner.invoke(gpu_app, ["list", "-o", "json", "--url", sim.url])
+    assert out.exit_code == 0, out.output
+    nodes = {n["name"]: n for n in json.loads(out.stdout)["nodes"]}
+    assert all(g["persistence_mode"] for g in nodes["gpu-node-02"]["gpus"])
+    refused = runner.invoke(gpu_app, ["reset", "gpu-node-02", "--gpu", "1", "--url", sim.url])
+    assert refused.exit_code == 1 and "persistence mode" in refused.output
+    runner.invoke(gpu_app, ["persistence", "gpu-node-02", "--gpu", "1", "--off",
+                            "--url", sim.url])
+    done = runner.invoke(gpu_app, ["reset", "gpu-node-02", "--gpu", "1", "--url", sim.url])
+    assert done.exit_code == 0, done.output

@@ -42,7 +42,9 @@ def clock() -> FakeClock:
 
 def fleet_of(clock: FakeClock, gpus: int = 2, **switches: Any) -> Fleet:
     switches.setdefault("xid_count_window_ms", WINDOW_MS)
-    return Fleet([NodeSpec(NODE, gpus=gpus)], clock=clock, **switches)
+    fleet = Fleet([NodeSpec(NODE, gpus=gpus)], clock=clock, **switches)
+    fleet.set_persistence(NODE, None, False)  # as the reset Job leaves it before resetting
+    return fleet
 
 
 def count_lines(text: str) -> list[str]:
