@@ -32,6 +32,7 @@ from workflows.messages import (
     NodeJobResult,
     ObserveInput,
     OrphanRelease,
+    OutOfServiceInput,
     ReleaseInput,
     ReturnInput,
     ReturnResult,
@@ -199,3 +200,11 @@ async def confirm_lease(inp: LeaseCheck) -> LeaseAnswer:
 def read_limits() -> LimitsSettings:
     """The worker's ``limits:`` from its own configuration file (never a client's)."""
     raise _reference("read_limits")
+
+
+# NodeReturnActivities (activities/node_return.py): non-graceful node shutdown.
+
+
+@activity.defn(name="mark_out_of_service")
+async def mark_out_of_service(inp: OutOfServiceInput) -> str:
+    raise _reference("mark_out_of_service")

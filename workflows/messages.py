@@ -340,6 +340,9 @@ class RemediationResume(_Message):
     hot_since: datetime | None = None
     boot_id: str = ""
     uid: str = ""
+    out_of_service: bool = Field(
+        default=False, description="This remediation put node.kubernetes.io/out-of-service "
+                                   "on the node (it did not return): taken off at release.")
 
 
 class OperatorAck(_Message):

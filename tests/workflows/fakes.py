@@ -51,6 +51,7 @@ from workflows.messages import (
     NodeJobResult,
     NodeStatus,
     ObserveInput,
+    OutOfServiceInput,
     ReleaseInput,
     ReturnInput,
     ReturnResult,
@@ -485,6 +486,13 @@ class FakeCluster:
                                        state=cluster.node(n).state.value)
                     for n in cluster.visible_remediations])
 
+        @activity.defn(name="mark_out_of_service")
+        def mark_out_of_service(inp: OutOfServiceInput) -> str:
+            with cluster.lock:
+                cluster.calls.append(("mark_out_of_service", inp))
+                cluster.mutations.append(f"out-of-service {inp.node} {inp.on}")
+                return ("tainted" if inp.on else "untainted") + f" {inp.node} out-of-service"
+
         @activity.defn(name="read_limits")
         async def read_limits() -> LimitsSettings:
             with cluster.lock:
@@ -523,7 +531,7 @@ class FakeCluster:
                 check_node_returned, poll_node_job, delete_node_job, list_running_remediations,
                 check_thermal, pause_gpu_operands, restore_gpu_operands, check_operands_gone,
                 check_operands_back, check_gpus_free, restart_device_plugin, confirm_lease,
-                read_limits]
+                read_limits, mark_out_of_service]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

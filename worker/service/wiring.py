@@ -74,7 +74,7 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
             fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
             fleet.check_thermal,
             fleet.release_orphan, events.record_event,
-            back.check_node_returned, back.check_gpus_free,
+            back.check_node_returned, back.check_gpus_free, back.mark_out_of_service,
             operands.pause_gpu_operands, operands.check_operands_gone,
             operands.restore_gpu_operands, operands.check_operands_back,
             operands.restart_device_plugin,
