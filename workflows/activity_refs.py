@@ -25,6 +25,7 @@ from workflows.messages import (
     FleetObservation,
     GpusFree,
     GpusFreeInput,
+    MirrorRepair,
     NodeEventInput,
     NodeHealth,
     NodeHealthInput,
@@ -208,3 +209,9 @@ def read_limits() -> LimitsSettings:
 @activity.defn(name="mark_out_of_service")
 async def mark_out_of_service(inp: OutOfServiceInput) -> str:
     raise _reference("mark_out_of_service")
+
+
+
+@activity.defn(name="rewrite_state_mirror")
+def rewrite_state_mirror(inp: MirrorRepair) -> bool:
+    raise _reference("rewrite_state_mirror")

@@ -792,6 +792,17 @@ class ReturnInput(_Message):
     )
 
 
+class MirrorRepair(_Message):
+    """A node's state label disagrees with the record: rewrite it (rewrite_state_mirror)."""
+
+    node: str
+    state: NodeState = Field(description="The record's state (what the label must say).")
+    shown: str = Field(default="", max_length=63,
+                       description="The label as the observation saw it: the label is "
+                                   "rewritten only if it still says that.")
+    workflow_id: str = ""
+
+
 class OutOfServiceInput(_Message):
     """Put on or take off ``node.kubernetes.io/out-of-service`` (``mark_out_of_service``)."""
 

@@ -70,6 +70,7 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     back = NodeReturnActivities(api, fleet)
     operands = OperandActivities(api)
     return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,
+            nodes.rewrite_state_mirror,
             jobs.run_node_job, jobs.poll_node_job, jobs.delete_node_job,
             fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
             fleet.check_thermal,
