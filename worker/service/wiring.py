@@ -48,7 +48,8 @@ def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
             node_label=e.prometheus_node_labels, headers=headers, policy=settings.policy)
     return FleetActivities(api, e, prometheus=prometheus,
                            node_selector=settings.kubernetes.node_selector,
-                           record_namespace=settings.record_namespace())
+                           record_namespace=settings.record_namespace(),
+                           jobs_namespace=settings.jobs.namespace)
 
 
 def limits_reader(settings: Settings) -> Callable[[], LimitsSettings]:
