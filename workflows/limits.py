@@ -49,6 +49,10 @@ class LimitsSettings(BaseModel):
     cordons_may_skip_budget: bool = Field(
         description="Whether cordoned_counts_against_budget may be switched off.")
     dry_run_may_end: bool = Field(description="Whether a dry-run detector may start acting.")
+    out_of_service_taint_allowed: bool = Field(
+        default=False, description="Whether a node that did not return may be marked "
+                                   "node.kubernetes.io/out-of-service (its pods and volumes "
+                                   "are then released elsewhere).")
     node_writable_labels_allowed: bool = Field(
         default=False, description="Whether pools may be read from labels a kubelet can "
                                    "write (detector.trust_node_writable_labels).")
@@ -114,6 +118,7 @@ class LimitsSettings(BaseModel):
             cordons_may_skip_budget=not detector.cordoned_counts_against_budget,
             dry_run_may_end=not detector.dry_run,
             node_writable_labels_allowed=detector.trust_node_writable_labels,
+            out_of_service_taint_allowed=r.drain.out_of_service_taint,
             interval_min=detector.interval,
             thermal_debounce_min=detector.thermal_debounce,
             breaker_max_flagged_percent=detector.breaker_max_flagged_percent,
@@ -350,6 +355,10 @@ CHECKS: dict[str, _Check] = {
         "heat cordons would stop taking drain slots"),
     "dry_run": _switch("dry_run", "dry_run_may_end", lambda v: not v,
                        "the detector would start acting on nodes"),
+    "remediation.drain.out_of_service_taint": _switch(
+        "remediation.drain.out_of_service_taint", "out_of_service_taint_allowed",
+        lambda v: bool(v), "a node not back would have its pods and volumes released "
+                           "elsewhere (wrong if it is only cut off, not down)"),
     "trust_node_writable_labels": _switch(
         "trust_node_writable_labels", "node_writable_labels_allowed", lambda v: bool(v),
         "a node could move itself between pools and let one admit past its limit"),

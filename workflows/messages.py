@@ -178,9 +178,6 @@ INTERNAL_OPERATORS = frozenset({DETECTOR_REQUESTER, "policy"})
 """Names the workflows themselves write as who acted (the detector's own remediations; a
 quarantine the policy ordered): no person may act under them, or the record would lie."""
 
-NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-"""A Kubernetes node name: a DNS-1123 subdomain (at most 253 characters)."""
-
 # Not control characters in Unicode's sense, but they reorder or break what a terminal, an
 # Event or the UI shows (bidirectional overrides, line and paragraph separators).
 _DISPLAY_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
@@ -227,10 +224,8 @@ def node_problem(node: str) -> str | None:
     """Why ``node`` cannot be a Kubernetes node name, or None."""
     if (where := unprintable(node)) is not None:
         return f"node: a control character or terminal escape ({where}) is not allowed"
-    if len(node) > 253 or not NODE_NAME.fullmatch(node):
-        return ("node: not a Kubernetes node name (lowercase letters, digits, '-' and '.', "
-                "at most 253 characters)")
-    return None
+    problem = valid_node_name(node)
+    return None if problem is None else f"node: {problem}"
 
 
 def _rules_apply(info: ValidationInfo) -> bool:

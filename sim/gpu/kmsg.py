@@ -50,8 +50,10 @@ def xid_line(bus_id: str, xid: int, seconds: float) -> str:
     domain, bus, rest = bus_id.split(":", 2)
     device = rest.split(".", 1)[0]
     pci = f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}"
-    text = _TEXT.get(xid)
-    tail = f", pid='<unknown>', name=<unknown>, {text}" if text else ""
+    # The driver always writes the process after the number; the text is the XID's own
+    # message, or a generic one for an XID the table does not know.
+    text = _TEXT.get(xid) or "Unrecognized error"
+    tail = f", pid='<unknown>', name=<unknown>, {text}"
     return f"[{seconds:12.6f}] NVRM: Xid (PCI:{pci}): {xid}{tail}"
 
 

@@ -42,9 +42,10 @@ def test_an_injected_xid_is_appended_to_that_nodes_log_only(tmp_path: Path) -> N
                                                      812.5)
 
 
-def test_an_xid_the_table_does_not_know_has_the_number_alone() -> None:
+def test_an_xid_the_table_does_not_know_still_has_the_drivers_shape() -> None:
     line = xid_line("00000000:9A:00.0", 1234, 1.0)
-    assert line == "[    1.000000] NVRM: Xid (PCI:0000:9a:00): 1234"
+    assert line == ("[    1.000000] NVRM: Xid (PCI:0000:9a:00): 1234, pid='<unknown>', "
+                    "name=<unknown>, Unrecognized error")
     assert [x.xid for x in parse_kernel_log(line)] == [1234]
 
 

@@ -47,7 +47,7 @@ from worker.config import ConfigError, Settings, TemporalSettings, load_settings
 from worker.logs import configure_logging
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow
-from workflows.ids import DETECTOR_WORKFLOW_ID, MAX_REASON_CHARS, valid_node_name
+from workflows.ids import DETECTOR_WORKFLOW_ID, MAX_REASON_CHARS
 from workflows.messages import (
     DetectorInput,
     ManualRemediation,
@@ -111,7 +111,7 @@ OperatorOpt = Annotated[str | None, typer.Option(
 
 def _node_name(name: str) -> str:
     # Before any call: a name no node can have is refused with one line, nothing written.
-    problem = valid_node_name(name)
+    problem = node_problem(name)
     if problem is not None:
         raise typer.BadParameter(problem)
     return name
