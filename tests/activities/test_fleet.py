@@ -227,7 +227,7 @@ class _StubPrometheus:
         self.asked: list[str] = []
 
     async def read(self, nodes: list[str], *, thermal_hold: timedelta,
-                   acknowledged_xids: dict[str, int]) -> tuple[dict, dict]:
+                   acknowledged_by_node: dict[str, dict[str, int]]) -> tuple[dict, dict]:
         from policy.models import GpuReading, NodeReadings
 
         self.asked = nodes
