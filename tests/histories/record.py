@@ -878,23 +878,24 @@ def patch_ids(root: Path = WORKFLOWS) -> dict[str, list[str]]:
     trees = {p: ast.parse(p.read_text(), str(p)) for p in sorted(root.glob("*.py"))}
     for path, tree in trees.items():
         mine = constants.setdefault(path.stem, {})
-        for node in tree.body:
-            target, value = None, None
-            if isinstance(node, ast.Assign) and len(node.targets) == 1:
-                target, value = node.targets[0], node.value
-            elif isinstance(node, ast.AnnAssign):
-                target, value = node.target, node.value
+        for stmt in tree.body:
+            target: ast.expr | None = None
+            value: ast.expr | None = None
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                target, value = stmt.targets[0], stmt.value
+            elif isinstance(stmt, ast.AnnAssign):
+                target, value = stmt.target, stmt.value
             if isinstance(target, ast.Name) and isinstance(value, ast.Constant) \
                     and isinstance(value.value, str):
                 mine[target.id] = value.value
     found: dict[str, list[str]] = {}
     for path, tree in trees.items():
         names = dict(constants[path.stem])
-        for node in ast.walk(tree):  # imports in a ``with`` block too (passed through)
-            if isinstance(node, ast.ImportFrom) and node.module and \
-                    node.module.startswith(f"{root.name}."):
-                source = constants.get(node.module.split(".", 1)[1], {})
-                for alias in node.names:
+        for imp in ast.walk(tree):  # imports in a ``with`` block too (passed through)
+            if isinstance(imp, ast.ImportFrom) and imp.module and \
+                    imp.module.startswith(f"{root.name}."):
+                source = constants.get(imp.module.split(".", 1)[1], {})
+                for alias in imp.names:
                     if alias.name in source:
                         names[alias.asname or alias.name] = source[alias.name]
         for node in ast.walk(tree):
@@ -982,6 +983,10 @@ async def record_missing(client: Client) -> int:
     return len(want)
 
 
+async def _named(scenario: Scenario, name: str, client: Client) -> None:
+    await scenario.record(client, name)
+
+
 PREVIOUS = (remediation_reboot, remediation_approved, remediation_quarantine_release,
             detector_ticks)
 KEPT = (v2_reboot, v2_reset_then_reboot,
@@ -1011,7 +1016,7 @@ async def main() -> int:
         for s in SCENARIOS:
             name = f"{TAG}_{s.name}"
             if not args.only or any(name.startswith(o) for o in args.only):
-                runs.append((name, functools.partial(s.record, name=name)))
+                runs.append((name, functools.partial(_named, s, name)))
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter, dev_server_existing_path=binary("temporal"),
         search_attributes=list(SEARCH_ATTRIBUTES))
