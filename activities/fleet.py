@@ -186,8 +186,10 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
                       ExporterReading, NodeListing):
     def __init__(self, api: client.ApiClient, exporter: ExporterSettings, *,
                  prometheus: PrometheusSource | None = None, node_selector: str = "",
-                 record_namespace: str | None = None) -> None:
+                 record_namespace: str | None = None, jobs_namespace: str = "") -> None:
         self.core = client.CoreV1Api(api)
+        self.jobs_namespace = jobs_namespace
+        """Where node Jobs run: release-orphan deletes a dead remediation's Jobs there."""
         self.nodes = NodeActivities(api, record_namespace)
         self.records = RecordStore(self.core, record_namespace)
         """The node records (activities/record.py); None: ``record.set_record_namespace``'s."""

@@ -47,6 +47,7 @@ from activities.node_keys import (
     TAINT_KEY,
 )
 from activities.record import (
+    STATE_MISMATCH,
     NodeRecord,
     RecordStore,
     RecordUnreadable,
@@ -57,7 +58,14 @@ from activities.record import (
 )
 from activities.xid_sightings import clear_sightings, dump_tracks, parse_tracks
 from workflows import errors
-from workflows.messages import ClaimInput, ClaimResult, HistoryEntry, ReleaseInput, StateInput
+from workflows.messages import (
+    ClaimInput,
+    ClaimResult,
+    HistoryEntry,
+    MirrorRepair,
+    ReleaseInput,
+    StateInput,
+)
 from workflows.transitions import NodeState, Outcome, Step
 
 log = logging.getLogger(__name__)
@@ -286,6 +294,33 @@ class NodeActivities:
             gpus=seen["gpus"], history=seen["history"], boot_id=seen["boot_id"],
             uid=seen["uid"],
         )
+
+    @activity.defn
+    def rewrite_state_mirror(self, inp: MirrorRepair) -> bool:
+        """The record wins: a state label the node rewrote (forged, wiped, edited) is
+        written back to the record's state, and said (Warning Event StateMismatch, counter
+        gpu_remediate_state_mismatch_total{kind="state"}). Only if the label still shows
+        what the observation saw: a fresher write by the remediation is never undone.
+        True when it was rewritten."""
+        done: list[bool] = []
+
+        def build(node: Any) -> dict[str, Any] | None:
+            done.clear()
+            shown = meta_dict(node, "labels").get(STATE_LABEL, "")
+            if shown[:63] != inp.shown or shown == inp.state.value:
+                return None
+            done.append(True)
+            return {"metadata": {"labels": {STATE_LABEL: inp.state.value}}}
+
+        self._patch_guarded(inp.node, build)
+        if done:
+            STATE_MISMATCH.labels("state").inc()
+            record_node_event(
+                self.core, inp.node, reason="StateMismatch", event_type="Warning",
+                message=(f"state label {inp.shown or '(none)'!r} is not the controller's "
+                         f"record ({inp.state.value}, {inp.workflow_id or 'no remediation'}): "
+                         "rewritten; the node's labels decide nothing"))
+        return bool(done)
 
     @activity.defn
     def set_node_state(self, inp: StateInput) -> None:

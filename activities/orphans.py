@@ -25,11 +25,22 @@ from activities import metrics
 from activities.events import record_node_event
 from activities.fleet_nodes import GpuNode, _our_workflow, _state, _tainted
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
-from activities.node_keys import A_ACTION, A_ORPHAN, A_PRECORDONED, A_REASON, A_SINCE, STATE_LABEL
+from activities.node_keys import (
+    A_ACTION,
+    A_ORPHAN,
+    A_PRECORDONED,
+    A_REASON,
+    A_SINCE,
+    NODE_LABEL,
+    STATE_LABEL,
+    label_value,
+)
 from activities.nodes import NodeActivities
+from activities.operands import A_OPERANDS_PAUSED, OperandActivities, parse_record
 from workflows import errors as error_types
 from workflows.ids import remediation_workflow_id
 from workflows.messages import HistoryEntry, OrphanRelease, ReleaseInput
+from workflows.operands import OperandsPaused
 from workflows.transitions import NodeState, Outcome
 
 log = logging.getLogger(__name__)
@@ -40,6 +51,7 @@ class OrphanActivities:
 
     core: client.CoreV1Api
     nodes: NodeActivities
+    jobs_namespace: str
 
     async def find_orphans(self, labelled: list[GpuNode]) -> list[str]:
         """Labelled nodes whose remediation is not running (terminated, failed, gone).
@@ -87,16 +99,53 @@ class OrphanActivities:
         if node.state == NodeState.HEALTHY or req.node not in await self.find_orphans([node]):
             raise ApplicationError(f"{req.node} is not an orphan any more",
                                    type=error_types.NOT_ORPHAN, non_retryable=True)
+        # What the dead remediation left besides its markers: GPU Operator operands it
+        # turned off for a reset, and its node Jobs (a validation holding every GPU).
+        cleaned = await asyncio.to_thread(self._clean_up, req.node, ann)
         now = datetime.now(UTC)
         # Node-written: a naive or absurd time must not keep the release from finishing.
         started = node_annotations.parse_timestamp(A_SINCE, ann.get(A_SINCE), now=now).value or now
         why = f"orphan released by {req.operator}" + (f": {req.reason}" if req.reason else "")
+        if cleaned:
+            why += f" ({'; '.join(cleaned)})"
         await asyncio.to_thread(self.nodes.release_node, ReleaseInput(
             node=req.node, outcome=Outcome.RELEASED, uncordon=ann.get(A_PRECORDONED) != "true",
             history=HistoryEntry(started=started, finished=now, action=ann.get(A_ACTION, "?"),
                                  reason=ann.get(A_REASON, ""), outcome=f"{Outcome.RELEASED}: {why}",
                                  workflow_id=node.workflow_id, by=req.operator),
             event_reason="OrphanReleased", event_message=why))
+
+    def _clean_up(self, node: str, ann: dict[str, str]) -> list[str]:
+        """Restore the operand deploy labels the pause recorded (only those still "false":
+        a value someone set since is theirs) and delete this node's Jobs of ours. What was
+        done, in words, for the Event and the history."""
+        done: list[str] = []
+        recorded = parse_record(ann.get(A_OPERANDS_PAUSED))
+        if recorded:
+            OperandActivities(self.core.api_client)._restore(OperandsPaused(
+                node=node, changed=recorded, left={}, message="orphan release"))
+            done.append("GPU Operator operands restored: " + ", ".join(sorted(recorded)))
+        if self.jobs_namespace:
+            batch = client.BatchV1Api(self.core.api_client)
+            try:
+                jobs = batch.list_namespaced_job(
+                    self.jobs_namespace, label_selector=f"{NODE_LABEL}={label_value(node)}",
+                    _request_timeout=REQUEST_TIMEOUT).items
+            except ApiException as err:
+                raise_typed(err, f"list Jobs of {node}")
+            for job in jobs:
+                name = job.metadata.name if job.metadata else None
+                if not name:
+                    continue
+                try:
+                    batch.delete_namespaced_job(name, self.jobs_namespace,
+                                                propagation_policy="Background",
+                                                _request_timeout=REQUEST_TIMEOUT)
+                except ApiException as err:
+                    if err.status != 404:
+                        raise_typed(err, f"delete Job {name}")
+                done.append(f"Job {name} deleted")
+        return done
 
     def _mark_orphan(self, node: str, workflow_id: str) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

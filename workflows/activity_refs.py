@@ -25,6 +25,7 @@ from workflows.messages import (
     FleetObservation,
     GpusFree,
     GpusFreeInput,
+    MirrorRepair,
     NodeEventInput,
     NodeHealth,
     NodeHealthInput,
@@ -32,6 +33,7 @@ from workflows.messages import (
     NodeJobResult,
     ObserveInput,
     OrphanRelease,
+    OutOfServiceInput,
     ReleaseInput,
     ReturnInput,
     ReturnResult,
@@ -199,3 +201,17 @@ async def confirm_lease(inp: LeaseCheck) -> LeaseAnswer:
 def read_limits() -> LimitsSettings:
     """The worker's ``limits:`` from its own configuration file (never a client's)."""
     raise _reference("read_limits")
+
+
+# NodeReturnActivities (activities/node_return.py): non-graceful node shutdown.
+
+
+@activity.defn(name="mark_out_of_service")
+async def mark_out_of_service(inp: OutOfServiceInput) -> str:
+    raise _reference("mark_out_of_service")
+
+
+
+@activity.defn(name="rewrite_state_mirror")
+def rewrite_state_mirror(inp: MirrorRepair) -> bool:
+    raise _reference("rewrite_state_mirror")

@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         DetectorView,
         FleetObservation,
         ManualRemediation,
+        MirrorRepair,
         NodeReport,
         ObserveInput,
         OperatorAck,
@@ -136,6 +137,9 @@ class DetectorWorkflow:
         self.over_limits: list[str] = []
         # Faults nodes reported about themselves (workflows/reports.py).
         self.reports: list[NodeReport] = []
+        # State labels that disagreed with the record at the last tick ("label->record"):
+        # rewritten when the same disagreement is seen twice (a write in flight is not one).
+        self.mismatches: dict[str, str] = {}
 
     pinned = False
     """True in PinnedDetectorWorkflow: what a versioned worker registers."""
@@ -523,6 +527,39 @@ class DetectorWorkflow:
                                  ", ".join(r.node for r in found.remediations[:20]))
         return True
 
+    async def _rewrite_mirrors(self, obs: FleetObservation) -> None:
+        """The record wins over a node's state label: a label that says another state than
+        its lease (forged, wiped, edited by the node) is rewritten, with a StateMismatch
+        Event, once the same disagreement shows at two ticks running (the remediation's
+        own write and the search attribute it reads from land a moment apart)."""
+        now: dict[str, str] = {}
+        shown: dict[str, str] = {}
+        for r in obs.remediating:
+            lease = self.state.leases.get(r.node)
+            if lease is None or lease.orphan or lease.state == NodeState.HEALTHY:
+                continue
+            if r.label != lease.state.value:
+                now[r.node] = f"{r.label}->{lease.state.value}"
+                shown[r.node] = r.label
+        due = sorted(n for n, pair in now.items() if self.mismatches.get(n) == pair)
+        self.mismatches = now
+        if not due or not workflow.patched("state-mirror-rewritten"):
+            return
+        for node in due[:10]:
+            lease = self.state.leases[node]
+            try:
+                await workflow.execute_activity(
+                    act.rewrite_state_mirror,
+                    MirrorRepair(node=node, state=lease.state, shown=shown[node],
+                                 workflow_id=lease.workflow_id),
+                    start_to_close_timeout=timedelta(minutes=1),
+                    retry_policy=RetryPolicy(maximum_attempts=3),
+                    summary=f"rewrite {node}'s state label from the record")
+            except ActivityError as err:
+                workflow.logger.warning("could not rewrite %s's state label: %s", node,
+                                        err.cause or err)
+            self.mismatches.pop(node, None)
+
     def _lease_workflows(self) -> list[str]:
         return sorted({lease.workflow_id for lease in self.state.leases.values()
                        if lease.workflow_id and not lease.orphan})
@@ -622,6 +659,7 @@ class DetectorWorkflow:
         if self.leases_mode:
             self.orphans = sorted(set(obs.orphans) | {n for n, lease in st.leases.items()
                                                       if lease.orphan})
+            await self._rewrite_mirrors(obs)
         self.busy = adm.busy
         self.budget = adm.budget
         waiting: list[str] = []

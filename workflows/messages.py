@@ -340,6 +340,9 @@ class RemediationResume(_Message):
     hot_since: datetime | None = None
     boot_id: str = ""
     uid: str = ""
+    out_of_service: bool = Field(
+        default=False, description="This remediation put node.kubernetes.io/out-of-service "
+                                   "on the node (it did not return): taken off at release.")
 
 
 class OperatorAck(_Message):
@@ -787,6 +790,17 @@ class ReturnInput(_Message):
         description="When the reboot was requested: a Ready transition after it proves a "
                     "reboot when no boot ID can be compared.",
     )
+
+
+class MirrorRepair(_Message):
+    """A node's state label disagrees with the record: rewrite it (rewrite_state_mirror)."""
+
+    node: str
+    state: NodeState = Field(description="The record's state (what the label must say).")
+    shown: str = Field(default="", max_length=63,
+                       description="The label as the observation saw it: the label is "
+                                   "rewritten only if it still says that.")
+    workflow_id: str = ""
 
 
 class OutOfServiceInput(_Message):

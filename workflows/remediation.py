@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         NodeJobResult,
         OperatorAck,
         OperatorCommand,
+        OutOfServiceInput,
         RejectedCommand,
         ReleaseInput,
         RemediationInput,
@@ -192,6 +193,8 @@ class RemediationWorkflow:
         self.slot_granted = self.inp.holds_slot
         self.uid = r.uid if r else ""
         self._lease_gate: bool | None = None
+        # We put node.kubernetes.io/out-of-service on the node (it did not come back).
+        self.out_of_service = r.out_of_service if r else False
         if r is None or (self.view.quarantine_ordered_by is None
                          and self.view.quarantine_policy_reason is None):
             # Also a run continued from a release whose view did not show them yet.
@@ -606,7 +609,8 @@ class RemediationWorkflow:
             release_order=self.release_order, abort_note=self.abort_note,
             quarantine_why=why, acknowledged=acked or {}, drain_started=self.drain_started,
             drain_force=self.drain_force, report_after=self.report_after,
-            hot_since=self.hot_since, boot_id=self.boot_id, uid=self.uid)}))
+            hot_since=self.hot_since, boot_id=self.boot_id, uid=self.uid,
+            out_of_service=self.out_of_service)}))
 
     def _quarantine_reason(self) -> str:
         if self.quarantine_order is not None:
@@ -1050,11 +1054,35 @@ class RemediationWorkflow:
         except ActivityError as err:
             why = f"did not return within {timeout} of its reboot: {_cause(err)}"
             await self._note_event("NodeDidNotReturn", f"{self.inp.node} {why}", "Warning")
+            await self._out_of_service(True)
             return NodeJobResult(succeeded=False, job_name=job.job_name, message=why)
         self._set(NodeState.REPAIRING, Step.REBOOTED)
         self._details(back.message)
         await self._note_event("NodeRebooted", back.message)
         return NodeJobResult(succeeded=True, job_name=job.job_name, message=back.message)
+
+    async def _out_of_service(self, on: bool) -> None:
+        """remediation.drain.out_of_service_taint: a node that did not come back gets
+        node.kubernetes.io/out-of-service (non-graceful node shutdown: its pods and volumes
+        are released elsewhere), and loses it when it is given back. Best effort: the
+        quarantine (or the release) goes on whatever the API says."""
+        if self.inp.dry_run or on == self.out_of_service or \
+                not self.inp.settings.drain.out_of_service_taint or \
+                not workflow.patched("out-of-service-taint"):
+            return
+        try:
+            said = await self._call(
+                act.mark_out_of_service,
+                OutOfServiceInput(node=self.inp.node, uid=self.uid, on=on),
+                timeout=NODE_CALL, heartbeat=False, retry=ABORT_READ_RETRY,
+                check_cancel=False,
+                summary=("mark" if on else "unmark") + f" {self.inp.node} out of service")
+        except (ActivityError, NodeGone) as err:
+            workflow.logger.warning("out-of-service taint on %s not %s: %s", self.inp.node,
+                                    "added" if on else "removed", _cause(err))
+            return
+        self.out_of_service = on
+        self._plan(said)
 
     async def _reset(self, attempt: int) -> NodeJobResult:
         """GPU reset beside the GPU Operator: its operands hold the GPUs, so they are turned
@@ -1511,6 +1539,7 @@ class RemediationWorkflow:
 
     async def _finish(self, outcome: Literal[Outcome.HEALTHY, Outcome.RELEASED], why: str,
                       acked: dict[str, int] | None = None) -> RemediationResult:
+        await self._out_of_service(False)
         self._set(NodeState.HEALTHY, Step(outcome))
         await self._release_call(outcome, why, acked or {})
         self.released = True
@@ -1575,6 +1604,7 @@ class RemediationWorkflow:
                 workflow.logger.warning("could not delete %s: %s", self.job_in_progress.name,
                                         _cause(err))
         await self._restore_operands(best_effort=True)
+        await self._out_of_service(False)
         # The XIDs that started it and any shown since are acknowledged: an XID keeps
         # showing until another comes, and the detector must not start this again.
         acked = self._acknowledged_xids()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -102,3 +103,40 @@ async def test_a_node_that_is_not_an_orphan_is_not_released(
     with pytest.raises(ApplicationError, match="not an orphan"):
         await ActivityEnvironment().run(fleet.release_orphan, OrphanRelease(
             node="gpu-node-01", operator="dana", reason="looked stuck"))
+
+
+async def test_orphan_release_restores_the_operands_and_deletes_its_jobs(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A remediation that died during a GPU reset left the GPU Operator's device plugin
+    (and others) off and maybe a Job: release-orphan gives them back as found, not a node
+    back in service without its device plugin."""
+    from activities.node_keys import NODE_LABEL, label_value
+    from activities.operands import A_OPERANDS_PAUSED, dump_record
+    from workflows.operands import deploy_label
+
+    ns = "gpu-remediate-jobs"
+    cluster.core.create_namespace({"metadata": {"name": ns}})
+    plugin = deploy_label("device-plugin")
+    fleet = FleetActivities(cluster.api, ExporterSettings(mode="template"), jobs_namespace=ns)
+    monkeypatch.setattr(fleet, "find_orphans", _NoWorkflows())
+    _orphan(cluster, "gpu-node-02", precordoned=False)
+    cluster.core.patch_node("gpu-node-02", {"metadata": {
+        "labels": {plugin: "false"},
+        "annotations": {A_OPERANDS_PAUSED: dump_record({plugin: "true"})}}})
+    batch = client.BatchV1Api(cluster.api)
+    batch.create_namespaced_job(ns, {
+        "metadata": {"name": "gr-validate-gpu-node-02-x-1",
+                     "labels": {NODE_LABEL: label_value("gpu-node-02")}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "v", "image": "busybox", "command": ["true"]}]}}}})
+    await ActivityEnvironment().run(fleet.release_orphan, OrphanRelease(
+        node="gpu-node-02", operator="dana", reason="workflow was terminated"))
+    node = cluster.node("gpu-node-02")
+    assert (node.metadata.labels or {}).get(plugin) == "true"
+    assert A_OPERANDS_PAUSED not in (node.metadata.annotations or {})
+    assert batch.list_namespaced_job(ns).items == [] or all(
+        j.metadata.deletion_timestamp for j in batch.list_namespaced_job(ns).items)
+    history = (node.metadata.annotations or {})["gpu-remediate.io/history"]
+    assert "operands restored" in history
+    said = " ".join(e.message or "" for e in cluster.events("gpu-node-02", "OrphanReleased"))
+    assert "Job gr-validate-gpu-node-02-x-1 deleted" in said, said

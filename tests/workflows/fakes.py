@@ -44,6 +44,7 @@ from workflows.messages import (
     GpusFree,
     GpusFreeInput,
     HistoryEntry,
+    MirrorRepair,
     NodeEventInput,
     NodeHealth,
     NodeHealthInput,
@@ -51,6 +52,7 @@ from workflows.messages import (
     NodeJobResult,
     NodeStatus,
     ObserveInput,
+    OutOfServiceInput,
     ReleaseInput,
     ReturnInput,
     ReturnResult,
@@ -150,6 +152,10 @@ class FakeCluster:
     # What Temporal says of remediations that closed (by node: COMPLETED, TERMINATED, ...);
     # visible_remediations are running. Any other lease holder is described for real.
     closed_remediations: dict[str, str] = field(default_factory=dict)
+    # The state Temporal records for a visible remediation (its RemediationState search
+    # attribute), where it is not what the node's label says (a node that relabelled
+    # itself); by default the label's.
+    visible_states: dict[str, NodeState] = field(default_factory=dict)
     # The worker's limits (read_limits); None: the detector's own settings (it may tighten,
     # never loosen), as a worker whose config file started it would say.
     limits: LimitsSettings | None = None
@@ -428,7 +434,8 @@ class FakeCluster:
             with cluster.lock:
                 running = node in cluster.visible_remediations
                 closed = cluster.closed_remediations.get(node)
-                state = cluster.node(node).state.value if node in cluster.nodes else ""
+                state = (cluster.visible_states.get(node) or cluster.node(node).state).value \
+                    if node in cluster.nodes else ""
             if running:
                 return LeaseStatus(workflow_id=wid, status="RUNNING", state=state)
             if closed:
@@ -482,8 +489,28 @@ class FakeCluster:
                     raise RuntimeError(cluster.visibility_error)
                 return RunningRemediations(remediations=[
                     RunningRemediation(node=n, workflow_id=remediation_workflow_id(n),
-                                       state=cluster.node(n).state.value)
+                                       state=(cluster.visible_states.get(n)
+                                              or cluster.node(n).state).value)
                     for n in cluster.visible_remediations])
+
+        @activity.defn(name="rewrite_state_mirror")
+        def rewrite_state_mirror(inp: MirrorRepair) -> bool:
+            with cluster.lock:
+                cluster.calls.append(("rewrite_state_mirror", inp))
+                n = cluster.node(inp.node)
+                if n.state.value != inp.shown:
+                    return False
+                cluster.mutations.append(f"mirror {inp.node} {inp.state.value}")
+                n.state = inp.state
+                cluster.events.append((inp.node, "StateMismatch", inp.shown))
+                return True
+
+        @activity.defn(name="mark_out_of_service")
+        def mark_out_of_service(inp: OutOfServiceInput) -> str:
+            with cluster.lock:
+                cluster.calls.append(("mark_out_of_service", inp))
+                cluster.mutations.append(f"out-of-service {inp.node} {inp.on}")
+                return ("tainted" if inp.on else "untainted") + f" {inp.node} out-of-service"
 
         @activity.defn(name="read_limits")
         async def read_limits() -> LimitsSettings:
@@ -523,7 +550,7 @@ class FakeCluster:
                 check_node_returned, poll_node_job, delete_node_job, list_running_remediations,
                 check_thermal, pause_gpu_operands, restore_gpu_operands, check_operands_gone,
                 check_operands_back, check_gpus_free, restart_device_plugin, confirm_lease,
-                read_limits]
+                read_limits, mark_out_of_service, rewrite_state_mirror]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

@@ -936,3 +936,37 @@ async def test_a_detector_started_past_the_limits_admits_nothing(local_env):
         finally:
             await cleanup(local_env.client, detector, cluster)
     assert cluster.max_out_of_service() == 1
+
+
+# ------------------------------------------------------------------ the record wins
+
+
+async def test_a_node_relabelling_itself_moves_no_slot_and_its_label_is_rewritten(local_env):
+    """A kubelet can write its own labels. A quarantined node that relabels itself
+    draining blocks nothing (budget 1: another node is admitted); a node mid-drain that
+    relabels itself quarantined frees nothing and counts as no quarantine. Each label is
+    rewritten from the record, with a StateMismatch Event."""
+    cluster, names = fleet(10)
+    quarantined, draining, flagged = names[:3]
+    for node, label, record in ((quarantined, NodeState.DRAINING, NodeState.QUARANTINED),
+                                (draining, NodeState.QUARANTINED, NodeState.DRAINING)):
+        cluster.nodes[node].state, cluster.nodes[node].tainted = label, True
+        cluster.visible_states[node] = record
+    cluster.visible_remediations = [quarantined, draining]
+    cluster.verdicts = [xid_verdict(flagged)]
+    s = settings(max_unavailable=2, max_quarantined=None, **NO_BREAKER)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, s)
+        try:
+            await until(lambda: cluster.nodes[quarantined].state == NodeState.QUARANTINED
+                        and cluster.nodes[draining].state == NodeState.DRAINING, timeout=30,
+                        what="both labels rewritten from the record")
+            view = await dview(detector)
+            assert view.quarantined == [quarantined]
+            assert draining in view.in_flight and quarantined not in view.in_flight
+            await until(lambda: flagged in started_children(cluster),
+                        what="the quarantined node holds no slot whatever its label says")
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+    assert {n for n, reason, _ in cluster.events if reason == "StateMismatch"} == {
+        quarantined, draining}

@@ -116,3 +116,28 @@ async def test_a_reboot_whose_image_cannot_be_pulled_says_so(time_skipping_env) 
     assert "RebootNotStarted" in reasons and "NodeDidNotReturn" not in reasons, reasons
     assert not [c for c in cluster.calls if c[0] == "check_node_returned"]
     assert "ImagePullBackOff" in cluster.node("offline").history[-1].outcome
+
+
+async def test_a_node_that_did_not_return_is_marked_out_of_service(time_skipping_env) -> None:
+    """With remediation.drain.out_of_service_taint, a node that did not come back gets
+    node.kubernetes.io/out-of-service (its pods and volumes are released elsewhere) when
+    it is quarantined; without it, nothing is marked."""
+    for taint in (True, False):
+        node = f"gone-{taint}".lower()
+        cluster = PowerLossCluster()
+        cluster.node(node).returns_after = 10**6
+        settings = RemediationSettings(reboot_return_timeout=timedelta(minutes=5),
+                                       max_repair_attempts=1)
+        settings.drain.out_of_service_taint = taint
+        async with running(time_skipping_env.client, cluster) as queue:
+            handle = await time_skipping_env.client.start_workflow(
+                RemediationWorkflow.run, RemediationInput(
+                    node=node, verdict=xid_verdict(node), settings=settings),
+                id=f"remediation-{node}-{uuid.uuid4()}", task_queue=queue)
+            for _ in range(200):
+                await time_skipping_env.sleep(timedelta(seconds=30))
+                if cluster.node(node).state == NodeState.QUARANTINED:
+                    break
+            await end_in_hold(handle)
+        marks = [c[1].on for c in cluster.calls if c[0] == "mark_out_of_service"]
+        assert marks == ([True] if taint else []), (taint, marks)

@@ -48,7 +48,8 @@ def build_fleet(settings: Settings, api: ApiClient) -> FleetActivities:
             node_label=e.prometheus_node_labels, headers=headers, policy=settings.policy)
     return FleetActivities(api, e, prometheus=prometheus,
                            node_selector=settings.kubernetes.node_selector,
-                           record_namespace=settings.record_namespace())
+                           record_namespace=settings.record_namespace(),
+                           jobs_namespace=settings.jobs.namespace)
 
 
 def limits_reader(settings: Settings) -> Callable[[], LimitsSettings]:
@@ -70,11 +71,12 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     back = NodeReturnActivities(api, fleet)
     operands = OperandActivities(api)
     return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,
+            nodes.rewrite_state_mirror,
             jobs.run_node_job, jobs.poll_node_job, jobs.delete_node_job,
             fleet.observe_fleet, fleet.read_node_health, fleet.watch_thermal,
             fleet.check_thermal,
             fleet.release_orphan, events.record_event,
-            back.check_node_returned, back.check_gpus_free,
+            back.check_node_returned, back.check_gpus_free, back.mark_out_of_service,
             operands.pause_gpu_operands, operands.check_operands_gone,
             operands.restore_gpu_operands, operands.check_operands_back,
             operands.restart_device_plugin,
