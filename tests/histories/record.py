@@ -94,6 +94,10 @@ the ids it is there for):
                                      node cordoned outside the budget, a slot request
                                      granted, a `node_report` signal
 - remediation-v5-detector-hot.run1.json  that detector's child: heat cordon, slot, drain
+- v5_reboot_not_back.run1.json       the node never returns from its reboot, with
+                                     out_of_service_taint: marked out of service, quarantined
+- v5_detector_mirror.run1.json       a node mid-drain relabelled quarantined: the detector
+                                     rewrites its label from the record
 
 Each file is ``(await handle.fetch_history()).to_json()`` of one run; the file name up
 to its first dot is the workflow id given to ``WorkflowHistory.from_json`` on replay
@@ -830,6 +834,49 @@ async def v5_detector(client: Client, name: str) -> None:
         await child.terminate("recorded")
 
 
+async def v5_reboot_not_back(client: Client, name: str) -> None:
+    """A reboot whose node never comes back (power lost), with out_of_service_taint on:
+    marked out of service, quarantined (run 1)."""
+    cluster = FakeCluster()
+    node = name.replace("_", "-")
+    cluster.node(node).returns_after = 10**6
+    settings = drain(out_of_service_taint=True).model_copy(update={
+        "reboot_return_timeout": timedelta(seconds=3),
+        "node_poll_interval": timedelta(seconds=1), "max_repair_attempts": 1})
+    async with worker_for(client, cluster) as queue:
+        handle = await start(client, queue, name, settings=settings)
+        run1 = await first_run(handle)
+        await continued(handle, run1)
+        await state_is(handle, NodeState.QUARANTINED)
+        marks = [c[1].on for c in cluster.calls if c[0] == "mark_out_of_service"]
+        assert marks == [True], marks
+        await handle.terminate("recorded")
+        await save_run(client, f"{name}.run1", name, run1)
+
+
+async def v5_detector_mirror(client: Client, name: str) -> None:
+    """A node mid-drain that relabels itself quarantined: the detector's record wins, and
+    the label is rewritten from it (run 1)."""
+    node = f"{name.replace('_', '-')}-0"
+    cluster = FakeCluster()
+    for i in range(5):
+        cluster.node(f"{name.replace('_', '-')}-{i}")
+    cluster.nodes[node].state, cluster.nodes[node].tainted = NodeState.QUARANTINED, True
+    cluster.visible_states[node] = NodeState.DRAINING
+    cluster.visible_remediations = [node]
+    settings = DetectorSettings(interval=timedelta(milliseconds=500), ticks_per_run=12,
+                                remediation=FAST)
+    async with worker_for(client, cluster) as queue:
+        handle = await client.start_workflow(
+            DetectorWorkflow.run, DetectorInput(settings=settings), id=name, task_queue=queue)
+        run1 = await first_run(handle)
+        await until(lambda: cluster.nodes[node].state == NodeState.DRAINING, 30,
+                    "the label rewritten from the record")
+        await continued(handle, run1)
+        await save_run(client, f"{name}.run1", name, run1)
+        await handle.terminate("recorded")
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One recording: ``record(client, name)`` writes ``{name}.json`` (or its runs)."""
@@ -857,6 +904,8 @@ SCENARIOS = (
     Scenario("job_not_started", v5_job_not_started, ("job-not-started-reported",)),
     Scenario("job_wait_last_look", v5_job_wait_last_look, ("job-wait-says-last-look",)),
     Scenario("heat_slot", v5_heat_slot, ("heat-cordon-drains-in-a-slot",)),
+    Scenario("reboot_not_back", v5_reboot_not_back, ("out-of-service-taint",)),
+    Scenario("detector_mirror", v5_detector_mirror, ("state-mirror-rewritten",)),
     Scenario("detector", v5_detector,
              ("slots-are-leases", "thermal-cordons-outside-budget", "detector-bounded-by-limits",
               "detector-node-reports", "heat-cordon-drains-in-a-slot")),

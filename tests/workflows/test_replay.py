@@ -56,7 +56,8 @@ V5 = {
     "v5_reboot", "v5_reset", "v5_abort_in_operands_pause", "v5_abort_in_quarantine_write",
     "v5_external_repaired_signal", "v5_repeat_offender_gated.run1",
     "v5_heat_watch_quarantined.run1", "v5_job_not_started", "v5_job_wait_last_look",
-    "v5_heat_slot.run1", "v5_detector.run1", "remediation-v5-detector-hot.run1"}
+    "v5_heat_slot.run1", "v5_detector.run1", "remediation-v5-detector-hot.run1",
+    "v5_reboot_not_back.run1", "v5_detector_mirror.run1"}
 
 
 def workflow_id(path: Path) -> str:
@@ -154,7 +155,8 @@ def test_the_v5_corpus_takes_the_paths_it_is_named_for():
     # The quarantine was written, then the abort ended the run instead of its hand-over.
     assert "abort-carried-past-continue-as-new" in markers("v5_abort_in_quarantine_write")
     for name in ("v5_repeat_offender_gated.run1", "v5_heat_watch_quarantined.run1",
-                 "v5_heat_slot.run1", "v5_detector.run1", "remediation-v5-detector-hot.run1"):
+                 "v5_heat_slot.run1", "v5_detector.run1", "remediation-v5-detector-hot.run1",
+                 "v5_reboot_not_back.run1", "v5_detector_mirror.run1"):
         assert last(name) == "workflowExecutionContinuedAsNewEventAttributes", name
     assert signals("v5_external_repaired_signal") == ["repaired"]
     assert signals("v5_heat_slot.run1") == ["slot_granted"]
@@ -163,6 +165,9 @@ def test_the_v5_corpus_takes_the_paths_it_is_named_for():
     assert "read_limits" in activity_types("v5_detector.run1")
     for name in ("v5_heat_slot.run1", "remediation-v5-detector-hot.run1"):
         assert "drain_node" in activity_types(name), name
+    acts = activity_types("v5_reboot_not_back.run1")
+    assert acts.index("check_node_returned") < acts.index("mark_out_of_service")
+    assert "rewrite_state_mirror" in activity_types("v5_detector_mirror.run1")
     for name in ("v5_job_not_started", "v5_job_wait_last_look"):
         # The first round's validation failed as such; the second round healed the node.
         attrs = events(name)[-1]["workflowExecutionCompletedEventAttributes"]
