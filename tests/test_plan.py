@@ -85,3 +85,13 @@ def test_without_a_detector_the_plan_says_it_uses_the_config_file(tmp_path: Path
     assert plan.settings_from == ("the config file's settings, /x/config.yaml (--config): "
                                   "no detector is running")
     assert plan.budget == 2 and plan.differences == [] and not plan.from_running_detector
+
+
+def test_the_quarantine_caps_floor_in_a_small_fleet_is_said() -> None:
+    from worker.cli.plan import quarantine_cap
+    from workflows.settings import DetectorSettings
+
+    said = quarantine_cap(DetectorSettings(), 30, 1)
+    assert "quarantine cap 1/1" in said and "floor of one node" in said and "reached" in said
+    assert "floor" not in quarantine_cap(DetectorSettings(), 100, 1)
+    assert quarantine_cap(DetectorSettings(max_quarantined=None), 30, 4) == "no quarantine cap"

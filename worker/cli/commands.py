@@ -480,6 +480,8 @@ def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
         header.append(" · ").append("dry-run", style="bold")
     out.print(header)
     out.print(Text(shown(result.detector), style="dim"), soft_wrap=True)
+    if result.quarantine_cap:
+        out.print(shown(result.quarantine_cap), soft_wrap=True, highlight=False)
     if result.differences:
         out.print(shown(f"the config file ({located.source}) differs from the running "
                         "detector; the plan uses the detector's:"), soft_wrap=True,

@@ -22,7 +22,7 @@ from policy.models import Verdict
 from worker.config import Settings
 from workflows.admission import Admission
 from workflows.messages import DetectorState, DetectorView, FleetObservation, ObserveInput
-from workflows.settings import DetectorSettings
+from workflows.settings import DetectorSettings, limit_for
 
 # How long `plan` waits for Temporal to say whether a detector runs (a plan made before
 # anything is switched on has no Temporal to ask).
@@ -56,6 +56,9 @@ class Plan(BaseModel):
     differences: list[str] = Field(
         default_factory=list, description="Where the config file differs from the running "
                                           "detector's effective settings (not used).")
+    quarantine_cap: str = Field(
+        default="", description="The quarantine cap: how many quarantined nodes stop "
+                                "automatic starts, and its floor in a small fleet.")
 
 
 def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
@@ -66,9 +69,12 @@ def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
     state = DetectorState()
     detector = lookup or "no running detector consulted: a fresh detector's plan"
     if running is not None:
+        # The running detector's record: its leases count the budget, as in the detector.
         state = DetectorState(paused=running.paused, paused_by="the running detector",
                               breaker_open=running.breaker_open,
-                              breaker_reason=running.breaker_reason)
+                              breaker_reason=running.breaker_reason,
+                              leases={lease.node: lease for lease in running.leases},
+                              leases_ready=True)
         detector = "running detector: " + ("paused" if running.paused else "not paused") + (
             f"; breaker open: {running.breaker_reason}" if running.breaker_open
             else "; breaker closed")
@@ -83,13 +89,16 @@ def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
                  "report its own (an older release)")
     else:
         whose = f"the config file's settings, {source}: no detector is running"
-    adm = Admission(used, state, obs, now)
+    # Without a running detector there is no record: what the nodes show stands in for it
+    # (a fresh detector adopts what runs, and orphans under our taint, the same way).
+    adm = Admission(used, state, obs, now, leases=running is not None)
     plan = Plan(budget=adm.budget, in_use=list(adm.in_use), managed_nodes=obs.managed_nodes,
                 readable_nodes=obs.readable_nodes, errors=obs.errors, orphans=obs.orphans,
                 breaker=adm.state.breaker_reason, detector=detector, settings_from=whose,
                 from_running_detector=effective is not None, dry_run=used.dry_run,
                 differences=settings_differences(configured, effective)
-                if effective is not None else [])
+                if effective is not None else [],
+                quarantine_cap=quarantine_cap(used, obs.managed_nodes, adm.quarantined))
     for c in adm.queue:
         why = adm.blocked(c)
         if why is None:
@@ -99,6 +108,24 @@ def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
         else:
             plan.waiting.append(f"{c.node} ({c.verdict.action.value}: {why})")
     return plan
+
+
+def quarantine_cap(s: DetectorSettings, managed: int, quarantined: int) -> str:
+    """max_quarantined in words. A percentage is never below one node, so in a small fleet
+    one quarantined node can stop every automatic start (5% of 30 nodes is 1)."""
+    if s.max_quarantined is None:
+        return "no quarantine cap"
+    cap = limit_for(s.max_quarantined, managed)
+    line = f"quarantine cap {quarantined}/{cap} (max_quarantined {s.max_quarantined}"
+    if isinstance(s.max_quarantined, str) and s.max_quarantined.endswith("%") and cap <= 1:
+        exact = float(s.max_quarantined[:-1]) * managed / 100
+        line += (f" of {managed} nodes is {exact:.2f}, rounded down with a floor of one node: "
+                 "in a fleet this small a single quarantined node stops every automatic "
+                 "start; set a count to allow more")
+    line += ")"
+    if quarantined >= cap:
+        line += ": reached, automatic starts wait (operators' `remediate` does not)"
+    return line
 
 
 # Set from the worker's task queue when the detector starts: not a setting an operator
