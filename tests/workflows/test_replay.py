@@ -9,7 +9,9 @@ Two corpora: the previous release's four histories (written before abort by
 cancellation, signals, continue-as-new, polled Jobs and the confirmed reboot: they prove
 every ``workflow.patched`` branch is skipped on replay), and ``v2_*`` / ``v3_*`` /
 ``v4_*``, one history per workflow test scenario with the patched branches of its time
-taken (v4: the reset beside the GPU Operator, validation that proves the node, NodeGone).
+taken (v4: the reset beside the GPU Operator, validation that proves the node, NodeGone;
+v5: leases, the detector's limits and node reports, aborts in the operands pause and the
+quarantine write, jobs that never start or never finish; see test_patch_coverage.py).
 """
 
 from __future__ import annotations
@@ -48,6 +50,14 @@ CURRENT = {
     "v2_quarantine_hold.run2", "v2_drain_continue_as_new.run1", "v2_dry_run",
     "v2_detector_pause_signal.run1", "v3_thermal_recovered", "v3_thermal_escalated.run1",
     "v3_repeat_offender.run1", "v4_reset_beside_operands", "v4_node_gone"}
+# Recorded with every patched branch of its time taken (tests/histories/record.py SCENARIOS;
+# test_patch_coverage.py: every patch id has a history).
+V5 = {
+    "v5_reboot", "v5_reset", "v5_abort_in_operands_pause", "v5_abort_in_quarantine_write",
+    "v5_external_repaired_signal", "v5_repeat_offender_gated.run1",
+    "v5_heat_watch_quarantined.run1", "v5_job_not_started", "v5_job_wait_last_look",
+    "v5_heat_slot.run1", "v5_detector.run1", "remediation-v5-detector-hot.run1",
+    "v5_reboot_not_back.run1", "v5_detector_mirror.run1"}
 
 
 def workflow_id(path: Path) -> str:
@@ -77,7 +87,9 @@ def markers(name: str) -> set[str]:
 
 
 def test_the_recorded_histories_are_there():
-    assert {f.stem for f in FILES} == PREVIOUS | CURRENT
+    """None lost (a file ``record --missing`` adds is replayed by the glob as well)."""
+    missing = (PREVIOUS | CURRENT | V5) - {f.stem for f in FILES}
+    assert not missing, f"recorded histories gone: {sorted(missing)}"
 
 
 def test_the_previous_corpus_took_no_patched_branch():
@@ -124,6 +136,43 @@ def test_the_current_corpus_takes_the_patched_branches():
                if "workflowExecutionSignaledEventAttributes" in e]
     assert signals == ["approve", "aprove", "release"]
     assert "record_event" in activity_types("v2_rejected_signals")
+
+
+def test_the_v5_corpus_takes_the_paths_it_is_named_for():
+    """Each v5 scenario went where its patch ids are decided, not past them."""
+    def signals(name: str) -> list[str]:
+        return [e["workflowExecutionSignaledEventAttributes"]["signalName"]
+                for e in events(name) if "workflowExecutionSignaledEventAttributes" in e]
+
+    def last(name: str) -> str:
+        return next(k for k in events(name)[-1] if k.endswith("EventAttributes"))
+
+    for name in ("v5_abort_in_operands_pause", "v5_abort_in_quarantine_write"):
+        assert last(name) == "workflowExecutionCanceledEventAttributes", name
+    acts = activity_types("v5_abort_in_operands_pause")
+    assert "pause_gpu_operands" in acts and "restore_gpu_operands" in acts
+    assert "poll_node_job" not in acts, "aborted in the pause: no reset ran"
+    # The quarantine was written, then the abort ended the run instead of its hand-over.
+    assert "abort-carried-past-continue-as-new" in markers("v5_abort_in_quarantine_write")
+    for name in ("v5_repeat_offender_gated.run1", "v5_heat_watch_quarantined.run1",
+                 "v5_heat_slot.run1", "v5_detector.run1", "remediation-v5-detector-hot.run1",
+                 "v5_reboot_not_back.run1", "v5_detector_mirror.run1"):
+        assert last(name) == "workflowExecutionContinuedAsNewEventAttributes", name
+    assert signals("v5_external_repaired_signal") == ["repaired"]
+    assert signals("v5_heat_slot.run1") == ["slot_granted"]
+    assert signals("remediation-v5-detector-hot.run1") == ["slot_granted"]
+    assert {"node_report", "request_slot"} <= set(signals("v5_detector.run1"))
+    assert "read_limits" in activity_types("v5_detector.run1")
+    for name in ("v5_heat_slot.run1", "remediation-v5-detector-hot.run1"):
+        assert "drain_node" in activity_types(name), name
+    acts = activity_types("v5_reboot_not_back.run1")
+    assert acts.index("check_node_returned") < acts.index("mark_out_of_service")
+    assert "rewrite_state_mirror" in activity_types("v5_detector_mirror.run1")
+    for name in ("v5_job_not_started", "v5_job_wait_last_look"):
+        # The first round's validation failed as such; the second round healed the node.
+        attrs = events(name)[-1]["workflowExecutionCompletedEventAttributes"]
+        result = json.loads(base64.b64decode(attrs["result"]["payloads"][0]["data"]))
+        assert (result["outcome"], result["attempts"]) == ("healthy", 2), (name, result)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
