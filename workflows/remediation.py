@@ -1458,12 +1458,18 @@ class RemediationWorkflow:
         GPU. Returns why not, or "" once the node is empty."""
         d = self.inp.settings.drain
         started = workflow.now()
+        # Reports back off as the drain's do (doubling up to report_max), and the wait ends
+        # before the run's history outgrows history_events_per_run: a drain deadline of a
+        # day or more once reached Temporal's 51,200-event limit here.
+        bounded = workflow.patched("release-clear-bounded")
+        report_after = d.report_after
         while True:
             result = await self._call(
                 act.drain_node,
-                DrainInput(node=self.inp.node, settings=d, report_after=d.report_after,
+                DrainInput(node=self.inp.node, settings=d, report_after=report_after,
                            dry_run=self.inp.dry_run, uid=self.uid),
-                timeout=timedelta(minutes=10), heartbeat=True, retry=DRAIN_RETRY,
+                timeout=max(timedelta(minutes=10), report_after + timedelta(minutes=5)),
+                heartbeat=True, retry=DRAIN_RETRY,
                 summary=f"evict what is left on {self.inp.node} before validation")
             self.view.pods_left = len(result.remaining)
             if result.outcome in ("drained", "planned"):
@@ -1471,6 +1477,13 @@ class RemediationWorkflow:
             if workflow.now() - started >= d.deadline:
                 return (f"{len(result.remaining)} pods still on the node after {d.deadline} "
                         f"({result.left_summary()})")
+            if bounded:
+                if workflow.info().get_current_history_length() >= \
+                        self.inp.settings.history_events_per_run:
+                    return (f"{len(result.remaining)} pods still on the node after "
+                            f"{_minutes(workflow.now() - started)} "
+                            f"({result.left_summary()}); release again to keep evicting")
+                report_after = min(report_after * 2, max(d.report_max, d.report_after))
             await workflow.sleep(d.retry_interval, summary="before the next eviction round")
 
     def _acknowledged_xids(self) -> dict[str, int]:

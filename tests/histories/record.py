@@ -550,6 +550,25 @@ async def v2_quarantine_hold(client: Client) -> None:
         await save_run(client, "v2_quarantine_hold.run2", "v2_quarantine_hold", run2)
 
 
+async def v5_release_cleared(client: Client, name: str = "v5_release_cleared") -> None:
+    """A quarantine while draining, then a release whose drain of what is left is blocked
+    for a few rounds (backing off) and then empty: validated, healthy."""
+    cluster = FakeCluster(drain_results=[BLOCKED])
+    async with worker_for(client, cluster) as queue:
+        handle = await start(client, queue, name)
+        run1 = await first_run(handle)
+        await state_is(handle, NodeState.DRAINING)
+        await handle.execute_update(RemediationWorkflow.quarantine, OP)
+        await continued(handle, run1)
+        run2 = await first_run(handle)
+        await state_is(handle, NodeState.QUARANTINED)
+        with cluster.lock:
+            cluster.drain_results[:] = [BLOCKED, BLOCKED, DRAINED]
+        await handle.execute_update(RemediationWorkflow.release, OP)
+        await handle.result()
+        await save_run(client, f"{name}.run2", name, run2)
+
+
 async def v2_drain_continue_as_new(client: Client) -> None:
     cluster = FakeCluster(drain_blocked_rounds=30)
     settings = drain(retry_interval=timedelta(milliseconds=200)).model_copy(
@@ -906,6 +925,7 @@ SCENARIOS = (
     Scenario("heat_slot", v5_heat_slot, ("heat-cordon-drains-in-a-slot",)),
     Scenario("reboot_not_back", v5_reboot_not_back, ("out-of-service-taint",)),
     Scenario("detector_mirror", v5_detector_mirror, ("state-mirror-rewritten",)),
+    Scenario("release_cleared", v5_release_cleared, ("release-clear-bounded",)),
     Scenario("detector", v5_detector,
              ("slots-are-leases", "thermal-cordons-outside-budget", "detector-bounded-by-limits",
               "detector-node-reports", "heat-cordon-drains-in-a-slot")),

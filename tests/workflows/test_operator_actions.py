@@ -311,6 +311,34 @@ async def test_release_with_pods_still_blocked_validates_nothing_and_stays_quara
         await handle.terminate("test over")
 
 
+async def test_a_release_that_cannot_empty_the_node_stops_before_its_history_grows(
+        local_env):
+    """A release drains what is left, up to the drain deadline (a day here): rounds back
+    off, and the wait ends, saying why, before the run's history passes
+    history_events_per_run, instead of growing to Temporal's limit."""
+    cluster, node = FakeCluster(drain_results=[BLOCKED]), node_name("rel-long")
+    settings = RemediationSettings(
+        history_events_per_run=200,
+        drain=DrainSettings(retry_interval=timedelta(milliseconds=50),
+                            report_after=timedelta(milliseconds=50),
+                            report_max=timedelta(milliseconds=100),
+                            deadline=timedelta(days=1)))
+    async with worker_for(local_env.client, cluster) as queue:
+        handle = await start(local_env.client, queue, node, settings)
+        await reach(handle, NodeState.DRAINING)
+        await handle.execute_update(RemediationWorkflow.quarantine, cmd("carol", "fan"))
+        await until(lambda: cluster.nodes[node].state == NodeState.QUARANTINED)
+        await handle.execute_update(RemediationWorkflow.release, cmd("erin"))
+        await until(lambda: "release again" in cluster.nodes[node].history[-1].outcome,
+                    timeout=120, what="the release gives up before its history grows")
+        assert cluster.jobs_run() == [] and cluster.nodes[node].state == NodeState.QUARANTINED
+        desc = await handle.describe()
+        history = await local_env.client.get_workflow_handle(
+            handle.id, run_id=desc.run_id).fetch_history()
+        assert len(history.events) < 2 * settings.history_events_per_run
+        await handle.terminate("test over")
+
+
 async def test_quarantine_ordered_during_validation_is_not_dropped(local_env):
     gate = threading.Event()
     cluster = FakeCluster(job_gates={"validate": gate})
