@@ -326,23 +326,33 @@ class RemediationWorkflow:
         self.abort_note = cmd
         return self._ack(f"abort noted for {cmd.operator}")
 
-    @workflow.signal(name="approve", description="Same as the approve update, as a signal.")
+    @workflow.signal(name="approve", description="For operators: same as the approve update, "
+                                              "as a signal. Payload: {\"operator\": \"you\", "
+                                              "\"reason\": \"why (required)\"}.")
     async def approve_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
         await self._signal("approve", raw, self._check_approve, self._do_approve)
 
-    @workflow.signal(name="reject", description="Same as the reject update, as a signal.")
+    @workflow.signal(name="reject", description="For operators: same as the reject update, "
+                                              "as a signal. Payload: {\"operator\": \"you\", "
+                                              "\"reason\": \"why (required)\"}.")
     async def reject_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
         await self._signal("reject", raw, self._check_reject, self._do_reject)
 
-    @workflow.signal(name="quarantine", description="Same as the quarantine update, as a signal.")
+    @workflow.signal(name="quarantine", description="For operators: same as the quarantine update, "
+                                              "as a signal. Payload: {\"operator\": \"you\", "
+                                              "\"reason\": \"why (required)\"}.")
     async def quarantine_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
         await self._signal("quarantine", raw, self._check_quarantine, self._do_quarantine)
 
-    @workflow.signal(name="release", description="Same as the release update, as a signal.")
+    @workflow.signal(name="release", description="For operators: same as the release update, "
+                                              "as a signal. Payload: {\"operator\": \"you\", "
+                                              "\"reason\": \"why (required)\"}.")
     async def release_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
         await self._signal("release", raw, self._check_release, self._do_release)
 
-    @workflow.signal(name="repaired", description="Same as the repaired update, as a signal.")
+    @workflow.signal(name="repaired", description="For operators: same as the repaired update, "
+                                              "as a signal. Payload: {\"operator\": \"you\", "
+                                              "\"reason\": \"why (required)\"}.")
     async def repaired_signal(self, raw: RawValue = _NO_PAYLOAD) -> None:
         await self._signal("repaired", raw, self._check_repaired, self._do_repaired)
 
@@ -368,7 +378,7 @@ class RemediationWorkflow:
             return
         self.slot_granted = True
 
-    @workflow.signal(dynamic=True, description="Any other signal name is recorded as rejected, "
+    @workflow.signal(dynamic=True, description="(any other name) Recorded as refused, "
                                                 "so a typo shows instead of waiting unseen.")
     async def other_signal(self, name: str, args: Sequence[RawValue]) -> None:
         await self._reject_signal(name, None, f"unknown signal {name!r}; signals are "
@@ -674,8 +684,11 @@ class RemediationWorkflow:
             self._plan(f"wait for an operator's approval (up to {s.timeout}, then "
                        f"{s.on_timeout}); the plan continues as if approved")
             return True
-        self._details(f"waiting for an operator to approve {self.action.value} "
-                      f"(timeout {s.timeout}, then {s.on_timeout})")
+        self._details(
+            f"waiting for an operator to approve {self.action.value} (timeout {s.timeout}, "
+            f"then {s.on_timeout}). To decide: `gpu-remediate approve {self.inp.node} -r "
+            f"REASON` (or `reject`), or here, Send a Signal or Send an Update named `approve` "
+            'or `reject` with the payload `{"operator": "you", "reason": "why"}`')
         try:
             await workflow.wait_condition(
                 lambda: self.decision is not None or self.quarantine_order is not None,
