@@ -452,6 +452,17 @@ class DetectorWorkflow:
             retry_policy=RetryPolicy(maximum_attempts=3),
             summary=summary)
 
+    async def _already_running(self, summary: str) -> RunningRemediations | None:
+        """The remediations running on this task queue, or None (said in the details)
+        while visibility cannot answer: nothing is admitted meanwhile."""
+        try:
+            return await self._running_remediations(summary)
+        except ActivityError as err:
+            self.last_errors = [f"listing running remediations failed: {err.cause or err}; "
+                                "admitting nothing until it answers"]
+            workflow.set_current_details(f"**{self.last_errors[0]}**")
+            return None
+
     async def _seed_pending(self) -> bool:
         """Hold a pending slot for every remediation already running on our task queue.
 
@@ -460,13 +471,8 @@ class DetectorWorkflow:
         shows its label (the truth), its workflow is known closed, or the pending grace
         passes. False (and nothing admitted) while visibility cannot answer.
         """
-        try:
-            found = await self._running_remediations("remediations started before this "
-                                                     "detector")
-        except ActivityError as err:
-            self.last_errors = [f"listing running remediations failed: {err.cause or err}; "
-                                "admitting nothing until it answers"]
-            workflow.set_current_details(f"**{self.last_errors[0]}**")
+        found = await self._already_running("remediations started before this detector")
+        if found is None:
             return False
         now, st = workflow.now(), self.state
         known = {p.node for p in st.pending}
@@ -505,13 +511,8 @@ class DetectorWorkflow:
         answers."""
         st, now = self.state, workflow.now()
         if not st.leases_ready:
-            try:
-                found = await self._running_remediations("adopt the remediations already "
-                                                         "running")
-            except ActivityError as err:
-                self.last_errors = [f"listing running remediations failed: {err.cause or err}; "
-                                    "admitting nothing until it answers"]
-                workflow.set_current_details(f"**{self.last_errors[0]}**")
+            found = await self._already_running("adopt the remediations already running")
+            if found is None:
                 return False
             for r in found.remediations:
                 if r.node not in st.leases:
