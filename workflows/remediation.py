@@ -1020,16 +1020,11 @@ class RemediationWorkflow:
             job_in = NodeJobInput(node=self.inp.node, kind="reboot", name=name,
                                   template=s.job_templates.for_kind("reboot"), gpus=self.gpus)
             self.job_in_progress = job_in
-            every = s.job_poll_interval
             try:
                 job = await self._call(
                     act.poll_node_job, job_in, timeout=timedelta(minutes=1),
                     heartbeat=False, summary=f"reboot job on {self.inp.node}",
-                    retry=RetryPolicy(initial_interval=every, backoff_coefficient=1.0,
-                                      maximum_interval=every,
-                                      non_retryable_error_types=[
-                                          *errors.NOT_RETRIED, errors.JOB_TEMPLATE_REFUSED]),
-                    schedule_to_close=min(timeout, s.job_timeout))
+                    retry=self._job_poll_retry(), schedule_to_close=min(timeout, s.job_timeout))
             except ActivityError as err:
                 cause = err.cause
                 if isinstance(cause, ApplicationError) and cause.type == errors.JOB_NOT_STARTED:
@@ -1168,6 +1163,14 @@ class RemediationWorkflow:
                                     self.inp.node, err)
             return
         self.operands_paused = None
+
+    def _job_poll_retry(self) -> RetryPolicy:
+        """A node Job looked at every job_poll_interval (each look a short activity)."""
+        every = self.inp.settings.job_poll_interval
+        return RetryPolicy(initial_interval=every, backoff_coefficient=1.0,
+                           maximum_interval=every,
+                           non_retryable_error_types=[*errors.NOT_RETRIED,
+                                                      errors.JOB_TEMPLATE_REFUSED])
 
     def _poll_retry(self) -> RetryPolicy:
         every = self.inp.settings.node_poll_interval
@@ -1537,16 +1540,11 @@ class RemediationWorkflow:
         # retry interval (no worker slot, no history events). The Job's own deadline fails
         # it first; the schedule-to-close timeout is the backstop.
         self.job_in_progress = job
-        every = s.job_poll_interval
         try:
             result = await self._call(
                 act.poll_node_job, job, timeout=timedelta(minutes=1),
                 heartbeat=False, summary=f"{kind} job on {self.inp.node}",
-                retry=RetryPolicy(initial_interval=every, backoff_coefficient=1.0,
-                                  maximum_interval=every,
-                                  non_retryable_error_types=[*errors.NOT_RETRIED,
-                                                             errors.JOB_TEMPLATE_REFUSED]),
-                schedule_to_close=s.job_timeout)
+                retry=self._job_poll_retry(), schedule_to_close=s.job_timeout)
         except ActivityError as err:
             cause = err.cause
             if (isinstance(cause, ApplicationError) and cause.type == errors.JOB_NOT_STARTED
