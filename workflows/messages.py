@@ -318,7 +318,7 @@ class RemediationResume(_Message):
     """What a remediation carries across continue-as-new: the loop it was in and the
     little state that loop needs. Everything else is on the node or in the view."""
 
-    phase: Literal["drain", "thermal", "quarantine"]
+    phase: Literal["drain", "thermal", "quarantine", "approval"]
     view: RemediationView
     action: Action
     started: datetime
@@ -335,6 +335,9 @@ class RemediationResume(_Message):
     hot_since: datetime | None = None
     boot_id: str = ""
     uid: str = ""
+    approval_until: datetime | None = Field(
+        default=None, description="Phase approval: when the approval window ends (a wait "
+                                  "that outgrew its history continues in a new run).")
     out_of_service: bool = Field(
         default=False, description="This remediation put node.kubernetes.io/out-of-service "
                                    "on the node (it did not return): taken off at release.")

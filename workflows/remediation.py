@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar, overload
 
 from temporalio import workflow
@@ -555,21 +555,27 @@ class RemediationWorkflow:
         if first == NodeState.AWAITING_APPROVAL and self.quarantine_order is None:
             # Supervised means supervised: a policy quarantine drains too, so it waits for
             # an operator like any other drain; only an operator's own order skips the gate.
-            approved = await self._await_approval()
-            if not approved:
-                if self.decided_by is None:
-                    # Nobody decided: the fault is not acknowledged, so the detector asks
-                    # again at its next tick rather than return an XID 79 to service unseen.
-                    return await self._finish(
-                        Outcome.RELEASED, f"approval timed out after {s.approval.timeout}: not "
-                                    "remediated; the node is flagged again while its fault "
-                                    "shows")
-                # Acknowledge the XIDs: the exporter keeps showing the last one, and
-                # without this the detector claims the node again at its next tick,
-                # undoing the operator's decision. A new XID still triggers.
-                return await self._finish(Outcome.RELEASED,
-                                          f"rejected by {self.decided_by.operator}",
-                                          self._acknowledged_xids())
+            return await self._decided(await self._await_approval())
+        await self._drain()
+        return await self._after_drain()
+
+    async def _decided(self, approved: bool) -> RemediationResult:
+        """After the approval wait: drain and repair, or give the node back."""
+        s = self.inp.settings
+        if not approved:
+            if self.decided_by is None:
+                # Nobody decided: the fault is not acknowledged, so the detector asks
+                # again at its next tick rather than return an XID 79 to service unseen.
+                return await self._finish(
+                    Outcome.RELEASED, f"approval timed out after {s.approval.timeout}: not "
+                                      "remediated; the node is flagged again while its fault "
+                                      "shows")
+            # Acknowledge the XIDs: the exporter keeps showing the last one, and
+            # without this the detector claims the node again at its next tick,
+            # undoing the operator's decision. A new XID still triggers.
+            return await self._finish(Outcome.RELEASED,
+                                      f"rejected by {self.decided_by.operator}",
+                                      self._acknowledged_xids())
         await self._drain()
         return await self._after_drain()
 
@@ -583,6 +589,8 @@ class RemediationWorkflow:
         self._details(f"continued in run {self.view.runs} ({r.phase})")
         if r.phase == "quarantine":
             return await self._quarantine(r.quarantine_why, r.acknowledged, applied=True)
+        if r.phase == "approval":
+            return await self._decided(await self._await_approval(r.approval_until))
         if r.phase == "thermal":
             done = await self._thermal()
             if done is not None:
@@ -593,9 +601,10 @@ class RemediationWorkflow:
     def _quarantine_due(self) -> bool:
         return self.quarantine_order is not None or self.policy_quarantine is not None
 
-    async def _continue_as_new_if_due(self, phase: Literal["drain", "thermal", "quarantine"],
-                                      *, now: bool = False, why: str = "",
-                                      acked: dict[str, int] | None = None) -> None:
+    async def _continue_as_new_if_due(
+            self, phase: Literal["drain", "thermal", "quarantine", "approval"], *,
+            now: bool = False, why: str = "", acked: dict[str, int] | None = None,
+            approval_until: datetime | None = None) -> None:
         """At a loop boundary: hand over to a fresh run when the history is long (or the
         server suggests it), or ``now`` for the quarantine hold, so a run waiting for days
         or months replays only the loop it waits in."""
@@ -620,7 +629,7 @@ class RemediationWorkflow:
             quarantine_why=why, acknowledged=acked or {}, drain_started=self.drain_started,
             drain_force=self.drain_force, report_after=self.report_after,
             hot_since=self.hot_since, boot_id=self.boot_id, uid=self.uid,
-            out_of_service=self.out_of_service)}))
+            out_of_service=self.out_of_service, approval_until=approval_until)}))
 
     def _quarantine_reason(self) -> str:
         if self.quarantine_order is not None:
@@ -678,7 +687,11 @@ class RemediationWorkflow:
                                         "detector may admit it again")
         raise ClaimFailed(why)
 
-    async def _await_approval(self) -> bool:
+    async def _await_approval(self, until: datetime | None = None) -> bool:
+        """Wait for an operator's decision until the approval window ends (``until``, for a
+        wait continued from an earlier run). A storm of refused signals grows the history
+        while nothing is decided: past history_events_per_run the wait continues in a
+        new run, with the same window."""
         s = self.inp.settings.approval
         if self.inp.dry_run:
             self._plan(f"wait for an operator's approval (up to {s.timeout}, then "
@@ -689,11 +702,25 @@ class RemediationWorkflow:
             f"then {s.on_timeout}). To decide: `gpu-remediate approve {self.inp.node} -r "
             f"REASON` (or `reject`), or here, Send a Signal or Send an Update named `approve` "
             'or `reject` with the payload `{"operator": "you", "reason": "why"}`')
+        bounded = until is not None or workflow.patched("approval-wait-bounded")
+        limit = self.inp.settings.history_events_per_run
+
+        def decided() -> bool:
+            return self.decision is not None or self.quarantine_order is not None
+
+        def outgrown() -> bool:
+            return bounded and workflow.info().get_current_history_length() >= limit
+
+        end = until or workflow.now() + s.timeout
         try:
-            await workflow.wait_condition(
-                lambda: self.decision is not None or self.quarantine_order is not None,
-                timeout=s.timeout, timeout_summary="approval window",
-            )
+            while True:
+                await workflow.wait_condition(
+                    lambda: decided() or outgrown(),
+                    timeout=max(end - workflow.now(), timedelta(0)) if bounded else s.timeout,
+                    timeout_summary="approval window")
+                if decided():
+                    break
+                await self._continue_as_new_if_due("approval", now=True, approval_until=end)
         except TimeoutError:
             # A decision that arrived in the same moment as the timeout stands.
             if self.decision is None:

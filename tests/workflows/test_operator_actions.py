@@ -339,6 +339,33 @@ async def test_a_release_that_cannot_empty_the_node_stops_before_its_history_gro
         await handle.terminate("test over")
 
 
+async def test_a_signal_storm_during_approval_continues_as_new_and_loses_no_decision(
+        local_env):
+    """A stray client sends refused signals by the hundred while a remediation awaits
+    approval: the wait continues in a new run before its history passes
+    history_events_per_run, with the same approval window, and the operator's approve
+    then takes effect."""
+    cluster, node = FakeCluster(), node_name("storm")
+    settings = SUPERVISED.model_copy(update={"history_events_per_run": 200})
+    async with worker_for(local_env.client, cluster) as queue:
+        handle = await start(local_env.client, queue, node, settings)
+        await reach(handle, NodeState.AWAITING_APPROVAL)
+        first = (await handle.describe()).run_id
+        for _ in range(260):
+            await handle.signal("approve-me-now", cmd("mallory", "storm"))
+
+        async def continued() -> bool:
+            return (await handle.describe()).run_id != first
+        await until(continued, timeout=60, what="the approval wait in a new run")
+        assert cluster.nodes[node].state == NodeState.AWAITING_APPROVAL
+        await reach(handle, NodeState.AWAITING_APPROVAL)
+        await handle.execute_update(RemediationWorkflow.approve, cmd("erin", "checked"))
+        result = await asyncio.wait_for(handle.result(), 60)
+    assert result.outcome == "healthy"
+    history = await local_env.client.get_workflow_handle(handle.id, run_id=first).fetch_history()
+    assert len(history.events) < 2 * settings.history_events_per_run
+
+
 async def test_quarantine_ordered_during_validation_is_not_dropped(local_env):
     gate = threading.Event()
     cluster = FakeCluster(job_gates={"validate": gate})
