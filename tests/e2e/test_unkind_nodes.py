@@ -21,7 +21,9 @@ pytestmark = pytest.mark.e2e
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     s = make_stack(tmp_path_factory.mktemp("unkind"), str(HERE / "unkind.yaml"), **{
         "detector.max_unavailable": 3,
-        "remediation.reboot_return_timeout": "PT15S",
+        # Timed from the reboot request: the Job's pod, the reboot and the device plugin's
+        # start all fall inside it, on a loaded machine too.
+        "remediation.reboot_return_timeout": "PT30S",
         # The wedge scenario shows the deadline at work: pods stuck Terminating on the
         # NotReady node are not counted as gone before it.
         "remediation.drain.deadline": "PT25S",
