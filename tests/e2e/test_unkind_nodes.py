@@ -21,9 +21,7 @@ pytestmark = pytest.mark.e2e
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     s = make_stack(tmp_path_factory.mktemp("unkind"), str(HERE / "unkind.yaml"), **{
         "detector.max_unavailable": 3,
-        # Timed from the reboot request: the Job's pod, the reboot and the device plugin's
-        # start all fall inside it, on a loaded machine too.
-        "remediation.reboot_return_timeout": "PT30S",
+        "remediation.reboot_return_timeout": "PT15S",
         # The wedge scenario shows the deadline at work: pods stuck Terminating on the
         # NotReady node are not counted as gone before it.
         "remediation.drain.deadline": "PT25S",
@@ -139,7 +137,8 @@ def test_a_node_back_with_7_of_8_gpus_is_not_returned_to_service(stack: LocalSta
     # as it runs) or, had it looked in the second before, every validation round did.
     outcome = k8s.history(node)[-1]["outcome"]
     plan = view_state(stack, node).plan
-    why = [outcome, *plan]
+    said = [e.message for e in k8s.events(node, "NodeDidNotReturn")]
+    why = [outcome, *plan, *said]
     assert any("allocatable nvidia.com/gpu 7 of 8 expected" in w for w in why), why
     assert "RemediationSucceeded" not in k8s.event_reasons(node)
     n = k8s.node(node)
