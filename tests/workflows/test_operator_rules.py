@@ -81,7 +81,7 @@ async def test_a_signal_without_a_reason_is_recorded_as_refused(local_env: Any) 
 def test_the_rules_check_commands_arriving_not_records() -> None:
     with pytest.raises(ValidationError, match="reason: required"):
         OperatorCommand(operator="alice", reason="")
-    with pytest.raises(ValidationError, match="node: not a Kubernetes node name"):
+    with pytest.raises(ValidationError, match="node: 'Node_1' is not a node name"):
         ManualRemediation(node="Node_1", action="reboot", operator="a", reason="b")
     with pytest.raises(ValidationError, match="reason: required"):
         OrphanRelease(node="gpu-node-01", operator="a")
