@@ -293,6 +293,8 @@ class NodeAgent:
     _running: dict[str, _Running] = field(default_factory=dict)
     _deleting: dict[str, float] = field(default_factory=dict)
     _killed: set[str] = field(default_factory=set)
+    _lost: set[str] = field(default_factory=set)
+    """Pods whose processes died with their machine's power (reported once it runs)."""
     _heartbeat: dict[str, float] = field(default_factory=dict)
     _ip_seq: int = 10
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -339,16 +341,21 @@ class NodeAgent:
 
     # -- scripted machine faults (`gpu-remediate sim node ...` in the cluster simulator) --
 
-    def command(self, node: str, what: NodeCommand) -> None:
-        """hang: the next reboot never returns; wedge: the kubelet stops (no status, no
-        Lease, nothing starts, no deletion confirmed: pods stay Terminating); replace: the
-        Node, its Lease and pods are deleted and a new machine registers under the same
-        name (a new UID) ``reregister_seconds`` later; recover: ends hang and wedge, and
-        completes a hung reboot."""
+    def command(self, node: str, what: NodeCommand, *, hard: bool = False) -> None:
+        """hang: the next reboot never returns (``hard``: the machine loses power now, with
+        no graceful shutdown); wedge: the kubelet stops (no status, no Lease, nothing
+        starts, no deletion confirmed: pods stay Terminating); replace: the Node, its Lease
+        and pods are deleted and a new machine registers under the same name (a new UID)
+        ``reregister_seconds`` later; recover: ends hang and wedge, and completes a hung
+        reboot or boots a machine that lost power."""
+        if hard and what != "hang":
+            raise ValueError("hard applies to hang only")
         with self._lock:
             m = self.machines[node]
             now = time.time()
-            if what == "hang":
+            if what == "hang" and hard:
+                self._power_loss(node, m)
+            elif what == "hang":
                 if not m.powered and m.registered:
                     m.boot_at = None  # already down: this reboot never returns
                 else:
@@ -373,6 +380,34 @@ class NodeAgent:
             else:
                 raise ValueError(f"unknown node command {what!r}")
             log.info("%s: %s", node, m.events[-1])
+
+    def _power_loss(self, node: str, m: Machine) -> None:
+        """Power lost (sim/cluster/kubelet.py): no graceful node shutdown, so nothing on the
+        node is told and the API server hears nothing: the kubelet just stops posting (the
+        node-lifecycle controller marks it Unknown after its grace period), its pods keep
+        their phase (Running stays Running, no deletion is confirmed), and the machine does
+        not come back until ``recover``. A Job's pod that ran then ends Failed once the
+        kubelet runs again (restartPolicy Never: its container is not restarted)."""
+        if not m.registered:
+            return
+        m.shutdown_at = None
+        m.hang_next_reboot = False
+        m.boot_at = None
+        m.plugin_at = None
+        m.plugin_instance, m.plugin_registered, m.steady = None, False, False
+        m.plugin_unhealthy.clear()
+        m.power_lost = True
+        if m.powered:
+            m.powered = False
+            m.reboots += 1
+        m.events.append("power lost: no graceful shutdown, never returns until recover")
+        # The processes die with the machine; the API server is not told.
+        for pod in self._pods():
+            if pod["spec"].get("nodeName") == node:
+                uid = pod["metadata"]["uid"]
+                if self._running.pop(uid, None) is not None:
+                    self._lost.add(uid)
+                self._deleting.pop(uid, None)
 
     def _replace(self, node: str, m: Machine, now: float) -> None:
         for pod in self._pods():
@@ -582,6 +617,7 @@ class NodeAgent:
                 m.plugin_at = now + self.timing.device_plugin_seconds
         m.powered = True
         m.boot_at = None
+        m.power_lost = False
         m.events.append(f"booted (bootID {status['nodeInfo']['bootID']})")
         log.info("%s: %s", node, m.events[-1])
         self._set_ready(node, True, "kubelet is posting ready status")
@@ -695,12 +731,30 @@ class NodeAgent:
         if phase == "Pending":
             if self._admit(pod, pods):
                 self._start(pod, now, delay)
+        elif running is None and uid in self._lost:
+            # Its process died with the machine's power: with restartPolicy Never nothing
+            # restarts it, otherwise its containers restart in place.
+            self._lost.discard(uid)
+            if (pod.get("spec") or {}).get("restartPolicy") == "Never":
+                self._fail_lost(pod)
+            else:
+                self._restart(pod, now, delay)
         elif running is None:
             # A Running pod this kubelet does not track: a DaemonSet or static pod after a
             # reboot (or any pod after this process restarted). Unready ones restart.
             self._restart(pod, now, delay)
         elif not _ready(pod) and now >= running.ready_at and not running.program:
             self._patch_status(pod, {"conditions": self._ready_conditions(True)})
+
+    def _fail_lost(self, pod: Obj) -> None:
+        ts = rfc3339()
+        statuses = [{**cs, "ready": False, "started": False, "state": {"terminated": {
+            "exitCode": 137, "reason": "Error", "startedAt": ts, "finishedAt": ts}}}
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []]
+        self._patch_status(pod, {"phase": "Failed", "reason": "Terminated",
+                                 "message": "The node lost power while the pod ran.",
+                                 "containerStatuses": statuses,
+                                 "conditions": self._ready_conditions(False)})
 
     def _restart(self, pod: Obj, now: float, delay: float) -> None:
         uid = pod["metadata"]["uid"]
@@ -953,6 +1007,8 @@ class NodeAgent:
         while not self.is_up(pod["spec"]["nodeName"]):
             time.sleep(0.05)
         with self._lock:
+            if m["uid"] in self._lost:
+                return  # it died with the machine's power: _sync reports it
             try:
                 current = _json(self.core.read_namespaced_pod(m["name"], m["namespace"],
                                                               _preload_content=False))

@@ -24,6 +24,7 @@ import pytest
 from kubernetes import client, config
 
 from activities.job_templates import VALIDATION_COMMAND
+from sim.cluster import objects
 from sim.cluster.gpulink import GpuLink
 from sim.cluster.machines import NodeTiming
 from sim.cluster.threaded import ThreadedClusterSim
@@ -469,6 +470,55 @@ def test_a_wedged_kubelet_confirms_no_deletion_until_it_recovers(agent: Agent) -
              timeout=10)
     wait_for(lambda: client.CoordinationV1Api(agent.api).read_namespaced_lease(
         name, "kube-node-lease").spec.renew_time != renewed, timeout=10)
+
+
+def test_a_power_loss_reports_nothing_until_recovered(agent: Agent) -> None:
+    """No graceful shutdown: the API server is told nothing (the node stays as last
+    reported, its pods keep their phase), nothing starts; after `recover` the machine boots
+    with a new boot ID and a Job's pod that ran when the power went ends Failed."""
+    name = NODES[0]
+    old_boot = _boot_id(agent, name)
+    labels = {"gpu-remediate.io/job": "sleeper"}
+    agent.batch.create_namespaced_job("agent-test", {
+        "metadata": {"name": "sleeper", "labels": labels},
+        "spec": {"backoffLimit": 0, "template": {
+            "metadata": {"labels": labels, "annotations": {objects.RUN_FOREVER: "true"}},
+            "spec": {"nodeName": name, "restartPolicy": "Never",
+                     "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "c", "image": "x"}]}}}})
+
+    def sleeper() -> Any:
+        pods = agent.core.list_namespaced_pod("agent-test", label_selector="job-name=sleeper")
+        return pods.items[0] if pods.items else None
+    wait_for(lambda: (lambda p: p is not None and p.status.phase == "Running")(sleeper()),
+             timeout=10)
+    web = wait_for(lambda: next((p for p in agent.pods() if p.spec.node_name == name
+                                 and p.metadata.labels.get("app") == "web"
+                                 and p.status.phase == "Running"), None), timeout=20)
+    agent.agent.command(name, "hang", hard=True)
+    assert agent.agent.machines[name].power_lost and not agent.agent.is_up(name)
+    agent.core.create_namespaced_pod("agent-test", {
+        "metadata": {"name": "after-the-power-went"},
+        "spec": {"nodeName": name, "restartPolicy": "Never",
+                 "containers": [{"name": "c", "image": "x"}]}})
+    time.sleep(2 * agent.agent.timing.reboot_seconds + 0.5)
+    assert _ready_condition(agent.core.read_node(name)).status == "True"  # never told
+    assert _boot_id(agent, name) == old_boot
+    assert sleeper().status.phase == "Running"
+    assert agent.core.read_namespaced_pod(web.metadata.name, "agent-test").status.phase \
+        == "Running"
+    assert agent.core.read_namespaced_pod("after-the-power-went", "agent-test").status.phase \
+        == "Pending"
+    agent.agent.command(name, "recover")
+    wait_for(lambda: _boot_id(agent, name) != old_boot
+             and _allocatable(agent, name) == "8", timeout=20)
+    lost = wait_for(lambda: (lambda p: p if p.status.phase == "Failed" else None)(sleeper()),
+                    timeout=10)
+    assert lost.status.message == "The node lost power while the pod ran."
+    wait_for(lambda: agent.core.read_namespaced_pod(
+        "after-the-power-went", "agent-test").status.phase == "Running", timeout=10)
+    agent.core.delete_namespaced_pod("after-the-power-went", "agent-test")
+    assert not agent.agent.machines[name].power_lost
 
 
 def test_a_hung_reboot_never_returns_until_recovered(agent: Agent) -> None:
