@@ -24,7 +24,7 @@ import pytest
 from kubernetes import client, config
 
 from activities.job_templates import VALIDATION_COMMAND
-from sim.cluster import objects
+from sim.cluster import fleet, objects
 from sim.cluster.gpulink import GpuLink
 from sim.cluster.machines import NodeTiming
 from sim.cluster.threaded import ThreadedClusterSim
@@ -352,7 +352,8 @@ def test_dcgmi_needs_a_host_engine_and_only_one(agent: Agent) -> None:
         # Unreachable now: --host names the node's IP, where nothing listens.
         gone = agent.job("dcgmi-gone", "validate", name, **_shipped("standalone"))
         assert gone.status.failed == 1
-        assert "10.0." in _log(agent, "dcgmi-gone") or "Unable" in _log(agent, "dcgmi-gone")
+        ip = fleet.node_ip(agent.agent.index[name])  # NODE_IP, from the pod's status.hostIP
+        assert f"connection to the specified host: {ip}\n" in _log(agent, "dcgmi-gone")
         own = agent.job("dcgmi-own", "validate", name, **_shipped("embedded"))
         assert own.status.succeeded == 1, _log(agent, "dcgmi-own")
     finally:
