@@ -65,6 +65,7 @@ import contextlib
 import json
 import logging
 import random
+import re
 import signal
 import ssl
 import sys
@@ -969,7 +970,7 @@ class NodeAgent:
             code, out = dcgmi.second_engine(running)
         elif (not engine.embedded and engine.host is not None
                 and not self._node_host_engine(node, pods)):
-            code, out = dcgmi.unreachable_host(engine.host)
+            code, out = dcgmi.unreachable_host(_expand(engine.host, pod))
         else:
             health = None
             if (engine.embedded or engine.host is not None) and dcgmi.runs_diag(command) \
@@ -1083,6 +1084,12 @@ def _is_plugin(pod: Obj) -> bool:
     return (m.get("namespace") == fleet.OPERATOR_NAMESPACE and not m.get("deletionTimestamp")
             and (m.get("labels") or {}).get("app") == fleet.DEVICE_PLUGIN
             and (pod.get("status") or {}).get("phase") == "Running" and _ready(pod))
+
+
+def _expand(text: str, pod: Obj) -> str:
+    """``$VAR`` and ``${VAR}`` from the pod's container environment, as its shell expands
+    them (``--host "$NODE_IP"``)."""
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: _env(pod, m.group(1)) or "", text)
 
 
 def _env(pod: Obj, name: str) -> str | None:
