@@ -65,7 +65,9 @@ import contextlib
 import json
 import logging
 import random
+import re
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -73,7 +75,10 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from kubernetes import client, config
 
@@ -200,6 +205,58 @@ def seed(api: client.ApiClient, scenario: Scenario, operand_seconds: float = 0.5
                 fleet._operand_daemonset(op, operand_seconds))
 
 
+# ------------------------------------------------------------------- the kubelet API
+
+
+def serve_logs(agent: NodeAgent, cert: Path, key: Path, port: int = 0) -> ThreadingHTTPServer:
+    """The kubelet's ``GET /containerLogs/{namespace}/{pod}/{container}`` over HTTPS on the
+    loopback, which the API server calls for ``pods/log`` (it does not verify a kubelet's
+    certificate unless told a CA): the containers' output as written by the Job programs.
+    ``limitBytes`` and ``tailLines`` as the kubelet reads them. Returns the server, serving
+    on a daemon thread; its port is ``server.server_address[1]``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            parts = [unquote(p) for p in url.path.strip("/").split("/")]
+            if len(parts) != 4 or parts[0] != "containerLogs":
+                self._send(404, f"no such kubelet path {url.path}\n")
+                return
+            with agent._lock:
+                text = agent.logs.get((parts[1], parts[2], parts[3]))
+            if text is None:
+                self._send(404, f'container "{parts[3]}" in pod "{parts[2]}" has no log\n')
+                return
+            query = parse_qs(url.query)
+            if "tailLines" in query:
+                lines = text.splitlines(keepends=True)
+                keep = int(query["tailLines"][0])
+                text = "".join(lines[-keep:]) if keep > 0 else ""
+            body = text.encode()
+            if "limitBytes" in query:
+                body = body[:int(query["limitBytes"][0])]
+            self._send(200, body)
+
+        def _send(self, code: int, body: str | bytes) -> None:
+            data = body.encode() if isinstance(body, str) else body
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("kubelet API: " + format, *args)
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True, name="kubelet-api").start()
+    return server
+
+
 # ------------------------------------------------------------------------ the kubelets
 
 
@@ -232,12 +289,19 @@ class NodeAgent:
     and reregister_seconds are unused: the real node-lifecycle controller marks silent
     nodes Unknown, and nodes are not replaced here)."""
     interval: float = 0.2
+    kubelet_port: int = 0
+    """The port of the kubelet API (``/containerLogs``) this process serves; 0: none."""
     _running: dict[str, _Running] = field(default_factory=dict)
     _deleting: dict[str, float] = field(default_factory=dict)
     _killed: set[str] = field(default_factory=set)
+    _lost: set[str] = field(default_factory=set)
+    """Pods whose processes died with their machine's power (reported once it runs)."""
     _heartbeat: dict[str, float] = field(default_factory=dict)
     _ip_seq: int = 10
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    logs: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    """What each container wrote (namespace, pod, container), as a kubelet keeps it."""
+    _log_uid: dict[tuple[str, str, str], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.core: Any = client.CoreV1Api(self.api)
@@ -263,6 +327,12 @@ class NodeAgent:
         obj = fleet.node_object(name, pool, index)
         status = obj.pop("status")
         obj["spec"].pop("podCIDRs", None)
+        if self.kubelet_port:
+            # Where the API server reaches this kubelet for pods/log: every node's kubelet
+            # is this process, on the loopback (the API server prefers ExternalIP here).
+            status["addresses"] = [*status["addresses"],
+                                   {"type": "ExternalIP", "address": "127.0.0.1"}]
+            status["daemonEndpoints"] = {"kubeletEndpoint": {"Port": self.kubelet_port}}
         _create(self.core.create_node, obj)
         self.core.patch_node_status(name, {"status": status})
         self._renew_lease(name)
@@ -272,16 +342,21 @@ class NodeAgent:
 
     # -- scripted machine faults (`gpu-remediate sim node ...` in the cluster simulator) --
 
-    def command(self, node: str, what: NodeCommand) -> None:
-        """hang: the next reboot never returns; wedge: the kubelet stops (no status, no
-        Lease, nothing starts, no deletion confirmed: pods stay Terminating); replace: the
-        Node, its Lease and pods are deleted and a new machine registers under the same
-        name (a new UID) ``reregister_seconds`` later; recover: ends hang and wedge, and
-        completes a hung reboot."""
+    def command(self, node: str, what: NodeCommand, *, hard: bool = False) -> None:
+        """hang: the next reboot never returns (``hard``: the machine loses power now, with
+        no graceful shutdown); wedge: the kubelet stops (no status, no Lease, nothing
+        starts, no deletion confirmed: pods stay Terminating); replace: the Node, its Lease
+        and pods are deleted and a new machine registers under the same name (a new UID)
+        ``reregister_seconds`` later; recover: ends hang and wedge, and completes a hung
+        reboot or boots a machine that lost power."""
+        if hard and what != "hang":
+            raise ValueError("hard applies to hang only")
         with self._lock:
             m = self.machines[node]
             now = time.time()
-            if what == "hang":
+            if what == "hang" and hard:
+                self._power_loss(node, m)
+            elif what == "hang":
                 if not m.powered and m.registered:
                     m.boot_at = None  # already down: this reboot never returns
                 else:
@@ -306,6 +381,34 @@ class NodeAgent:
             else:
                 raise ValueError(f"unknown node command {what!r}")
             log.info("%s: %s", node, m.events[-1])
+
+    def _power_loss(self, node: str, m: Machine) -> None:
+        """Power lost (sim/cluster/kubelet.py): no graceful node shutdown, so nothing on the
+        node is told and the API server hears nothing: the kubelet just stops posting (the
+        node-lifecycle controller marks it Unknown after its grace period), its pods keep
+        their phase (Running stays Running, no deletion is confirmed), and the machine does
+        not come back until ``recover``. A Job's pod that ran then ends Failed once the
+        kubelet runs again (restartPolicy Never: its container is not restarted)."""
+        if not m.registered:
+            return
+        m.shutdown_at = None
+        m.hang_next_reboot = False
+        m.boot_at = None
+        m.plugin_at = None
+        m.plugin_instance, m.plugin_registered, m.steady = None, False, False
+        m.plugin_unhealthy.clear()
+        m.power_lost = True
+        if m.powered:
+            m.powered = False
+            m.reboots += 1
+        m.events.append("power lost: no graceful shutdown, never returns until recover")
+        # The processes die with the machine; the API server is not told.
+        for pod in self._pods():
+            if pod["spec"].get("nodeName") == node:
+                uid = pod["metadata"]["uid"]
+                if self._running.pop(uid, None) is not None:
+                    self._lost.add(uid)
+                self._deleting.pop(uid, None)
 
     def _replace(self, node: str, m: Machine, now: float) -> None:
         for pod in self._pods():
@@ -515,6 +618,7 @@ class NodeAgent:
                 m.plugin_at = now + self.timing.device_plugin_seconds
         m.powered = True
         m.boot_at = None
+        m.power_lost = False
         m.events.append(f"booted (bootID {status['nodeInfo']['bootID']})")
         log.info("%s: %s", node, m.events[-1])
         self._set_ready(node, True, "kubelet is posting ready status")
@@ -628,12 +732,30 @@ class NodeAgent:
         if phase == "Pending":
             if self._admit(pod, pods):
                 self._start(pod, now, delay)
+        elif running is None and uid in self._lost:
+            # Its process died with the machine's power: with restartPolicy Never nothing
+            # restarts it, otherwise its containers restart in place.
+            self._lost.discard(uid)
+            if (pod.get("spec") or {}).get("restartPolicy") == "Never":
+                self._fail_lost(pod)
+            else:
+                self._restart(pod, now, delay)
         elif running is None:
             # A Running pod this kubelet does not track: a DaemonSet or static pod after a
             # reboot (or any pod after this process restarted). Unready ones restart.
             self._restart(pod, now, delay)
         elif not _ready(pod) and now >= running.ready_at and not running.program:
             self._patch_status(pod, {"conditions": self._ready_conditions(True)})
+
+    def _fail_lost(self, pod: Obj) -> None:
+        ts = rfc3339()
+        statuses = [{**cs, "ready": False, "started": False, "state": {"terminated": {
+            "exitCode": 137, "reason": "Error", "startedAt": ts, "finishedAt": ts}}}
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []]
+        self._patch_status(pod, {"phase": "Failed", "reason": "Terminated",
+                                 "message": "The node lost power while the pod ran.",
+                                 "containerStatuses": statuses,
+                                 "conditions": self._ready_conditions(False)})
 
     def _restart(self, pod: Obj, now: float, delay: float) -> None:
         uid = pod["metadata"]["uid"]
@@ -694,29 +816,26 @@ class NodeAgent:
         node = pod["spec"]["nodeName"]
         kind = labels.get(objects.JOB_LABEL, "")
         time.sleep(self.job_seconds)
-        if kind == "validate" and dcgmi.runs_dcgmi(dcgmi.command_line(pod)):
-            return self._dcgmi(pod, node)
+        pod = self._with_field_env(pod)
+        if kind == "validate":
+            command = dcgmi.command_line(pod)
+            if dcgmi.runs_dcgmi(command):
+                return self._dcgmi(pod, node, command)
+            if dcgmi.runs_dcgmi(dcgmi.command_line(pod, resolve=False)):
+                # A dcgmi script whose branch for this environment runs no dcgmi (no host
+                # engine chosen): it proves nothing, and ends as its shell would.
+                out = "no DCGM host engine chosen: the diagnostic did not run\n"
+                self.write_log(pod, out)
+                return 3, out.strip()
         if kind == "gpu-reset":
-            holders = self._gpu_holders(node, pod["metadata"]["uid"])
-            if holders:
-                return dcgmi.SMI_IN_USE_EXIT, dcgmi.reset_in_use(
-                    _gpu_index(pod), self.gpus[node], holders)
-        if self.gpu_url and kind in ("validate", "gpu-reset", "reboot"):
+            return asyncio.run(self._reset(pod, node))
+        if self.gpu_url and kind in ("validate", "reboot"):
             # The same calls, retries and messages as the cluster simulator's Job programs.
             outcome = asyncio.run(_gpu_call(self.gpu_url, kind, node, _gpu_index(pod)))
             if not outcome.ok:
                 return 1, "; ".join(outcome.problems) or "GPU unhealthy"
-            if kind == "gpu-reset":
-                # The device plugin on the node saw the XIDs this reset cleared.
-                cleared: dict[int, list[int]] = {}
-                for c in outcome.cleared:
-                    gpu, value = c.get("gpu"), c.get("value")
-                    if c.get("kind") == "xid" and isinstance(gpu, int) and isinstance(value, int):
-                        cleared.setdefault(gpu, []).append(value)
-                with self._lock:
-                    self.plugin_saw({node: cleared})
-        # Without a GPU simulator validation passes and a reset is a no-op; a reboot
-        # still reboots the machine (as the cluster simulator does).
+        # Without a GPU simulator validation passes; a reboot still reboots the machine
+        # (as the cluster simulator does).
         if kind == "reboot" and not self.request_reboot(node):
             # The shutdown kills this container (the kubelet marks the pod Failed). Should
             # that not happen, end as a killed process would.
@@ -727,6 +846,90 @@ class NodeAgent:
             return 137, "killed by the node shutdown"
         return 0, ""  # a reboot: `systemctl reboot` returned before the shutdown began
 
+    def _with_field_env(self, pod: Obj) -> Obj:
+        """The pod as its container sees its environment: ``status.hostIP`` and
+        ``spec.nodeName`` field references resolved, as the kubelet does (the worker sets
+        ``NODE_IP`` from ``status.hostIP`` for the standalone host engine)."""
+        node = pod["spec"]["nodeName"]
+        fields = {"status.hostIP": fleet.node_ip(self.index[node]), "spec.nodeName": node}
+        containers = []
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            env = []
+            for e in c.get("env") or []:
+                path = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+                env.append({"name": e.get("name"), "value": fields[path]}
+                           if path in fields else e)
+            containers.append({**c, "env": env})
+        return {**pod, "spec": {**pod["spec"], "containers": containers}}
+
+    async def _reset(self, pod: Obj, node: str) -> tuple[int, str]:
+        """The reset container, as the cluster simulator's (sim/cluster/jobs.py): refused
+        while another pod holds a GPU, and by the GPU simulator while a target GPU has
+        persistence mode on; ``-pm 0`` in the command turns it off for the targets only
+        (by ``GPU_UUIDS``, else ``GPU_INDEX``, else every GPU), ``-pm 1`` back on where it
+        was on."""
+        index = _gpu_index(pod)
+        uuids = _env(pod, "GPU_UUIDS")
+        command = dcgmi.command_line(pod)
+        holders = self._gpu_holders(node, pod["metadata"]["uid"])
+        link = GpuLink(self.gpu_url)
+        try:
+            gpus = await link.gpus(node)
+            if holders:
+                message = dcgmi.reset_in_use(index, self.gpus[node], holders, gpus or [])
+                self.write_log(pod, message + "\n")
+                return dcgmi.SMI_IN_USE_EXIT, message
+            named = [u.strip() for u in (uuids or "").replace(" ", ",").split(",") if u.strip()]
+            targets: list[str | None] = list(named) or [index]
+            was_on: list[str] = []
+            if gpus is not None:
+                by_uuid = {str(g.get("uuid")): g for g in gpus}
+                by_index = {str(g.get("index")): g for g in gpus}
+                if named:
+                    wanted = named
+                elif index is not None:
+                    wanted = [str(by_index[index]["uuid"])] if index in by_index else [index]
+                else:
+                    wanted = list(by_uuid)
+                unknown = [u for u in wanted if u not in by_uuid]
+                if unknown:
+                    message = f"No devices were found matching {', '.join(unknown)}"
+                    self.write_log(pod, message + "\n")
+                    return dcgmi.SMI_NOT_FOUND_EXIT, message
+                if dcgmi.turns_persistence_off(command):
+                    for u in wanted:
+                        if by_uuid[u].get("persistence_mode"):
+                            await link.persistence(node, u, False)
+                            was_on.append(u)
+                targets = list(wanted) if (named or index is not None) else [None]
+            problems: list[str] = []
+            cleared: list[dict[str, object]] = []
+            for target in targets:
+                outcome = await link.reset(node, target)
+                problems += outcome.problems
+                cleared += outcome.cleared
+            if dcgmi.restores_persistence(command):
+                for u in was_on:
+                    await link.persistence(node, u, True)
+        finally:
+            await link.aclose()
+        if problems:
+            message = "; ".join(problems)
+            self.write_log(pod, message + "\n")
+            return 1, message
+        # The device plugin on the node saw the XIDs this reset cleared.
+        xids: dict[int, list[int]] = {}
+        for c in cleared:
+            gpu, value = c.get("gpu"), c.get("value")
+            if c.get("kind") == "xid" and isinstance(gpu, int) and isinstance(value, int):
+                xids.setdefault(gpu, []).append(value)
+        if xids:
+            with self._lock:
+                self.plugin_saw({node: xids})
+        done = "all GPUs" if targets == [None] else ", ".join(str(t) for t in targets)
+        self.write_log(pod, f"GPU {done} on {node} reset.\nAll done.\n")
+        return 0, ""
+
     def _gpu_holders(self, node: str, exclude_uid: str) -> list[Obj]:
         """Pods running on the node that keep its GPUs open: they request nvidia.com/gpu
         or are operands holding /dev/nvidia* (terminating ones run until killed)."""
@@ -736,21 +939,62 @@ class NodeAgent:
                 and (_gpu_request(p) > 0 or (p["metadata"].get("annotations") or {}).get(
                     objects.HOLDS_GPUS) == "true")]
 
-    def _dcgmi(self, pod: Obj, node: str) -> tuple[int, str]:
-        """A validation container running dcgmi: a client of nv-hostengine (this tier has no
-        standalone one reachable with --host: the nvidia-dcgm pod runs no process)."""
-        command = dcgmi.command_line(pod)
+    def _engines(self, node: str, pods: list[Obj]) -> list[str]:
+        """The host engine already running for the node's GPUs: the standalone nvidia-dcgm
+        operand (starting, running or stopping), else the one dcgm-exporter embeds (until
+        its pod is gone, Terminating or not); none when neither runs."""
+        on_node = [p for p in pods if p["spec"].get("nodeName") == node and not _terminal(p)]
+        if any((p["metadata"].get("labels") or {}).get("app") == "nvidia-dcgm"
+               for p in on_node):
+            return ["the standalone nvidia-dcgm operand"]
+        return [f"{p['metadata']['namespace']}/{p['metadata']['name']} (embedded)"
+                for p in on_node
+                if (p["metadata"].get("labels") or {}).get("app") == "nvidia-dcgm-exporter"]
+
+    @staticmethod
+    def _node_host_engine(node: str, pods: list[Obj]) -> bool:
+        """The GPU Operator's nvidia-dcgm pod (the standalone nv-hostengine) runs Ready on
+        the node: `dcgmi --host` reaches it."""
+        return any(p["spec"].get("nodeName") == node and _ready(p)
+                   and (p["metadata"].get("labels") or {}).get("app") == "nvidia-dcgm"
+                   and not p["metadata"].get("deletionTimestamp") for p in pods)
+
+    def _dcgmi(self, pod: Obj, node: str, command: str) -> tuple[int, str]:
+        """A validation container running dcgmi: a client of nv-hostengine, one host engine
+        per node (sim/cluster/jobs.py): its own beside the node's running one fails, and
+        ``--host`` reaches the standalone nvidia-dcgm operand only."""
         engine = dcgmi.host_engine(command)
-        health = None
-        if engine.embedded and dcgmi.runs_diag(command) and self.gpu_url:
-            health = asyncio.run(_gpu_call(self.gpu_url, "validate", node, None))
-        if engine.host is not None and not engine.embedded:
-            code, out = dcgmi.unreachable_host(engine.host)
+        pods = self._pods()
+        running = self._engines(node, pods)
+        if engine.embedded and running:
+            code, out = dcgmi.second_engine(running)
+        elif (not engine.embedded and engine.host is not None
+                and not self._node_host_engine(node, pods)):
+            code, out = dcgmi.unreachable_host(_expand(engine.host, pod))
         else:
+            health = None
+            if (engine.embedded or engine.host is not None) and dcgmi.runs_diag(command) \
+                    and self.gpu_url:
+                health = asyncio.run(_gpu_call(self.gpu_url, "validate", node, None))
             code, out = dcgmi.run(command, engine, self.gpus[node], dcgmi.DEFAULT_DRIVER,
                                   health)
+        self.write_log(pod, out)
         return code, dcgmi.termination_message(pod, code, out) or (
             out.strip().splitlines()[-1][:200] if code and out.strip() else "")
+
+    def write_log(self, pod: Obj, text: str) -> None:
+        """Append to the stdout of the pod's first container, served at the kubelet's
+        ``/containerLogs`` (``pods/log`` through the API server)."""
+        containers = (pod.get("spec") or {}).get("containers") or []
+        if not containers or not text:
+            return
+        m = pod["metadata"]
+        key = (m["namespace"], m["name"], str(containers[0]["name"]))
+        with self._lock:
+            if self._log_uid.get(key) != m["uid"]:
+                self._log_uid[key] = m["uid"]
+                self.logs[key] = ""
+            self.logs[key] += text
 
     def _run_program(self, pod: Obj) -> None:
         try:
@@ -764,6 +1008,8 @@ class NodeAgent:
         while not self.is_up(pod["spec"]["nodeName"]):
             time.sleep(0.05)
         with self._lock:
+            if m["uid"] in self._lost:
+                return  # it died with the machine's power: _sync reports it
             try:
                 current = _json(self.core.read_namespaced_pod(m["name"], m["namespace"],
                                                               _preload_content=False))
@@ -840,11 +1086,24 @@ def _is_plugin(pod: Obj) -> bool:
             and (pod.get("status") or {}).get("phase") == "Running" and _ready(pod))
 
 
-def _gpu_index(pod: Obj) -> str | None:
+def _expand(text: str, pod: Obj) -> str:
+    """``$VAR`` and ``${VAR}`` from the pod's container environment, as its shell expands
+    them (``--host "$NODE_IP"``)."""
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: _env(pod, m.group(1)) or "", text)
+
+
+def _env(pod: Obj, name: str) -> str | None:
     for c in pod["spec"].get("containers") or []:
         for env in c.get("env") or []:
-            if env.get("name") == "GPU_INDEX" and env.get("value") not in (None, ""):
+            if env.get("name") == name and env.get("value") not in (None, ""):
                 return str(env["value"])
+    return None
+
+
+def _gpu_index(pod: Obj) -> str | None:
+    value = _env(pod, "GPU_INDEX")
+    if value is not None:
+        return value
     label = (pod["metadata"].get("labels") or {}).get(objects.GPU_LABEL)
     return str(label) if label else None
 
@@ -869,6 +1128,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reboot-seed", type=int, default=0,
                         help="seed of the draw 'reboot command returns first' / 'pod killed'")
     parser.add_argument("--ready-timeout", type=float, default=120.0)
+    parser.add_argument("--kubelet-cert", type=Path,
+                        help="serve the kubelet API (pod logs) over HTTPS with this "
+                             "certificate (and --kubelet-key), on the loopback")
+    parser.add_argument("--kubelet-key", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     scenario = load_scenario(args.scenario)
@@ -879,6 +1142,11 @@ def main(argv: list[str] | None = None) -> int:
                                         shutdown_seconds=args.shutdown_seconds,
                                         device_plugin_seconds=args.device_plugin_seconds,
                                         seed=args.reboot_seed))
+    if args.kubelet_cert is not None:
+        # Bind before registering: the nodes name the port.
+        server = serve_logs(agent, args.kubelet_cert, args.kubelet_key or args.kubelet_cert)
+        agent.kubelet_port = int(server.server_address[1])
+        log.info("kubelet API on 127.0.0.1:%d", agent.kubelet_port)
     agent.register()
     log.info("registered %d nodes", len(agent.names))
     if args.seed:

@@ -23,7 +23,6 @@ from typing import Any
 import yaml
 from kubernetes import client, config, utils
 
-from activities.job_templates import VALIDATION_COMMAND
 from tests.controlplane.controlplane import ControlPlane
 from worker.stack import LocalStack
 
@@ -58,7 +57,10 @@ class ControlPlaneStack(LocalStack):
         policy.write_text(yaml.safe_dump(AUDIT_POLICY))
         self.controlplane = ControlPlane(self.binary, cp_dir, apiserver_args=[
             f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
-            "--audit-log-format=json"]).start()
+            "--audit-log-format=json",
+            # The node agent serves every node's kubelet API (pod logs) on the loopback and
+            # adds that address to each node as its ExternalIP.
+            "--kubelet-preferred-address-types=ExternalIP"]).start()
         self.kubeconfig.unlink(missing_ok=True)
         self.kubeconfig.write_text(self.controlplane.kubeconfig.read_text())
         agent = self._spawn("node-agent", [
@@ -66,7 +68,10 @@ class ControlPlaneStack(LocalStack):
             "--kubeconfig", str(self.kubeconfig), "--scenario", self.scenario,
             "--gpu-sim-url", self.gpu_url, "--seed",
             "--job-seconds", str(self.job_seconds),
-            "--reboot-seconds", str(self.reboot_seconds)],
+            "--reboot-seconds", str(self.reboot_seconds),
+            # The API server's own self-signed certificate (127.0.0.1) serves the kubelet API.
+            "--kubelet-cert", str(cp_dir / "pki" / "apiserver.crt"),
+            "--kubelet-key", str(cp_dir / "pki" / "apiserver.key")],
             env={"PYTHONPATH": str(REPO)})
         self._wait(agent, lambda: "READY" in agent.log.read_text(errors="replace"),
                    timeout=150)
@@ -109,12 +114,3 @@ class ControlPlaneStack(LocalStack):
         if self.controlplane is not None:
             self.controlplane.stop()
 
-
-NO_KUBELET_LOGS: dict[str, object] = {"jobs.templates.validation": {
-    "image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
-    "command": ["/bin/sh", "-c", VALIDATION_COMMAND], "deadline": "PT20M",
-    "run_as_user": 1000, "output": "exit-code"}}
-"""This tier has a real API server but no kubelet, and the API server serves a pod's log
-from its kubelet: the validation (the default command, its own host engine and dcgmi) is
-judged by its exit code here (the node agent's), the dcgmi JSON evidence is covered against
-the cluster simulator (tests/activities/test_jobs.py, tests/e2e)."""

@@ -7,9 +7,14 @@ does not rot when the tier is skipped.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import ssl
+import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,8 +23,12 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from activities.job_templates import VALIDATION_COMMAND
+from sim.cluster import fleet, objects
+from sim.cluster.gpulink import GpuLink
 from sim.cluster.machines import NodeTiming
 from sim.cluster.threaded import ThreadedClusterSim
+from sim.gpu.server import start_gpu_simulator
 from sim.scenario import Scenario
 from tests.controlplane.node_agent import (
     SHUTDOWN_MESSAGE,
@@ -27,6 +36,7 @@ from tests.controlplane.node_agent import (
     reboot_draw,
     scenario_nodes,
     seed,
+    serve_logs,
 )
 from tests.polling import wait_for
 
@@ -58,11 +68,14 @@ class Agent:
     def pods(self) -> list[Any]:
         return list(self.core.list_namespaced_pod("agent-test").items)
 
-    def job(self, name: str, kind: str, node: str, command: list[str] | None = None) -> Any:
+    def job(self, name: str, kind: str, node: str, command: list[str] | None = None,
+            env: list[dict[str, Any]] | None = None) -> Any:
         labels = {"gpu-remediate.io/job": kind}
         container: dict[str, Any] = {"name": "c", "image": "x"}
         if command:
             container["command"] = command
+        if env:
+            container["env"] = env
         self.batch.create_namespaced_job("agent-test", {
             "metadata": {"name": name, "labels": labels},
             "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": {
@@ -295,13 +308,141 @@ def test_a_reset_fails_while_the_operands_hold_the_gpus(agent: Agent) -> None:
     wait_for(lambda: _allocatable(agent, name) == "8", timeout=20)
 
 
-def test_dcgmi_needs_a_host_engine(agent: Agent) -> None:
+def _log(agent: Agent, job: str) -> str:
+    pod = agent.core.list_namespaced_pod("agent-test", label_selector=f"job-name={job}").items[0]
+    return agent.agent.logs.get(("agent-test", pod.metadata.name, "c"), "")
+
+
+def _shipped(engine: str | None) -> dict[str, Any]:
+    """The shipped validation command with the environment the worker gives it."""
+    env: list[dict[str, Any]] = [
+        {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
+    if engine is not None:
+        env.append({"name": "DCGM_HOST_ENGINE", "value": engine})
+    return {"command": ["/bin/sh", "-c", VALIDATION_COMMAND], "env": env}
+
+
+def test_dcgmi_needs_a_host_engine_and_only_one(agent: Agent) -> None:
+    """One DCGM host engine per node (sim/cluster/jobs.py): dcgmi alone reaches none; the
+    standalone dcgm operand is reached with --host on the node's IP; a Job's own engine
+    beside it or beside dcgm-exporter's embedded one fails, and succeeds once both are off;
+    the shipped command with no engine chosen runs no diagnostic."""
     name = NODES[1]
+    wait_for(lambda: {"nvidia-dcgm", "nvidia-dcgm-exporter"} <= {
+        app for app, p in _operand_pods(agent, name).items()
+        if p.status.phase == "Running" and any(
+            c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])},
+        timeout=20)
     alone = agent.job("dcgmi-alone", "validate", name, ["dcgmi", "diag", "-r", "1"])
     assert alone.status.failed == 1
-    embedded = agent.job("dcgmi-embedded", "validate", name, [
-        "/bin/sh", "-c", "nv-hostengine -n && exec dcgmi diag -r 1 -j"])
-    assert embedded.status.succeeded == 1
+    standalone = agent.job("dcgmi-standalone", "validate", name, **_shipped("standalone"))
+    assert standalone.status.succeeded == 1, _failure(agent, "dcgmi-standalone")
+    assert '"DCGM Diagnostic"' in _log(agent, "dcgmi-standalone")
+    second = agent.job("dcgmi-second", "validate", name, **_shipped("embedded"))
+    assert second.status.failed == 1
+    assert "already manages the GPUs" in _log(agent, "dcgmi-second")
+    unset = agent.job("dcgmi-unset", "validate", name, **_shipped(None))
+    assert unset.status.failed == 1
+    assert "no DCGM host engine chosen" in _log(agent, "dcgmi-unset")
+    _deploy(agent, name, ("dcgm", "dcgm-exporter"), "false")
+    try:
+        wait_for(lambda: not {"nvidia-dcgm", "nvidia-dcgm-exporter"} & {
+            p.metadata.labels.get("app") for p in agent.core.list_namespaced_pod(
+                OPERATOR_NS).items if p.spec.node_name == name}, timeout=20)
+        # Unreachable now: --host names the node's IP, where nothing listens.
+        gone = agent.job("dcgmi-gone", "validate", name, **_shipped("standalone"))
+        assert gone.status.failed == 1
+        ip = fleet.node_ip(agent.agent.index[name])  # NODE_IP, from the pod's status.hostIP
+        assert f"connection to the specified host: {ip}\n" in _log(agent, "dcgmi-gone")
+        own = agent.job("dcgmi-own", "validate", name, **_shipped("embedded"))
+        assert own.status.succeeded == 1, _log(agent, "dcgmi-own")
+    finally:
+        _deploy(agent, name, ("dcgm", "dcgm-exporter"), "true")
+
+
+@pytest.fixture
+def gpu_sim() -> Iterator[str]:
+    """The GPU simulator for SCENARIO's nodes, on a loop of its own."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    running = asyncio.run_coroutine_threadsafe(start_gpu_simulator(SCENARIO), loop).result(20)
+    try:
+        yield running.url
+    finally:
+        asyncio.run_coroutine_threadsafe(running.stop(), loop).result(20)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+
+
+def _reset_pod(command: str, env: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": "reset", "namespace": "agent-test", "uid": "reset-uid"},
+            "spec": {"nodeName": NODES[0], "containers": [{
+                "name": "c", "command": ["/bin/sh", "-c", command],
+                "env": [{"name": k, "value": v} for k, v in env.items()]}]}}
+
+
+def _persistence(url: str) -> dict[str, bool]:
+    async def read() -> dict[str, bool]:
+        link = GpuLink(url)
+        try:
+            gpus = await link.gpus(NODES[0]) or []
+        finally:
+            await link.aclose()
+        return {str(g["uuid"]): bool(g["persistence_mode"]) for g in gpus}
+    return asyncio.run(read())
+
+
+def test_a_reset_turns_persistence_off_for_its_targets_only(
+        agent: Agent, gpu_sim: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As sim/cluster/jobs.py: the GPU simulator refuses a reset while persistence mode is
+    on; `-pm 0` turns it off for the GPUs named by GPU_UUIDS only, `-pm 1` back on."""
+    node_agent = agent.agent
+    # Nothing holds the GPUs here: the holders' refusal is the test above.
+    monkeypatch.setattr(node_agent, "_gpu_holders", lambda node, uid: [])
+    monkeypatch.setattr(node_agent, "gpu_url", gpu_sim)
+    before = _persistence(gpu_sim)
+    first, second = sorted(before)[:2]
+    assert all(before.values())
+    code, message = asyncio.run(node_agent._reset(
+        _reset_pod("nvidia-smi -r -i $GPU_UUIDS", {"GPU_UUIDS": first}), NODES[0]))
+    assert code != 0 and "persistence" in message, message
+    command = "nvidia-smi -i $GPU_UUIDS -pm 0 && nvidia-smi -r -i $GPU_UUIDS; " \
+              "nvidia-smi -i $GPU_UUIDS -pm 1"
+    code, message = asyncio.run(node_agent._reset(
+        _reset_pod(command, {"GPU_UUIDS": f"{first},{second}"}), NODES[0]))
+    assert (code, message) == (0, "")
+    assert _persistence(gpu_sim) == before  # back on where it was on, nothing else touched
+    code, message = asyncio.run(node_agent._reset(
+        _reset_pod(command, {"GPU_UUIDS": "GPU-nonexistent"}), NODES[0]))
+    assert code == 6 and "GPU-nonexistent" in message
+
+
+def test_the_kubelet_api_serves_what_job_containers_wrote(agent: Agent, tmp_path: Path) -> None:
+    """pods/log on the real API server reaches the node agent's /containerLogs."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-keyout", str(tmp_path / "k.pem"),
+                    "-out", str(tmp_path / "c.pem")], check=True, capture_output=True)
+    server = serve_logs(agent.agent, tmp_path / "c.pem", tmp_path / "k.pem")
+    try:
+        agent.agent.logs[("ns", "p", "c")] = "one\ntwo\nthree\n"
+        port = server.server_address[1]
+        context = ssl._create_unverified_context()
+
+        def get(path: str) -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}",
+                                            context=context, timeout=5) as resp:
+                    return resp.status, resp.read().decode()
+            except urllib.error.HTTPError as err:
+                return err.code, ""
+        assert get("/containerLogs/ns/p/c") == (200, "one\ntwo\nthree\n")
+        assert get("/containerLogs/ns/p/c?tailLines=1") == (200, "three\n")
+        assert get("/containerLogs/ns/p/c?limitBytes=3") == (200, "one")
+        assert get("/containerLogs/ns/q/c")[0] == 404
+    finally:
+        server.shutdown()
+        agent.agent.logs.pop(("ns", "p", "c"), None)
 
 
 # -- scripted machine faults ---------------------------------------------------------------
@@ -330,6 +471,55 @@ def test_a_wedged_kubelet_confirms_no_deletion_until_it_recovers(agent: Agent) -
              timeout=10)
     wait_for(lambda: client.CoordinationV1Api(agent.api).read_namespaced_lease(
         name, "kube-node-lease").spec.renew_time != renewed, timeout=10)
+
+
+def test_a_power_loss_reports_nothing_until_recovered(agent: Agent) -> None:
+    """No graceful shutdown: the API server is told nothing (the node stays as last
+    reported, its pods keep their phase), nothing starts; after `recover` the machine boots
+    with a new boot ID and a Job's pod that ran when the power went ends Failed."""
+    name = NODES[0]
+    old_boot = _boot_id(agent, name)
+    labels = {"gpu-remediate.io/job": "sleeper"}
+    agent.batch.create_namespaced_job("agent-test", {
+        "metadata": {"name": "sleeper", "labels": labels},
+        "spec": {"backoffLimit": 0, "template": {
+            "metadata": {"labels": labels, "annotations": {objects.RUN_FOREVER: "true"}},
+            "spec": {"nodeName": name, "restartPolicy": "Never",
+                     "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "c", "image": "x"}]}}}})
+
+    def sleeper() -> Any:
+        pods = agent.core.list_namespaced_pod("agent-test", label_selector="job-name=sleeper")
+        return pods.items[0] if pods.items else None
+    wait_for(lambda: (lambda p: p is not None and p.status.phase == "Running")(sleeper()),
+             timeout=10)
+    web = wait_for(lambda: next((p for p in agent.pods() if p.spec.node_name == name
+                                 and p.metadata.labels.get("app") == "web"
+                                 and p.status.phase == "Running"), None), timeout=20)
+    agent.agent.command(name, "hang", hard=True)
+    assert agent.agent.machines[name].power_lost and not agent.agent.is_up(name)
+    agent.core.create_namespaced_pod("agent-test", {
+        "metadata": {"name": "after-the-power-went"},
+        "spec": {"nodeName": name, "restartPolicy": "Never",
+                 "containers": [{"name": "c", "image": "x"}]}})
+    time.sleep(2 * agent.agent.timing.reboot_seconds + 0.5)
+    assert _ready_condition(agent.core.read_node(name)).status == "True"  # never told
+    assert _boot_id(agent, name) == old_boot
+    assert sleeper().status.phase == "Running"
+    assert agent.core.read_namespaced_pod(web.metadata.name, "agent-test").status.phase \
+        == "Running"
+    assert agent.core.read_namespaced_pod("after-the-power-went", "agent-test").status.phase \
+        == "Pending"
+    agent.agent.command(name, "recover")
+    wait_for(lambda: _boot_id(agent, name) != old_boot
+             and _allocatable(agent, name) == "8", timeout=20)
+    lost = wait_for(lambda: (lambda p: p if p.status.phase == "Failed" else None)(sleeper()),
+                    timeout=10)
+    assert lost.status.message == "The node lost power while the pod ran."
+    wait_for(lambda: agent.core.read_namespaced_pod(
+        "after-the-power-went", "agent-test").status.phase == "Running", timeout=10)
+    agent.core.delete_namespaced_pod("after-the-power-went", "agent-test")
+    assert not agent.agent.machines[name].power_lost
 
 
 def test_a_hung_reboot_never_returns_until_recovered(agent: Agent) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sim.gpu.client import GpuSimClient
-from tests.controlplane.stack import NO_KUBELET_LOGS, REPO, ControlPlaneStack
+from tests.controlplane.stack import REPO, ControlPlaneStack
 from tests.e2e.kit import Cluster
 from tests.e2e.test_budget_under_load import (  # the scenario itself, run with five_stack below
     test_five_failures_at_once_never_exceed_a_budget_of_two,
@@ -38,8 +38,7 @@ def _stack(binary: Path, tmp: Path, scenario: Path, **overrides: object) -> Cont
         data_dir=tmp, scenario=str(scenario), ports=Ports.ephemeral(), headless=True,
         persistent=True, job_seconds=1.0, reboot_seconds=2.0, binary=binary,
         service_account=True,
-        overrides={**NO_KUBELET_LOGS,
-                   "detector.interval": "PT1S", "remediation.drain.retry_interval": "PT1S",
+        overrides={"detector.interval": "PT1S", "remediation.drain.retry_interval": "PT1S",
                    "remediation.heartbeat_timeout": "PT5S", **overrides})
 
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from tests.controlplane.stack import NO_KUBELET_LOGS, RBAC, REPO, SA_USER, ControlPlaneStack
+from tests.controlplane.stack import RBAC, REPO, SA_USER, ControlPlaneStack
 from tests.e2e.test_walking_skeleton import (  # the scenario itself, run with pdb_stack below
     test_xid79_on_two_nodes_drains_within_pdb_repairs_validates_and_returns,
 )
@@ -41,8 +41,7 @@ def pdb_stack(controlplane_binary: Path,
         scenario=str(REPO / "tests" / "e2e" / "pdb.yaml"),
         ports=Ports.ephemeral(), headless=True, persistent=True, job_seconds=1.0,
         reboot_seconds=2.0, binary=controlplane_binary, service_account=True,
-        overrides={**NO_KUBELET_LOGS,
-                   "detector.interval": "PT1S", "remediation.drain.retry_interval": "PT1S",
+        overrides={"detector.interval": "PT1S", "remediation.drain.retry_interval": "PT1S",
                    "detector.max_unavailable": 2})
     with stack:
         yield stack
@@ -128,9 +127,7 @@ def test_granted_permissions_used_or_accounted_for(pdb_stack: ControlPlaneStack)
         ("", "pods", "delete"),
         # Only an abort deletes a node Job (tests/activities/test_jobs.py); none here.
         ("batch", "jobs", "delete"),
-        # No kubelet serves pod logs in this tier (stack.NO_KUBELET_LOGS), and no GPU
-        # reset runs in this scenario: both covered against the cluster simulator.
-        ("", "pods/log", "get"),
+        # No GPU reset runs in this scenario (covered against the cluster simulator).
         ("apps", "daemonsets", "list"),
     }
     unused = granted - used - not_exercised_here

@@ -48,8 +48,9 @@ async def _client(stack: ProductionStack) -> Client:
     return await connect(TemporalSettings(address=stack.temporal_address))
 
 
-def assert_healthy(stack: ProductionStack, k8s: Cluster, node: str, timeout: float = 180
-                   ) -> None:
+def assert_returned(stack: ProductionStack, k8s: Cluster, node: str, timeout: float = 180
+                    ) -> None:
+    """The node's remediation ended healthy and the node is back in service."""
     wait_for(stack, f"a remediation of {node}", lambda: workflow_status(stack, node),
              timeout=60)
     res = result(stack, node, timeout=timeout)
@@ -57,6 +58,12 @@ def assert_healthy(stack: ProductionStack, k8s: Cluster, node: str, timeout: flo
     n = k8s.node(node)
     assert n.metadata.labels["gpu-remediate.io/state"] == "healthy"
     assert not n.spec.unschedulable and not k8s.has_our_taint(n)
+
+
+def assert_healthy(stack: ProductionStack, k8s: Cluster, node: str, timeout: float = 180
+                   ) -> None:
+    """Back in service after one reboot and one validation."""
+    assert_returned(stack, k8s, node, timeout)
     assert sorted(k8s.job_kinds(node)) == ["reboot", "validate"], k8s.job_kinds(node)
     assert k8s.event_reasons(node).count("RemediationSucceeded") == 1
 
@@ -234,14 +241,23 @@ def test_a_worker_started_while_postgresql_is_down_waits_unready(prod: Productio
     prod.pg.stop("fast")
     try:
         replica = prod.start_replica("worker-late", wait=False)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        # Down for at least 20 s and until the worker has said why it does not poll: on a
+        # loaded machine its start (imports, then the SDK's own retries of the namespace
+        # while it builds the worker) can take most of that before our wait begins.
+        started = time.monotonic()
+        while time.monotonic() < started + 20 or "not polling yet" not in \
+                replica.part.log.read_text(errors="replace"):
+            assert time.monotonic() < started + 120, replica.part.log.read_text()[-3000:]
             assert replica.alive(), replica.part.log.read_text()[-2000:]
             assert not prod.ready(replica)
             time.sleep(1)
     finally:
         prod.pg.start()
     prod.wait_ready(replica, timeout=120)
+    # Ready as soon as the SDK's worker runs; the line saying so follows within a poll of
+    # _report_start (longer when that poll is still asking the server why it could not).
+    wait_for(prod, "the worker's 'polling' line",
+             lambda: "worker polling task queue" in replica.part.log.read_text(), timeout=30)
     log = replica.part.log.read_text()
     # Our own line, with the server's reason, before the one that says it polls.
     warning = next((line for line in log.splitlines() if "not polling yet" in line), "")

@@ -14,6 +14,7 @@ import subprocess
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import VersioningBehavior
@@ -22,7 +23,12 @@ from sim.gpu.client import GpuSimClient
 from tests.chaos.invariants import InvariantChecker
 from tests.e2e.conftest import make_stack
 from tests.e2e.kit import Cluster, run, wait_for
-from tests.production.test_topology import _client, assert_healthy, workflow_task_failures
+from tests.production.test_topology import (
+    _client,
+    assert_healthy,
+    assert_returned,
+    workflow_task_failures,
+)
 from tests.production.topology import REPO, ProductionStack
 from worker.stack.local import scripts_binary
 from workflows.ids import DETECTOR_WORKFLOW_ID, remediation_workflow_id
@@ -71,6 +77,45 @@ def versioning(stack: ProductionStack, workflow_id: str) -> tuple[str, int, str]
         return (desc.run_id or "", int(info.behavior),
                 info.deployment_version.build_id)
     return run(go())
+
+
+def _engine_env(job: Any) -> str | None:
+    """The DCGM_HOST_ENGINE the worker gave the Job's container (None: not told)."""
+    for env in job.spec.template.spec.containers[0].env or []:
+        if env.name == "DCGM_HOST_ENGINE":
+            return str(env.value)
+    return None
+
+
+def _failed(job: Any) -> bool:
+    return any(c.type == "Failed" and c.status == "True" for c in job.status.conditions or [])
+
+
+def _log(k8s: Cluster, job: Any) -> str:
+    pods = k8s.core.list_namespaced_pod(job.metadata.namespace,
+                                        label_selector=f"job-name={job.metadata.name}").items
+    return "".join(str(k8s.core.read_namespaced_pod_log(p.metadata.name, p.metadata.namespace))
+                   for p in pods)
+
+
+def assert_repaired_across_the_upgrade(stack: ProductionStack, k8s: Cluster, node: str) -> None:
+    """Back in service, validated by the current release. The previous release's
+    validation starts a DCGM host engine of its own whatever runs on the node; beside the
+    standalone dcgm operand that fails (one host engine per node): where that release ran
+    a node's validation before the upgrade, the current one repairs again (one more reboot)
+    and validates on the node's engine. Nothing else may fail."""
+    assert_returned(stack, k8s, node, timeout=240)
+    jobs = sorted(k8s.jobs(node), key=lambda j: j.metadata.creation_timestamp)
+    kinds = [j.metadata.labels["gpu-remediate.io/job"] for j in jobs]
+    validations = [j for j in jobs if j.metadata.labels["gpu-remediate.io/job"] == "validate"]
+    assert validations and kinds.count("reboot") == len(validations), kinds
+    last = validations[-1]
+    assert _engine_env(last) is not None and not _failed(last), last.metadata.name
+    for job in validations[:-1]:
+        # Only the previous release's validation (told no engine) may have failed, and only
+        # because a host engine already ran on the node.
+        assert _engine_env(job) is None and _failed(job), job.metadata.name
+        assert "already manages the GPUs" in _log(k8s, job), _log(k8s, job)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +187,7 @@ def test_rolling_upgrade_from_the_previous_release(upgrade: ProductionStack) -> 
 
         # Every remediation finishes, those begun on the old code on the new one.
         for node in nodes:
-            assert_healthy(stack, k8s, node, timeout=240)
+            assert_repaired_across_the_upgrade(stack, k8s, node)
             assert versioning(stack, remediation_workflow_id(node))[2] == cur, node
             assert not workflow_task_failures(stack, node), node
 
