@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.transitions import OUT_OF_SERVICE_STATES, NodeState
+from workflows.transitions import NodeState
 
 # Temporal's close statuses after which the remediation's own cleanup has run.
 CLEAN_CLOSE = frozenset({"COMPLETED", "CANCELED"})
@@ -71,9 +71,6 @@ class Lease(_Message):
         if self.slot:
             return True
         return cordoned_counts and self.state in (NodeState.CORDONED, NodeState.HEALTHY)
-
-    def out_of_service(self) -> bool:
-        return self.state in OUT_OF_SERVICE_STATES
 
 
 class LeaseCheck(_Message):
