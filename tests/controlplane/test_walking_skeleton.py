@@ -127,6 +127,9 @@ def test_granted_permissions_used_or_accounted_for(pdb_stack: ControlPlaneStack)
         ("", "pods", "delete"),
         # Only an abort deletes a node Job (tests/activities/test_jobs.py); none here.
         ("batch", "jobs", "delete"),
+        # Only release-orphan lists a dead remediation's Jobs to delete them
+        # (tests/activities/test_plan_and_orphans.py); no orphan here.
+        ("batch", "jobs", "list"),
         # No GPU reset runs in this scenario (covered against the cluster simulator).
         ("apps", "daemonsets", "list"),
     }
@@ -147,7 +150,7 @@ def test_granted_permissions_used_or_accounted_for(pdb_stack: ControlPlaneStack)
         "metadata": {"name": "x"}, "spec": {"template": {"spec": {
             "restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}}),
      "create a Job outside the job namespace"),
-    (lambda core, batch: batch.list_namespaced_job("gpu-remediate-jobs"), "list Jobs"),
+    (lambda core, batch: batch.list_namespaced_job("team-a"), "list Jobs outside the job namespace"),
     (lambda core, batch: core.create_namespaced_event("team-a", {
         "metadata": {"name": "x"}, "involvedObject": {"kind": "Node", "name": "n"}}),
      "create an Event outside default"),
