@@ -91,3 +91,21 @@ def test_a_refused_call_says_why_from_the_token(tmp_path: Path,
     assert result.exit_code == 1, result.output
     assert "the Temporal token expired at 2020-01-01 00:00:00 UTC" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_token_refused_at_connect_says_why(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server checks the token on the connection's first call too: the SDK reports that
+    as a RuntimeError, which is a refusal, not an unreachable server."""
+    from worker.cli import commands
+
+    async def refused(*_: object, **__: object) -> object:
+        raise RuntimeError("Failed client connect: Server connection error: Status { code: "
+                           "PermissionDenied, message: \"Request unauthorized.\" }")
+
+    monkeypatch.setattr(commands, "connect", refused)
+    cfg = _config(tmp_path, token(perms=("prod:write",)))
+    result = CliRunner().invoke(app, ["status", "--config", str(cfg)])
+    assert result.exit_code == 1, result.output
+    assert "grants no role in namespace default" in result.output
+    assert "cannot reach" not in result.output

@@ -143,7 +143,10 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 async def _client(stack: LocalStack) -> Client:
-    return await connect(TemporalSettings(address=stack.temporal_address))
+    # A stack whose server authenticates (tests/production/test_authorization.py) names
+    # the settings its tests connect with.
+    settings = getattr(stack, "client_temporal", None)
+    return await connect(settings or TemporalSettings(address=stack.temporal_address))
 
 
 def view_state(stack: LocalStack, node: str) -> RemediationView:

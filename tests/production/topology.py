@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import yaml
 
-from worker.config import merge, nest
+from worker.config import TemporalSettings, merge, nest
 from worker.stack.local import (
     LocalStack,
     Part,
@@ -229,6 +229,13 @@ class ProductionStack(LocalStack):
     pg: Postgres | None = None
     workers: dict[str, Replica] = field(default_factory=dict)
     temporal_ports: dict[str, int] = field(default_factory=dict)
+    # Authorization (tests/production/auth.py): the server's extra environment (JWT claim
+    # mapper, authorizer, TLS), the services it runs, the setup scripts' environment (an
+    # admin token) and the settings the tests' own clients connect with.
+    server_extra_env: dict[str, str] = field(default_factory=dict)
+    server_services: list[str] = field(default_factory=list)
+    setup_extra_env: dict[str, str] = field(default_factory=dict)
+    client_temporal: TemporalSettings | None = None
 
     # ------------------------------------------------------------ Temporal
 
@@ -273,6 +280,7 @@ class ProductionStack(LocalStack):
             "DYNAMIC_CONFIG_FILE_PATH": str(DYNAMIC_CONFIG),
             "FRONTEND_GRPC_PORT": str(self.ports.temporal), "LOG_LEVEL": "warn",
             **{k: str(v) for k, v in self.temporal_ports.items()},
+            **self.server_extra_env,
         })
         return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/"),
                 **env}
@@ -284,7 +292,8 @@ class ProductionStack(LocalStack):
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 [str(self.server / "temporal-server"), "--config-file",
-                 str(self.server / "config" / "docker.yaml"), "--allow-no-auth", "start"],
+                 str(self.server / "config" / "docker.yaml"), "--allow-no-auth", "start",
+                 *(arg for name in self.server_services for arg in ("--service", name))],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, env=self.server_env(), cwd=self.data_dir)
         part = Part("temporal", proc, log)
@@ -297,7 +306,7 @@ class ProductionStack(LocalStack):
         env = {**os.environ, **compose_environment("temporal-setup"),
                "TEMPORAL_ADDRESS": self.temporal_address,
                "SEARCH_ATTRIBUTES_SCRIPT": str(SEARCH_ATTRIBUTES_SCRIPT),
-               "WAIT_SECONDS": "120", "PATH": self._tool_path()}
+               "WAIT_SECONDS": "120", "PATH": self._tool_path(), **self.setup_extra_env}
         result = subprocess.run(["sh", str(SETUP_SCRIPT)], env=env, capture_output=True,
                                 text=True, timeout=300)
         if result.returncode != 0:

@@ -8,6 +8,7 @@ import difflib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -196,6 +197,9 @@ def with_client(config: Path | None, work: Callable[[Client], Awaitable[T]],
         except ConfigError as e:
             fail(str(e), EXIT_USAGE)
         except RuntimeError as e:
+            if _REFUSED.search(str(e)):
+                # The server checks the token on every call, the connection's first too.
+                fail(_refusal(settings, needs), detail=str(e))
             fail(temporal_unreachable(settings, located, str(e)), detail=str(e))
         return await work(client)
 
@@ -207,9 +211,16 @@ def with_client(config: Path | None, work: Callable[[Client], Awaitable[T]],
         if e.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
             fail(temporal_unreachable(settings, located, e.message), detail=e.message)
         if e.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
-            facts = tokens.read(settings.temporal.current_api_key())
-            fail(tokens.refusal(facts, settings.temporal.namespace, needs), detail=repr(e))
+            fail(_refusal(settings, needs), detail=repr(e))
         fail(f"Temporal: {e.message}", detail=repr(e))
+
+
+_REFUSED = re.compile(r"unauthori[sz]ed|permission ?denied|unauthenticated", re.I)
+
+
+def _refusal(settings: Settings, needs: str) -> str:
+    facts = tokens.read(settings.temporal.current_api_key())
+    return tokens.refusal(facts, settings.temporal.namespace, needs)
 
 
 def _identity(config: Path | None, operator: str | None) -> str:

@@ -85,6 +85,8 @@ async def _update(client: Client, workflow_id: str, verb: str, arg: Any, *, what
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise OperatorError(missing) from err
+        if err.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+            raise  # the CLI explains a refusal from its token (worker/tokens.py)
         raise OperatorError(f"{what}: {err.message}") from err
 
 
