@@ -382,6 +382,15 @@ def assemble_readings(
         # do not, the worse reading is kept, as the direct scrape path does.
         gpu.values[name] = new if old is None else max(old, new)
 
+    def whole(node: str, name: str, raw: Any, value: float | None) -> bool:
+        """A count, flag or bit mask with a fraction is a malformed reading (the same rule as
+        the direct scrape, activities/exposition.py): the node is an error, never a verdict."""
+        if value is None or value.is_integer():
+            return True
+        malformed.setdefault(node, f"{name} value {raw!r:.40} is not a whole number "
+                                   "(a count or flag)")
+        return False
+
     for series in results.present:
         found = gpu_for(series)
         if found is not None:
@@ -415,7 +424,7 @@ def assemble_readings(
         any_value = False
         for _, raw in series.samples:
             value = _clean(raw)
-            if value is not None:
+            if value is not None and whole(found[0], "clock_event_reasons", raw, value):
                 seen |= int(value)
                 any_value = True
         if any_value:
@@ -434,9 +443,11 @@ def assemble_readings(
         for series in group:
             found = gpu_for(series)
             if found is not None and series.samples:
-                put(
-                    found[1], name, _clean(series.samples[-1][1]), integer=name == "recovery_action"
-                )
+                value = _clean(series.samples[-1][1])
+                if name in dcgm.INTEGRAL_FIELDS and not whole(
+                        found[0], name, series.samples[-1][1], value):
+                    continue
+                put(found[1], name, value, integer=name == "recovery_action")
 
     for series in results.xid_count:
         found = gpu_for(series)
@@ -447,6 +458,8 @@ def assemble_readings(
         gpu.xid_counts = counts
         count_xid = xid_label(series.labels.get("xid"))
         count = _clean(series.samples[-1][1])
+        if not whole(found[0], "xid_counts", series.samples[-1][1], count):
+            continue
         # The exporter's "none in the window" series has no xid label and value 0.
         if count_xid is not None and count is not None and count >= 1:
             counts[count_xid] = max(counts.get(count_xid, 0), int(count))

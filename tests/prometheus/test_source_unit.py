@@ -460,6 +460,32 @@ async def test_malformed_series_make_their_node_an_error(
     assert "n1" not in readings and verdict(readings, "n2").action == Action.NONE
 
 
+@pytest.mark.parametrize(("kind", "value", "field_name"), [
+    ("ecc_dbe_volatile", "1e-300", "ecc_dbe_volatile"),
+    ("row_remap_pending", "0.5", "row_remap_pending"),
+    ("recovery_action", "2.5", "recovery_action"),
+    ("xid_count", "1.5", "xid_counts"),
+    ("clocks", "64.25", "clock_event_reasons"),
+])
+async def test_a_count_or_flag_with_a_fraction_is_malformed_not_a_fault(
+        fake: FakePrometheus, kind: str, value: str, field_name: str) -> None:
+    """The direct scrape's rule through Prometheus too: ``1e-300`` double-bit errors is a
+    broken exporter or a forged series, never "> 0"; the node is an error, the others read."""
+    now = time.time()
+    fake.present(labels("n1"), labels("n2", uuid=UUID1))
+    if kind == "clocks":
+        fake.matrices["clocks"] = [(labels("n1"), [(now - 1, value)])]
+    elif kind == "xid_count":
+        fake.vectors["xid_count"] = [(labels("n1", xid="79"), value)]
+    else:
+        fake.vectors[kind] = [(labels("n1"), value)]
+    fake.vectors.setdefault("ecc_dbe_volatile", []).append((labels("n2", uuid=UUID1), "0"))
+    readings, errors = await src(fake).read(["n1", "n2"], thermal_hold=HOLD)
+    assert list(errors) == ["n1"], errors
+    assert f"{field_name} value" in errors["n1"] and "whole number" in errors["n1"]
+    assert "n1" not in readings and verdict(readings, "n2").action == Action.NONE
+
+
 def test_node_of_prefers_candidate_order() -> None:
     ls = {"Hostname": "a", "node": "b"}
     assert node_of(ls, {"a", "b"}, ("Hostname", "node")) == "a"

@@ -26,6 +26,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from policy.models import Action
+from worker import tokens
 from worker.cli import operator as ops
 from worker.cli.locate import (
     Located,
@@ -183,9 +184,10 @@ def settings_from(config: Path | None) -> Settings:
 
 
 def with_client(config: Path | None, work: Callable[[Client], Awaitable[T]],
-                hint: Callable[[str], str] | None = None) -> T:
+                hint: Callable[[str], str] | None = None, needs: str = "write") -> T:
     """Run ``work`` with a Temporal client; every failure becomes one line and an exit
-    code (``hint`` may add to an OperatorError's message what to run next)."""
+    code (``hint`` may add to an OperatorError's message what to run next; ``needs``: the
+    Temporal role the work needs, for a refusal's explanation)."""
     settings, located = _context(config)
 
     async def go() -> T:
@@ -204,7 +206,25 @@ def with_client(config: Path | None, work: Callable[[Client], Awaitable[T]],
     except RPCError as e:
         if e.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
             fail(temporal_unreachable(settings, located, e.message), detail=e.message)
+        if e.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+            facts = tokens.read(settings.temporal.current_api_key())
+            fail(tokens.refusal(facts, settings.temporal.namespace, needs), detail=repr(e))
         fail(f"Temporal: {e.message}", detail=repr(e))
+
+
+def _identity(config: Path | None, operator: str | None) -> str:
+    """Who acts. With a JWT in temporal.api_key_file, the token's subject: the name the
+    Temporal server authenticates and stamps as the principal of the history events the
+    command writes; ``--operator`` may not name anyone else. Otherwise ``--operator``,
+    $GPU_REMEDIATE_OPERATOR or user@host, which nothing verifies."""
+    facts = tokens.read(settings_from(config).temporal.current_api_key())
+    if facts is not None and facts.subject is not None:
+        if operator is not None and operator != facts.subject:
+            fail("--operator names someone other than the subject of the Temporal token in "
+                 "temporal.api_key_file, whom the server authenticates and records; leave "
+                 "--operator out", EXIT_USAGE)
+        return facts.subject
+    return ops.operator_identity(operator)
 
 
 def _reason(reason: str | None) -> str:
@@ -389,7 +409,7 @@ def detector_pause(config: ConfigOpt = None, reason: ReasonOpt = None,
                    operator: OperatorOpt = None, output: OutputOpt = "table") -> None:
     """Stop admitting new remediations; running ones continue.
     Example: `gpu-remediate detector pause -r "network maintenance until 14:00"`"""
-    cmd = _checked(OperatorCommand, operator=ops.operator_identity(operator),
+    cmd = _checked(OperatorCommand, operator=_identity(config, operator),
                    reason=_reason(reason))
     _print_ack(output, with_client(config, lambda c: ops.detector_update(c, "pause", cmd)))
 
@@ -399,7 +419,7 @@ def detector_resume(config: ConfigOpt = None, reason: ReasonOpt = None,
                     operator: OperatorOpt = None, output: OutputOpt = "table") -> None:
     """Resume admissions after a pause or a tripped circuit breaker.
     Example: `gpu-remediate detector resume -r "maintenance over"`"""
-    cmd = _checked(OperatorCommand, operator=ops.operator_identity(operator),
+    cmd = _checked(OperatorCommand, operator=_identity(config, operator),
                    reason=_reason(reason))
     _print_ack(output, with_client(config, lambda c: ops.detector_update(c, "resume", cmd)))
 
@@ -407,7 +427,7 @@ def detector_resume(config: ConfigOpt = None, reason: ReasonOpt = None,
 @detector_app.command("status")
 def detector_status(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     """Budget, in-flight and waiting nodes, breaker and pause state."""
-    view = with_client(config, ops.detector_view)
+    view = with_client(config, ops.detector_view, needs="read")
     if output == "json":
         print(view.model_dump_json(indent=2))
         return
@@ -448,7 +468,7 @@ def release_orphan(node: NodeArg, reason: ReasonOpt = None, operator: OperatorOp
     Example: `gpu-remediate release-orphan gpu-node-05 -r "checked, GPUs fine"`
     """
     req = _checked(OrphanRelease, node=_checked_node(node),
-                   operator=ops.operator_identity(operator), reason=_reason(reason))
+                   operator=_identity(config, operator), reason=_reason(reason))
     _require_node(config, node)
     _print_ack(output, with_client(config, lambda c: ops.detector_update(
         c, "release_orphan", req)), node)
@@ -558,7 +578,7 @@ def _node_names(settings: Settings) -> list[str] | None:
 
 def _node_action(verb: ops.RemediationVerb, node: str, reason: str | None,
                  operator: str | None, config: Path | None, output: str) -> None:
-    cmd = _checked(OperatorCommand, operator=ops.operator_identity(operator),
+    cmd = _checked(OperatorCommand, operator=_identity(config, operator),
                    reason=_reason(reason))
     _checked_node(node)
     ack = with_client(config, lambda c: ops.remediation_update(c, node, verb, cmd),
@@ -621,7 +641,7 @@ def abort(node: NodeArg, reason: ReasonOpt = None, operator: OperatorOpt = None,
           config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     """Abort a remediation: uncordon if we cordoned, remove our taint and label.
     Example: `gpu-remediate abort gpu-node-02 -r "wrong node"`"""
-    cmd = _checked(OperatorCommand, operator=ops.operator_identity(operator),
+    cmd = _checked(OperatorCommand, operator=_identity(config, operator),
                    reason=_reason(reason))
     _checked_node(node)
     message = with_client(config, lambda c: ops.abort(c, node, cmd))
@@ -641,7 +661,7 @@ def remediate(
     """Ask the detector to remediate a node now; it goes through the same budget.
     Example: `gpu-remediate remediate gpu-node-03 --action reboot -r "hung NCCL"`"""
     req = _checked(ManualRemediation, node=_checked_node(node), action=action,
-                   operator=ops.operator_identity(operator), reason=_reason(reason))
+                   operator=_identity(config, operator), reason=_reason(reason))
     _require_node(config, node)
     _print_ack(output, with_client(config, lambda c: ops.manual_remediation(c, req)), node)
 
@@ -752,7 +772,8 @@ def status(
     if node is not None:
         _checked_node(node)
         view = with_client(config, lambda c: ops.remediation_view(c, node),
-                           hint=lambda message: _with_node_hint(config, node, message))
+                           hint=lambda message: _with_node_hint(config, node, message),
+                           needs="read")
         if output == "json":
             print(view.model_dump_json(indent=2))
             return
@@ -768,7 +789,7 @@ def status(
                 out.print(f"  - {shown(line)}", soft_wrap=True, highlight=False)
         return
     if not watch:
-        views = with_client(config, ops.remediation_views)
+        views = with_client(config, ops.remediation_views, needs="read")
         if output == "json":
             print(json.dumps([v if isinstance(v, dict) else v.model_dump(mode="json")
                               for v in views], indent=2))
