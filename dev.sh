@@ -73,9 +73,9 @@ case "${1:-}" in
     fi
     # The whole suite in two phases. Unit, workflow and deploy tests do not depend on the
     # wall clock: two processes share them (pytest-xdist). The tiers that run processes
-    # against real time (end-to-end, chaos, control plane, production) run one at a time
-    # afterwards, with the machine to themselves.
-    tiers="e2e or controlplane or production"
+    # against real time (end-to-end, chaos, control plane, production, browser) run one at
+    # a time afterwards, with the machine to themselves.
+    tiers="e2e or controlplane or production or browser"
     echo "==> pytest: unit, workflow and deploy tests (2 processes)"
     set +e
     "${pytest[@]}" -n 2 -m "not ($tiers)"

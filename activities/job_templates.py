@@ -70,9 +70,11 @@ class JobTemplate(BaseModel):
         description="How the result is read: the exit code alone, or (validation) the exit "
                     "code and the `dcgmi diag -j` JSON in the pod's log, parsed into which "
                     "test passed or failed on which GPU; output that cannot be read fails "
-                    "the validation. A dcgmi-json Job is told which host engine to use "
-                    "(DCGM_HOST_ENGINE standalone, with NODE_IP, or embedded) and is never "
-                    "created while another engine would run beside its own.")
+                    "the validation. A validation Job is told which host engine to use "
+                    "(DCGM_HOST_ENGINE standalone, with NODE_IP, or embedded; for an "
+                    "exit-code one also busy: dcgm-exporter embeds the node's engine); a "
+                    "dcgmi-json Job is never created while another engine would run beside "
+                    "its own.")
 
     @field_validator("env")
     @classmethod

@@ -235,9 +235,12 @@ class JobActivities:
         template = self._template(inp)
         self._node_ready(inp)
         engine = ""
-        if template.output == "dcgmi-json":
+        # Every validation Job learns the node's one host engine, whatever its output: an
+        # exit-code template that runs dcgmi needs it as much. The worker waits for a busy
+        # engine only for the template whose command it knows (dcgmi-json).
+        if template.output == "dcgmi-json" or inp.kind == "validate":
             engine, who = host_engine_choice(self._pods_on_node(inp.node))
-            if engine == "busy":
+            if engine == "busy" and template.output == "dcgmi-json":
                 raise ApplicationError(
                     f"{inp.kind} Job {inp.name} not created: dcgm-exporter's embedded DCGM "
                     f"host engine runs on {inp.node} ({who}); the Job's own would be a "

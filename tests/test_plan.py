@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from policy.models import Action, Finding, Verdict
 from worker.cli.plan import plan_from, running_detector, settings_differences
 from worker.config import load_settings
@@ -95,3 +97,24 @@ def test_the_quarantine_caps_floor_in_a_small_fleet_is_said() -> None:
     assert "quarantine cap 1/1" in said and "floor of one node" in said and "reached" in said
     assert "floor" not in quarantine_cap(DetectorSettings(), 100, 1)
     assert quarantine_cap(DetectorSettings(max_quarantined=None), 30, 4) == "no quarantine cap"
+
+
+def test_the_plan_command_prints_what_a_reset_would_miss(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from worker.cli import app
+    from worker.cli import plan as plan_module
+
+    async def planned(settings: object, source: str = "") -> object:
+        made = plan_from(load_settings(tmp_path / "config.yaml"), observation(), NOW)
+        made.prerequisites = ["GPU Operator operand 'dcgm' missing: no DaemonSet in "
+                              "namespace gpu-operator selects nodes by nvidia.com/gpu.deploy.dcgm"]
+        return made
+
+    settings(tmp_path)
+    monkeypatch.setattr(plan_module, "make_plan", planned)
+    result = CliRunner().invoke(app, ["plan", "-c", str(tmp_path / "config.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "missing: GPU Operator operand 'dcgm' missing: no DaemonSet in namespace " \
+           "gpu-operator selects nodes by nvidia.com/gpu.deploy.dcgm" in result.output

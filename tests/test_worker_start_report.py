@@ -57,3 +57,40 @@ async def test_a_worker_that_polls_at_once_says_only_that(
     assert [r.getMessage() for r in caplog.records] == [
         "worker polling task queue gpu-remediate on localhost:7233 (namespace default)"]
     assert client.workflow_service.asked == 0
+
+
+async def test_missing_operands_are_warned_one_line_each_and_start_goes_on(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    closed: list[bool] = []
+    monkeypatch.setattr(service, "kube_client",
+                        lambda _: SimpleNamespace(close=lambda: closed.append(True)))
+    monkeypatch.setattr(service, "missing_prerequisites", lambda api, gpu_operator: [
+        f"GPU Operator operand {o!r} missing" for o in gpu_operator.operands[:2]])
+    caplog.set_level(logging.INFO, logger="gpu_remediate.worker")
+    missing = await service._report_prerequisites(Settings.model_validate({}))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == missing == ["GPU Operator operand 'device-plugin' missing",
+                                   "GPU Operator operand 'dcgm' missing"]
+    assert closed == [True]
+
+
+async def test_operands_found_are_said_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(service, "kube_client", lambda _: SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(service, "missing_prerequisites", lambda api, gpu_operator: [])
+    caplog.set_level(logging.INFO, logger="gpu_remediate.worker")
+    assert await service._report_prerequisites(Settings.model_validate({})) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU Operator operands found in namespace gpu-operator: device-plugin, dcgm, "
+        "dcgm-exporter, gpu-feature-discovery"]
+
+
+async def test_an_unusable_kubeconfig_is_a_warning_not_a_crash(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(_: object) -> None:
+        raise FileNotFoundError("no kubeconfig at /nowhere")
+
+    monkeypatch.setattr(service, "kube_client", broken)
+    caplog.set_level(logging.INFO, logger="gpu_remediate.worker")
+    (line,) = await service._report_prerequisites(Settings.model_validate({}))
+    assert line.startswith("GPU Operator operands not checked: FileNotFoundError")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 
@@ -191,3 +193,72 @@ def test_runs_started_close_together_never_share_a_job_name() -> None:
             node_job_name(kind, "gpu-node-06", second, 1)
     # The same run and attempt always names the same Job (a retry adopts it).
     assert node_job_name("validate", "n", first, 2) == node_job_name("validate", "n", first, 2)
+
+
+class _Recorded:
+    """Just enough of the Kubernetes API for ``JobActivities._ensure``: a Ready node whose
+    pods are ``pods``, and a record of the Job it creates."""
+
+    def __init__(self, pods: list[dict]) -> None:
+        self.pods = pods
+        self.created: list = []
+
+    def read_node(self, name: str, **_: object) -> SimpleNamespace:
+        return SimpleNamespace(data=json.dumps({"metadata": {"name": name}, "status": {
+            "conditions": [{"type": "Ready", "status": "True"}]}}))
+
+    def list_pod_for_all_namespaces(self, **_: object) -> SimpleNamespace:
+        return SimpleNamespace(data=json.dumps({"items": self.pods}))
+
+    def create_namespaced_job(self, namespace: str, body: object, **_: object) -> None:
+        self.created.append(body)
+
+
+def _standalone_dcgm(ready: bool = True) -> dict:
+    return {"metadata": {"namespace": "gpu-operator", "name": "nvidia-dcgm-x",
+                         "labels": {"app": "nvidia-dcgm"}},
+            "spec": {"containers": [{"name": "dcgm", "ports": [{"hostPort": 5555}]}]},
+            "status": {"phase": "Running",
+                       "conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+
+def _created_env(template: JobTemplate, pods: list[dict], kind: str = "validate") -> dict:
+    from kubernetes import client
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.jobs import JobActivities
+
+    acts = JobActivities(client.ApiClient(), JobsSettings(
+        templates={"validation" if kind == "validate" else kind: template}))
+    api = _Recorded(pods)
+    acts.core = acts.batch = api  # type: ignore[assignment]
+    ActivityEnvironment().run(acts._ensure, NodeJobInput(
+        node="gpu-node-07", kind=kind, name=f"gr-{kind}-x-1", gpus=8))
+    (job,) = api.created
+    return {e.name: e.value for e in job.spec.template.spec.containers[0].env}
+
+
+EXIT_CODE_VALIDATION = JobTemplate(
+    purpose="validate", image="registry.example/checks:1", command=["/check-gpus"],
+    deadline=timedelta(minutes=5), output="exit-code")
+
+
+def test_an_exit_code_validation_is_told_the_nodes_one_host_engine() -> None:
+    """As the dcgmi-json template is: the node's standalone engine where one runs Ready,
+    else one of its own; a template that runs dcgmi cannot guess it."""
+    env = _created_env(EXIT_CODE_VALIDATION, [_standalone_dcgm()])
+    assert env["DCGM_HOST_ENGINE"] == "standalone"
+    assert "NODE_IP" in env
+    assert _created_env(EXIT_CODE_VALIDATION, [])["DCGM_HOST_ENGINE"] == "embedded"
+    # Starting or stopping, the standalone engine is one all the same: not the Job's to start.
+    assert _created_env(EXIT_CODE_VALIDATION,
+                        [_standalone_dcgm(ready=False)])["DCGM_HOST_ENGINE"] == "busy"
+    # The shipped template gets the same choice.
+    shipped = _created_env(TEMPLATES["validation"], [_standalone_dcgm()])
+    assert shipped["DCGM_HOST_ENGINE"] == "standalone"
+
+
+def test_only_validation_jobs_are_told_a_host_engine() -> None:
+    reboot = EXIT_CODE_VALIDATION.model_copy(update={"purpose": "reboot"})
+    env = _created_env(reboot, [_standalone_dcgm()], kind="reboot")
+    assert "DCGM_HOST_ENGINE" not in env and "NODE_IP" not in env

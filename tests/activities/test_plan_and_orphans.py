@@ -51,6 +51,7 @@ async def test_plan_shows_who_would_start_and_who_waits_and_changes_nothing(
     assert [(s.node, s.action) for s in plan.start] == [("gpu-node-03", "quarantine")]
     assert plan.waiting == ["gpu-node-01 (reset: budget full (1/1))"]
     assert (plan.budget, plan.managed_nodes, plan.readable_nodes) == (1, 4, 4)
+    assert plan.prerequisites == [], "the simulated GPU Operator runs every operand"
     assert cluster.writes() == [], "a plan changes nothing"
     # The same observation inside a worker does write them (so the check above can fail).
     fleet = FleetActivities(cluster.api, ExporterSettings(
@@ -140,3 +141,13 @@ async def test_orphan_release_restores_the_operands_and_deletes_its_jobs(
     assert "operands restored" in history
     said = " ".join(e.message or "" for e in cluster.events("gpu-node-02", "OrphanReleased"))
     assert "Job gr-validate-gpu-node-02-x-1 deleted" in said, said
+
+
+async def test_plan_names_a_gpu_operator_operand_a_reset_could_not_pause(
+        tmp_path: Path, cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    config = settings_for(tmp_path, cluster, gpu_sim, extra=(
+        "remediation: {gpu_operator: {operands: [device-plugin, nvidia-mig-manager]}}"))
+    plan = await make_plan(load_settings(config))
+    (line,) = plan.prerequisites
+    assert "'nvidia-mig-manager' missing" in line
+    assert "nvidia.com/gpu.deploy.nvidia-mig-manager" in line

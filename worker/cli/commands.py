@@ -530,6 +530,8 @@ def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
         out.print(Text.assemble(("orphan", "yellow"), f": {shown(o)}"))
     for line in result.errors[:10]:
         out.print(Text(f"unreadable: {shown(line)}", style="dim"), soft_wrap=True)
+    for line in result.prerequisites:
+        out.print(Text.assemble(("missing", "yellow"), f": {shown(line)}"), soft_wrap=True)
 
 
 def _plan_failure(settings: Settings, located: Located, e: Exception) -> str:

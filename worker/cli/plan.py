@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from activities.prerequisites import missing_prerequisites
 from policy.models import Verdict
 from worker.config import Settings
 from workflows.admission import Admission
@@ -59,6 +60,10 @@ class Plan(BaseModel):
     quarantine_cap: str = Field(
         default="", description="The quarantine cap: how many quarantined nodes stop "
                                 "automatic starts, and its floor in a small fleet.")
+    prerequisites: list[str] = Field(
+        default_factory=list, description="What a repair path needs and the cluster lacks "
+                                          "(GPU Operator operand DaemonSets a GPU reset "
+                                          "pauses), one line each; the worker warns at start.")
 
 
 def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
@@ -205,5 +210,12 @@ async def make_plan(settings: Settings, config_source: str = "") -> Plan:
     used = found.settings or settings.detector_settings()
     fleet = build_fleet(settings, kube_client(settings))
     obs = await fleet.observe_fleet(ObserveInput(policy=used.policy, pool_label=used.pool_label))
-    return plan_from(settings, obs, datetime.now(UTC), found.view, found.why, found.settings,
+    plan = plan_from(settings, obs, datetime.now(UTC), found.view, found.why, found.settings,
                      config_source)
+    api = kube_client(settings)
+    try:
+        plan.prerequisites = await asyncio.to_thread(
+            missing_prerequisites, api, settings.remediation.gpu_operator)
+    finally:
+        api.close()
+    return plan

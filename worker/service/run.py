@@ -16,6 +16,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError
 from temporalio.worker import Worker, WorkerDeploymentConfig, WorkerDeploymentVersion
 
+from activities.prerequisites import missing_prerequisites
 from worker.config import Settings, TemporalSettings, WorkerSettings
 from worker.service.health import Health
 from worker.service.reports import serve_reports
@@ -49,6 +50,27 @@ async def _report_start(worker: Worker, client: Client, settings: Settings) -> N
                         waited, t.address, t.namespace, await _namespace_problem(client, t))
     log.info("worker polling task queue %s on %s (namespace %s)", t.task_queue, t.address,
              t.namespace)
+
+
+async def _report_prerequisites(settings: Settings) -> list[str]:
+    """Say, one line each, which GPU Operator operands a GPU reset would pause have no
+    DaemonSet (activities/prerequisites.py): a warning, never a reason not to start."""
+    gpu_operator = settings.remediation.gpu_operator
+    try:
+        api = kube_client(settings)
+        try:
+            missing = await asyncio.to_thread(missing_prerequisites, api, gpu_operator)
+        finally:
+            api.close()
+    except Exception as err:  # a bad kubeconfig shows in every activity; here, said once
+        missing = [f"GPU Operator operands not checked: {type(err).__name__}: "
+                   f"{str(err)[:200]}"]
+    for line in missing:
+        log.warning("%s", line)
+    if not missing and gpu_operator.operands:
+        log.info("GPU Operator operands found in namespace %s: %s", gpu_operator.namespace,
+                 ", ".join(gpu_operator.operands))
+    return missing
 
 
 async def _namespace_problem(client: Client, t: TemporalSettings) -> str:
@@ -147,9 +169,11 @@ async def run_worker(settings: Settings) -> None:
         run = asyncio.create_task(_run_both(worker, observer))
         health.ready = True
         started = asyncio.create_task(_report_start(worker, client, settings))
+        checked = asyncio.create_task(_report_prerequisites(settings))
         stop_wait = asyncio.create_task(stopping.wait())
         await asyncio.wait({run, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         started.cancel()
+        checked.cancel()
         health.ready = False
         if not run.done():
             await asyncio.gather(worker.shutdown(), observer.shutdown())

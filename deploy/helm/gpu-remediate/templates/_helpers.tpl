@@ -69,6 +69,11 @@ value set in both places is an error naming both, never a silent choice.
 {{- if $templates -}}
 {{- $_ := set $c.jobs "templates" $templates -}}
 {{- end -}}
+{{- /* The reboot Job runs the worker's own image (@worker): the one the Deployment runs,
+unless config.jobs.worker_image names another (the same image by digest, for require_digest). */ -}}
+{{- if not (get $c.jobs "worker_image") -}}
+{{- $_ := set $c.jobs "worker_image" (include "gpu-remediate.image" .) -}}
+{{- end -}}
 {{- if $v.policy -}}
 {{- $_ := set $c "policy" $v.policy -}}
 {{- end -}}
