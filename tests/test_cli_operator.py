@@ -115,7 +115,7 @@ def test_a_good_command_is_sent_with_who_and_why(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(ops, "remediation_update", update)
     monkeypatch.setattr(cli, "with_client",
-                        lambda config, work, hint=None: asyncio.run(work(None)))
+                        lambda config, work, hint=None, needs="write": asyncio.run(work(None)))
     result = invoke("approve", "gpu-node-02", "-r", "no jobs on it", "--operator", "alice",
                     "-o", "json")
     assert result.exit_code == 0, result.output
@@ -140,7 +140,7 @@ LONG = "gpu-node-" + "very-long-pool-name-" * 5 + "07"
 
 def test_a_piped_status_never_cuts_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
     views = [view(LONG), view("gpu-node-08", NodeState.DRAINING)]
-    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None: views)
+    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="write": views)
     result = invoke("status")
     assert result.exit_code == 0
     lines = result.output.splitlines()
@@ -152,7 +152,8 @@ def test_a_piped_status_never_cuts_a_value(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_status_of_a_quarantined_node_exits_0(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None: view("gpu-node-07"))
+    monkeypatch.setattr(cli, "with_client",
+                        lambda config, work, hint=None, needs="write": view("gpu-node-07"))
     monkeypatch.setattr(cli, "_print_ui_link", lambda config, node: None)
     assert invoke("status", "gpu-node-07").exit_code == 0
     result = invoke("status", "gpu-node-07", "-o", "json")

@@ -70,7 +70,7 @@ def test_markup_in_a_detector_view_prints_as_written(monkeypatch: pytest.MonkeyP
     view = DetectorView(paused=False, breaker_open=True, breaker_reason="[/x] tripped",
                         budget=1, in_flight=["[bold]n1"], waiting=[], last_tick=None,
                         last_errors=["n2: [/x]"], ticks_total=1, started_total=0)
-    monkeypatch.setattr(cli, "with_client", lambda config, work: view)
+    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="write": view)
     printed = rendered(cli.out, lambda: cli.detector_status(None, "table"))
     assert "[/x] tripped" in printed and "[bold]n1" in printed and "n2: [/x]" in printed
     assert "error: bad [/x] label" in rendered(cli.err, lambda: cli.fail("bad [/x] label"))
