@@ -30,13 +30,19 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import annotations as node_annotations
 from activities.kube import REQUEST_TIMEOUT, raise_typed
+from activities.metrics import (
+    GPU_HOURS_LOST,
+    LEDGER_UNREADABLE,
+    LEDGER_WRITE_FAILURES,
+    REPAIR_DURATION,
+    REPAIR_RELAPSES,
+)
 from activities.record import MANAGED_BY, MANAGED_BY_LABEL, record_namespace
 from workflows import errors
 from workflows.ledger import (
@@ -57,28 +63,6 @@ ENTRIES_PER_SHARD = 120
 MAX_SHARD_BYTES = 1024 * 1024
 CONFLICT_RETRIES = 8
 PRUNE_EVERY = 24 * 3600.0
-
-LEDGER_UNREADABLE = Counter(
-    "gpu_remediate_ledger_unreadable_total",
-    "Repair ledger entries that could not be read; each is skipped (counted once per "
-    "worker), never fatal and never overwritten.")
-LEDGER_WRITE_FAILURES = Counter(
-    "gpu_remediate_ledger_write_failures_total",
-    "Attempts to write a remediation's outcome to the repair ledger that failed (the "
-    "remediation goes on; its last failure is a Warning Event LedgerWriteFailed).")
-_DURATIONS = (300, 900, 1800, 3600, 7200, 14400, 43200, 86400, 259200, 604800, 2592000)
-REPAIR_DURATION = Histogram(
-    "gpu_remediate_repair_duration_seconds",
-    "From a remediation's start to its outcome, by action taken and outcome (one per "
-    "ledger entry).", ["action", "outcome"], buckets=_DURATIONS)
-REPAIR_RELAPSES = Counter(
-    "gpu_remediate_repair_relapses_total",
-    "Repairs whose node or GPU was flagged again within ledger.relapse_window of its "
-    "return to service, by the relapsed repair's action and fault.", ["action", "fault"])
-GPU_HOURS_LOST = Counter(
-    "gpu_remediate_gpu_hours_lost_total",
-    "GPU-hours out of service in remediations (node GPUs x time from start to outcome).")
-
 
 def month_of(at: datetime) -> str:
     return f"{at.astimezone(UTC):%Y-%m}"

@@ -384,6 +384,7 @@ class Fleet:
                 {
                     "index": g.index,
                     "uuid": g.uuid,
+                    "serial": g.serial,
                     "pci_bus_id": g.pci_bus_id,
                     "device": g.device,
                     "persistence_mode": g.persistence_mode,
