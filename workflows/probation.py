@@ -57,7 +57,8 @@ def decide(verdict: Verdict, note: LedgerNote | None, now: datetime,
         if len(earlier) + 1 > settings.lemon_faults:
             nodes = sorted({f.node for f in earlier})
             why = (f"lemon: GPU serial {gpu.serial} (gpu {gpu.index}) has {len(earlier) + 1} "
-                   f"faults within {settings.lemon_window} (more than {settings.lemon_faults}; "
+                   f"faults within {_span(settings.lemon_window)} (more than "
+                   f"{settings.lemon_faults}; "
                    f"earlier on {', '.join(nodes)[:200]}; entries "
                    f"{', '.join(f.entry for f in earlier[-5:])}): quarantined for review")
             return ProbationDecision(_changed(verdict, Action.QUARANTINE, RULE_LEMON, why,
@@ -70,8 +71,8 @@ def decide(verdict: Verdict, note: LedgerNote | None, now: datetime,
     if RUNGS.index(rung) <= RUNGS.index(verdict.action):
         return ProbationDecision(verdict)
     why = (f"probation: {last.action} for {last.fault or 'a fault'} returned the node "
-           f"{_ago(now - last.finished)} ago (within {settings.probation}) and it is flagged "
-           f"again ({verdict.action.value}); next rung: {rung.value}")
+           f"{_ago(now - last.finished)} ago (within {_span(settings.probation)} of probation) "
+           f"and it is flagged again ({verdict.action.value}); next rung: {rung.value}")
     return ProbationDecision(_changed(verdict, rung, RULE_PROBATION, why), why)
 
 
@@ -81,6 +82,16 @@ def _changed(verdict: Verdict, action: Action, rule: str, why: str, gpu: str = "
         Finding(gpu=gpu or "all", uuid=uuid, serial=serial, signal="ledger", value=0,
                 rule=rule, action=action, detail=why[:500]),
         *verdict.findings]})
+
+
+def _span(delta: timedelta) -> str:
+    """A setting's duration the way the config writes it: 30d, 24h, 90m, 45s."""
+    seconds = int(delta.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        # Days from two on: a day's probation reads as the config's PT24H.
+        if seconds and seconds % size == 0 and (unit != "d" or seconds >= 2 * size):
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def _ago(delta: timedelta) -> str:

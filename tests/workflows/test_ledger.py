@@ -272,3 +272,10 @@ def test_plan_shows_the_probation_decision() -> None:
                      T0 + timedelta(hours=2))
     [start] = plan.start
     assert start.action == "reboot" and "probation" in start.reason
+
+
+def test_the_why_reads_like_the_config() -> None:
+    note = note_for(verdict(), "uid-1", [entry(action="reset")], T0)
+    d = decide(verdict(), note, T0 + timedelta(hours=3, minutes=40), LedgerSettings())
+    assert d.why == ("probation: reset for xid-79 returned the node 3h10m ago (within 24h of "
+                     "probation) and it is flagged again (reset); next rung: reboot")

@@ -4,9 +4,11 @@ remediation."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
+from policy.models import Action
 from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
 from tests.workflows.test_operator_actions import (
     _quarantined_from_draining,
@@ -14,8 +16,11 @@ from tests.workflows.test_operator_actions import (
     node_name,
     result_within,
 )
-from workflows.messages import RemediationInput
+from workflows.detector import DetectorWorkflow
+from workflows.ledger import LedgerEntry, LedgerGpu
+from workflows.messages import DetectorInput, RemediationInput
 from workflows.remediation import RemediationWorkflow
+from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
 from workflows.transitions import NodeState
 
 
@@ -92,3 +97,38 @@ async def test_quarantine_and_release_are_two_entries_across_continue_as_new_and
     assert "quarantined" in [s.state for s in second.steps]
     assert second.gpu_hours_lost <= second.seconds / 3600 * second.gpu_count
     assert second.finished - second.started >= timedelta(0)
+
+
+async def test_the_detector_starts_the_next_rung_for_a_relapse_in_probation(local_env):
+    """The ledger says the node's reset returned it an hour ago; flagged for a reset again,
+    the detector starts a reboot, and the remediation says why."""
+    node = node_name("probation")
+    cluster = FakeCluster()
+    cluster.node(node)
+    now = datetime.now(UTC)
+    cluster.ledger = [LedgerEntry(
+        id="e-earlier", node=node, gpus=[LedgerGpu(index="0", uuid=f"GPU-{node}-0")],
+        action="reset", fault="xid-48", outcome="healthy", started=now - timedelta(hours=2),
+        finished=now - timedelta(hours=1), workflow_id=f"remediation-{node}")]
+    cluster.verdicts = [xid_verdict(node, 48, Action.RESET)]
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await local_env.client.start_workflow(
+            DetectorWorkflow.run, DetectorInput(settings=DetectorSettings(
+                interval=timedelta(milliseconds=500), remediation=RemediationSettings(
+                    drain=DrainSettings(retry_interval=timedelta(milliseconds=100))))),
+            id=f"detector-{uuid.uuid4()}", task_queue=queue)
+        try:
+            await until(lambda: any(c[0] == "claim_node" for c in cluster.calls), 15,
+                        "the remediation's claim")
+            [claim] = [c[1] for c in cluster.calls if c[0] == "claim_node"]
+            assert claim.action == Action.REBOOT
+            child = local_env.client.get_workflow_handle(f"remediation-{node}")
+            view = await child.query(RemediationWorkflow.view_state)
+            assert view.reason.startswith("probation: reset for xid-48")
+            assert "next rung: reboot" in view.reason
+            observed = [c[1] for c in cluster.calls if c[0] == "observe_fleet"]
+            assert observed[0].ledger_lookback == timedelta(days=30)
+        finally:
+            for h in (detector, local_env.client.get_workflow_handle(f"remediation-{node}")):
+                with contextlib.suppress(Exception):
+                    await h.terminate("test over")
