@@ -152,16 +152,15 @@ _REPAIR_STEPS = {"gpu-reset": "reset", "reboot": "reboot", "rebooted": "reboot"}
 
 def action_taken(steps: Sequence[tuple[datetime, str, str]], verdict_action: str,
                  outcome: str) -> str:
-    """The last repair that ran (from the transitions' steps), else quarantine for a
-    quarantined outcome, else the verdict's action."""
+    """Quarantine for a node that was held (its release, validated, returns it: what fixed
+    it was a human's), else the last repair that ran (from the transitions' steps), else
+    the verdict's action."""
+    if outcome == "quarantined" or any(state == "quarantined" for _, state, _ in steps):
+        return "quarantine"
     taken = ""
     for _, _, step in steps:
         taken = _REPAIR_STEPS.get(step, taken)
-    if taken:
-        return taken
-    if outcome == "quarantined":
-        return "quarantine"
-    return verdict_action
+    return taken or verdict_action
 
 
 def step_times(transitions: Sequence[tuple[datetime, str, str]],
@@ -218,6 +217,17 @@ def relapse(new: LedgerEntry, earlier: Iterable[LedgerEntry],
     return ("", "") if best is None else (best[1], best[2])
 
 
+def one_per_remediation(entries: Iterable[LedgerEntry]) -> list[LedgerEntry]:
+    """One entry per remediation (the latest): a quarantine and the release that validated
+    it later are two entries of one fault, never two faults."""
+    latest: dict[tuple[str, datetime], LedgerEntry] = {}
+    for e in entries:
+        key = (e.workflow_id or e.id, e.started)
+        if key not in latest or e.finished > latest[key].finished:
+            latest[key] = e
+    return list(latest.values())
+
+
 # ------------------------------------------------------------------ what admission reads
 
 
@@ -263,6 +273,9 @@ def note_for(verdict: Verdict, node_uid: str, entries: Sequence[LedgerEntry],
             continue
         if e.returned and e.action in REPAIR_ACTIONS and same_node(e, probe):
             last = e
+    for e in sorted(one_per_remediation(entries), key=lambda e: e.finished):
+        if e.finished < since:
+            continue
         for s in e.serials() & serials:
             faults.setdefault(s, []).append(SerialFault(
                 at=e.started, node=e.node, node_uid=e.node_uid, fault=e.fault, entry=e.id))
@@ -324,7 +337,8 @@ def lemons(entries: Sequence[LedgerEntry], *, faults: int, window: timedelta,
     ``window`` before ``now``. A serial reported by two nodes within one hour is marked as a
     conflict: one of them may be claiming another's GPU."""
     since = now - window
-    recent = sorted((e for e in entries if e.started >= since), key=lambda e: e.started)
+    recent = sorted((e for e in one_per_remediation(entries) if e.started >= since),
+                    key=lambda e: e.started)
     by_serial: dict[str, list[LedgerEntry]] = {}
     by_node: dict[str, list[LedgerEntry]] = {}
     for e in recent:
@@ -356,13 +370,16 @@ def report(entries: Sequence[LedgerEntry], *, since: datetime, until: datetime,
            lemon_faults: int, lemon_window: timedelta, unreadable: int = 0,
            fleet_gpus: int = 0) -> RepairReport:
     """MTTR and relapse rate per action, relapse rate per action and fault, the lemons,
-    and the GPU-hours lost, over the entries started in [since, until)."""
+    and the GPU-hours lost, over the remediations started in [since, until)."""
     every = list(entries)
     relapsed = relapsed_ids(every)
     period = [e for e in every if since <= e.started < until]
     actions: dict[str, list[LedgerEntry]] = {}
     pairs: dict[tuple[str, str], list[LedgerEntry]] = {}
-    for e in period:
+    # A remediation counts once, by its latest outcome (a quarantine released later: the
+    # release, timed from the start); GPU-hours add up over every entry (each accounts for
+    # its own part of the time).
+    for e in one_per_remediation(period):
         actions.setdefault(e.action, []).append(e)
         pairs.setdefault((e.action, e.fault), []).append(e)
 

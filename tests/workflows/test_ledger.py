@@ -80,6 +80,8 @@ def test_step_times_sum_each_state_and_skip_healthy() -> None:
     assert action_taken(marks, "reset", "healthy") == "reset"   # the last repair that ran
     assert action_taken(marks[:1], "reboot", "quarantined") == "quarantine"
     assert action_taken(marks[:1], "thermal", "healthy") == "thermal"
+    held = [*marks[:1], (T0 + timedelta(minutes=5), "quarantined", "quarantined")]
+    assert action_taken(held, "reboot", "healthy") == "quarantine"   # released by a human
 
 
 def test_the_entry_id_is_stable_across_retries_and_differs_per_outcome() -> None:
@@ -239,6 +241,17 @@ def test_the_report_over_a_period() -> None:
     assert r.entries == 4
 
 
+def test_a_quarantine_released_later_counts_once_in_the_report() -> None:
+    held = entry(action="quarantine", outcome="quarantined", minutes=10, wf="wf-q")
+    back = held.model_copy(update={
+        "id": "e-back", "outcome": "healthy", "finished": held.started + timedelta(days=2),
+        "accounted_from": held.finished})
+    r = report([held, back], since=T0, until=T0 + timedelta(days=30), lemon_faults=3,
+               lemon_window=timedelta(days=30))
+    [q] = r.actions
+    assert (q.action, q.repairs, q.mttr_seconds) == ("quarantine", 1, 2 * 86400)
+    assert r.gpu_hours_lost == pytest.approx(8 * 48, abs=0.01)   # counted once
+
 # ------------------------------------------------------------------ admission and plan
 
 
@@ -279,3 +292,14 @@ def test_the_why_reads_like_the_config() -> None:
     d = decide(verdict(), note, T0 + timedelta(hours=3, minutes=40), LedgerSettings())
     assert d.why == ("probation: reset for xid-79 returned the node 3h10m ago (within 24h of "
                      "probation) and it is flagged again (reset); next rung: reboot")
+
+
+def test_a_quarantine_and_its_release_are_one_fault() -> None:
+    held = entry(outcome="quarantined", action="quarantine", serials=("S-Q",), wf="wf-q")
+    back = held.model_copy(update={
+        "id": "e-back", "outcome": "healthy", "finished": held.finished + timedelta(days=2)})
+    v = verdict(serial="S-Q")
+    note = note_for(v, "uid-1", [held, back], T0)
+    assert len(note.serial_faults["S-Q"]) == 1
+    assert lemons([held, back], faults=1, window=timedelta(days=30),
+                  now=T0 + timedelta(days=3)) == []
