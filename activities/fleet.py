@@ -80,7 +80,7 @@ from policy.rules import (
 )
 from policy.signals import SIGNAL_NAMES, BlindSignal
 from workflows.ids import shard_of
-from workflows.ledger import LedgerNote, note_for
+from workflows.ledger import LedgerNote, notes_for
 from workflows.messages import FleetObservation, NeighbourHold, NodeStatus, ObserveInput
 from workflows.reports import merge_reports, reports_by_node
 from workflows.transitions import NodeState
@@ -384,8 +384,7 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
             log.warning("repair ledger not read: %s", err)
             return {}, (f"repair ledger not read ({type(err).__name__}: {str(err)[:200]}): "
                         "probation and lemons not applied this tick")
-        return {v.node: note_for(v, uids.get(v.node, ""), read.entries, since)
-                for v in verdicts}, ""
+        return notes_for(verdicts, uids, read.entries, since), ""
 
     async def _announce(self, inp: ObserveInput, nodes: list[GpuNode], errors: dict[str, str],
                         app_only: list[Verdict], xid_warnings: list[Notice],

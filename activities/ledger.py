@@ -63,6 +63,8 @@ ENTRIES_PER_SHARD = 120
 MAX_SHARD_BYTES = 1024 * 1024
 CONFLICT_RETRIES = 8
 PRUNE_EVERY = 24 * 3600.0
+PARSED_SHARDS_KEPT = 64
+"""Parsed shards kept per store, by name and resourceVersion (oldest dropped first)."""
 
 def month_of(at: datetime) -> str:
     return f"{at.astimezone(UTC):%Y-%m}"
@@ -169,6 +171,8 @@ class LedgerStore:
     def __init__(self, core: client.CoreV1Api, namespace: str | None = None) -> None:
         self.core = core
         self.namespace = namespace
+        self._cache: dict[tuple[str, str], tuple[Shard | None, list[LedgerEntry], int]] = {}
+        self._cache_lock = threading.Lock()
 
     @property
     def ns(self) -> str:
@@ -188,13 +192,31 @@ class LedgerStore:
         shards: list[Shard] = []
         bad = 0
         for item in json.loads(raw.data).get("items") or []:
-            shard, found, unreadable = parse_shard(item)
+            shard, found, unreadable = self._parsed(item)
             if shard is None:
                 continue
             shards.append(shard)
             entries += found
             bad += unreadable
         return LedgerRead(entries, bad, sorted(shards, key=lambda s: (s.month, s.number)))
+
+    def _parsed(self, item: dict[str, Any]) -> tuple[Shard | None, list[LedgerEntry], int]:
+        """``parse_shard``, once per shard version: a shard that has not changed since the
+        last tick is not parsed again (entries are immutable; only new keys change it)."""
+        md = item.get("metadata") or {}
+        key = (str(md.get("name") or ""), str(md.get("resourceVersion") or ""))
+        if not key[1]:
+            return parse_shard(item)
+        with self._cache_lock:
+            hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        parsed = parse_shard(item)
+        with self._cache_lock:
+            if len(self._cache) >= PARSED_SHARDS_KEPT:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = parsed
+        return parsed
 
     def append(self, entry: LedgerEntry, settings: LedgerSettings,
                now: datetime) -> tuple[LedgerEntry, LedgerEntry | None, bool]:

@@ -20,7 +20,7 @@ No I/O imports: workflow code imports this module through the sandbox.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -263,26 +263,39 @@ def note_for(verdict: Verdict, node_uid: str, entries: Sequence[LedgerEntry],
              since: datetime) -> LedgerNote:
     """The node's last repair and the earlier faults of the serials its verdict names,
     from ``entries`` (any order) finished at or after ``since``."""
-    probe = LedgerEntry(id="", node=verdict.node, node_uid=node_uid, gpus=gpus_of(verdict),
-                        action="", outcome="", started=since, finished=since)
-    last: LedgerEntry | None = None
-    serials = probe.serials()
-    faults: dict[str, list[SerialFault]] = {}
-    for e in sorted(entries, key=lambda e: e.finished):
-        if e.finished < since:
-            continue
-        if e.returned and e.action in REPAIR_ACTIONS and same_node(e, probe):
-            last = e
-    for e in sorted(one_per_remediation(entries), key=lambda e: e.finished):
-        if e.finished < since:
-            continue
-        for s in e.serials() & serials:
-            faults.setdefault(s, []).append(SerialFault(
-                at=e.started, node=e.node, node_uid=e.node_uid, fault=e.fault, entry=e.id))
-    return LedgerNote(
-        last_repair=None if last is None else LastRepair(
-            action=last.action, fault=last.fault, finished=last.finished, entry=last.id),
-        serial_faults={s: f[-MAX_EVIDENCE:] for s, f in sorted(faults.items())})
+    return notes_for([verdict], {verdict.node: node_uid}, entries, since)[verdict.node]
+
+
+def notes_for(verdicts: Sequence[Verdict], uids: Mapping[str, str],
+              entries: Sequence[LedgerEntry], since: datetime) -> dict[str, LedgerNote]:
+    """``note_for`` of every verdict, indexing the entries once (a tick with many flagged
+    nodes reads a month of entries once, not once per node)."""
+    recent = sorted((e for e in entries if e.finished >= since), key=lambda e: e.finished)
+    repairs: dict[str, list[LedgerEntry]] = {}
+    for e in recent:
+        if e.returned and e.action in REPAIR_ACTIONS:
+            for key in {f"uid:{e.node_uid}", f"name:{e.node}", *(f"gpu:{u}" for u in e.uuids())}:
+                repairs.setdefault(key, []).append(e)
+    by_serial: dict[str, list[LedgerEntry]] = {}
+    for e in sorted(one_per_remediation(recent), key=lambda e: e.finished):
+        for serial in e.serials():
+            by_serial.setdefault(serial, []).append(e)
+    out: dict[str, LedgerNote] = {}
+    for v in verdicts:
+        probe = LedgerEntry(id="", node=v.node, node_uid=uids.get(v.node, ""), gpus=gpus_of(v),
+                            action="", outcome="", started=since, finished=since)
+        keys = {f"uid:{probe.node_uid}", f"name:{probe.node}",
+                *(f"gpu:{u}" for u in probe.uuids())}
+        mine = [e for k in keys for e in repairs.get(k, []) if same_node(e, probe)]
+        last = max(mine, key=lambda e: e.finished, default=None)
+        out[v.node] = LedgerNote(
+            last_repair=None if last is None else LastRepair(
+                action=last.action, fault=last.fault, finished=last.finished, entry=last.id),
+            serial_faults={s: [SerialFault(at=e.started, node=e.node, node_uid=e.node_uid,
+                                           fault=e.fault, entry=e.id)
+                               for e in by_serial[s][-MAX_EVIDENCE:]]
+                           for s in sorted(probe.serials()) if s in by_serial})
+    return out
 
 
 # ------------------------------------------------------------------ the report
