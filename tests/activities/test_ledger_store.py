@@ -247,3 +247,18 @@ def test_report_over_a_simulated_month(cluster: Cluster, tmp_path: Path) -> None
     assert "GPU-hours lost" in table.output
     bad = runner.invoke(app, ["report", "-c", str(config), "--since", "a month"])
     assert bad.exit_code == 2 and "--since" in bad.output
+
+
+def test_a_shard_rolls_over_before_the_api_servers_size_limit(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By bytes as well as by count: the cluster simulator refuses more than 1 MiB, as the
+    API server does, and a write never comes near it."""
+    monkeypatch.setattr(ledger_module, "MAX_SHARD_BYTES", 4096 + 2000)
+    store = LedgerStore(cluster.core, NS)
+    day = NOW.replace(day=1, hour=12)
+    for i in range(6):
+        e = entry(f"n{i}", at=day - timedelta(minutes=i + 1))
+        store.append(e.model_copy(update={"why": "x" * 300}), SETTINGS, NOW)
+    read = store.read()
+    assert len(read.entries) == 6 and len(read.shards) >= 3
+    assert all(sum(len(k) + len(v) for k, v in s.raw.items()) <= 2000 for s in read.shards)
