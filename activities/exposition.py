@@ -528,7 +528,12 @@ class _Fleet:
                 "uuid": uuid,
                 "model_name": labels.get("modelName") or labels.get("model_name") or "",
                 "pci_bus_id": labels.get("pci_bus_id", ""),
+                # A label field of the counters file (DCGM_FI_DEV_SERIAL, label, ...):
+                # dcgm-exporter adds it to every series under the field's name.
+                "serial": labels.get(SERIAL_LABEL, ""),
             }
+        elif not gpu["serial"] and labels.get(SERIAL_LABEL):
+            gpu["serial"] = labels[SERIAL_LABEL]
         if field == "xid_counts":
             counts = gpu.setdefault("xid_counts", {})
             # The exporter's "no XID in the window" series has no xid label and value 0.
@@ -573,8 +578,10 @@ class _Fleet:
         )
 
 
+SERIAL_LABEL = "DCGM_FI_DEV_SERIAL"
+"""The GPU's board serial, when the counters file lists it as a label field."""
 _IDENTITY_LABELS = ("Hostname", "hostname", "gpu", "UUID", "uuid", "gpu_uuid", "modelName",
-                    "model_name", "pci_bus_id", "xid")
+                    "model_name", "pci_bus_id", "xid", SERIAL_LABEL)
 
 
 def identity_problem(labels: dict[str, str]) -> str | None:

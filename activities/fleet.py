@@ -31,6 +31,7 @@ from activities.events import record_node_event
 from activities.exporter_settings import ExporterSettings
 from activities.fleet_nodes import GpuNode, NodeListing
 from activities.kube import REQUEST_TIMEOUT
+from activities.ledger import LedgerStore, months_between
 from activities.node_keys import HISTORY_LIMIT, STATE_LABEL, TAINT_KEY
 from activities.nodes import NodeActivities
 from activities.notices import (
@@ -79,6 +80,7 @@ from policy.rules import (
 )
 from policy.signals import SIGNAL_NAMES, BlindSignal
 from workflows.ids import shard_of
+from workflows.ledger import LedgerNote, notes_for
 from workflows.messages import FleetObservation, NeighbourHold, NodeStatus, ObserveInput
 from workflows.reports import merge_reports, reports_by_node
 from workflows.transitions import NodeState
@@ -192,6 +194,8 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         """Where node Jobs run: release-orphan deletes a dead remediation's Jobs there."""
         self.nodes = NodeActivities(api, record_namespace)
         self.records = RecordStore(self.core, record_namespace)
+        self.ledger = LedgerStore(self.core, record_namespace)
+        """The repair ledger (activities/ledger.py), read for probation and lemons."""
         """The node records (activities/record.py); None: ``record.set_record_namespace``'s."""
         self._records_lock = threading.Lock()
         self._records_listed: tuple[float, dict[str, Loaded]] | None = None
@@ -297,6 +301,12 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         # changes nothing; its verdicts use the same tracks, kept in memory).
         if inp.track_xid_repeats and activity.in_activity():
             await self._record_many(writes, records, now_dt)
+        ledger: dict[str, LedgerNote] = {}
+        ledger_trouble = ""
+        if inp.ledger_lookback and verdicts:
+            uids = {n.name: n.uid for n in nodes}
+            ledger, ledger_trouble = await asyncio.to_thread(
+                self.ledger_notes, verdicts, uids, inp.ledger_lookback, now_dt)
         labelled = [n for n in listed if n.state != NodeState.HEALTHY]
         orphans = await self.find_orphans(labelled)
         # Ours is what carries our taint or has its remediation running. A state label
@@ -339,6 +349,8 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
                   f"{TAINT_KEY} taint and no remediation running: not ours, holds no budget "
                   "slot (release-orphan clears the label)" for name, n in unclaimed.items()]
         metrics.UNCLAIMED_LABELS.set(len(unclaimed))
+        if ledger_trouble:
+            notes.append(ledger_trouble)
         # Other controllers at work: reported when the node is flagged (it waits for them)
         # or out of service (their disruption takes budget, like ours).
         flagged = {v.node for v in verdicts}
@@ -357,7 +369,22 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
             verdicts=sorted(verdicts, key=lambda v: v.node), remediating=remediating,
             errors=sorted([*errors.values(), *notes])[:50], orphans=orphans, pool_of=pool_of,
             pool_sizes=pool_sizes, held=held,
+            ledger={n: x for n, x in ledger.items()
+                    if x.last_repair is not None or x.serial_faults},
         ))
+
+    def ledger_notes(self, verdicts: list[Verdict], uids: dict[str, str], lookback: timedelta,
+                     now: datetime) -> tuple[dict[str, LedgerNote], str]:
+        """What the ledger says of each flagged node (one List of the lookback's months),
+        and why it could not be read ("" when it could). Unreadable entries are skipped."""
+        since = now - lookback
+        try:
+            read = self.ledger.read(months_between(since, now))
+        except Exception as err:  # no ledger, no escalation: the policy's action stands
+            log.warning("repair ledger not read: %s", err)
+            return {}, (f"repair ledger not read ({type(err).__name__}: {str(err)[:200]}): "
+                        "probation and lemons not applied this tick")
+        return notes_for(verdicts, uids, read.entries, since), ""
 
     async def _announce(self, inp: ObserveInput, nodes: list[GpuNode], errors: dict[str, str],
                         app_only: list[Verdict], xid_warnings: list[Notice],

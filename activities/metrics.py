@@ -135,3 +135,25 @@ class NodeStates(Collector):
 
 NODE_STATE = NodeStates()
 REGISTRY.register(NODE_STATE)
+
+# The repair ledger (activities/ledger.py): repair quality, one sample per entry written.
+LEDGER_UNREADABLE = Counter(
+    "gpu_remediate_ledger_unreadable_total",
+    "Repair ledger entries that could not be read; each is skipped (counted once per "
+    "worker), never fatal and never overwritten.")
+LEDGER_WRITE_FAILURES = Counter(
+    "gpu_remediate_ledger_write_failures_total",
+    "Attempts to write a remediation's outcome to the repair ledger that failed (the "
+    "remediation goes on; its last failure is a Warning Event LedgerWriteFailed).")
+_LEDGER_DURATIONS = (300, 900, 1800, 3600, 7200, 14400, 43200, 86400, 259200, 604800, 2592000)
+REPAIR_DURATION = Histogram(
+    "gpu_remediate_repair_duration_seconds",
+    "From a remediation's start to its outcome, by action taken and outcome (one per "
+    "ledger entry).", ["action", "outcome"], buckets=_LEDGER_DURATIONS)
+REPAIR_RELAPSES = Counter(
+    "gpu_remediate_repair_relapses_total",
+    "Repairs whose node or GPU was flagged again within ledger.relapse_window of its "
+    "return to service, by the relapsed repair's action and fault.", ["action", "fault"])
+GPU_HOURS_LOST = Counter(
+    "gpu_remediate_gpu_hours_lost_total",
+    "GPU-hours out of service in remediations (node GPUs x time from start to outcome).")

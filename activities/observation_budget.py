@@ -69,4 +69,5 @@ def bound_observation(obs: FleetObservation, *,
         "verdicts": sorted(kept, key=lambda v: v.node),
         "errors": [*errors, note.format(left_out)],
         "pool_of": {n: p for n, p in obs.pool_of.items() if n in names},
+        "ledger": {n: x for n, x in obs.ledger.items() if n in names},
     })

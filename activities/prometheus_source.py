@@ -254,6 +254,7 @@ class _Gpu:
     uuid: str
     model_name: str = ""
     pci_bus_id: str = ""
+    serial: str = ""
     values: dict[str, float | int] = field(default_factory=dict)
     xids: dict[int, float] = field(default_factory=dict)  # xid -> last time seen
     xid_first: dict[int, float] = field(default_factory=dict)  # xid -> first time seen
@@ -371,6 +372,11 @@ def assemble_readings(
             )
         if not gpu.pci_bus_id:
             gpu.pci_bus_id = series.labels.get("pci_bus_id", "")
+        if not gpu.serial:
+            # The exporter's label field, kept by Prometheus as a target label; exporter
+            # text, so one no exporter writes is not kept.
+            serial = series.labels.get("DCGM_FI_DEV_SERIAL", "")
+            gpu.serial = serial if len(serial) <= 64 else ""
         return node, gpu
 
     def put(gpu: _Gpu, name: str, value: float | None, *, integer: bool = False) -> None:
@@ -517,6 +523,7 @@ def assemble_readings(
                     uuid=gpu.uuid,
                     model_name=gpu.model_name,
                     pci_bus_id=gpu.pci_bus_id,
+                    serial=gpu.serial,
                     **fields,
                 )
             )

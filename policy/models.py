@@ -88,6 +88,8 @@ class GpuReading(BaseModel):
 
     gpu: str
     uuid: str = ""
+    serial: str = ""
+    """The board serial (dcgm-exporter's ``DCGM_FI_DEV_SERIAL`` label): exporter text."""
     model_name: str = ""
     pci_bus_id: str = ""
     xid: int | None = None
@@ -141,6 +143,8 @@ class Finding(BaseModel):
 
     gpu: str
     uuid: str = ""
+    serial: str = ""
+    """The GPU's serial as its exporter showed it: a lemon candidate, never proof alone."""
     signal: str
     value: float
     rule: str

@@ -140,7 +140,8 @@ def _xid_finding(
 ) -> Finding:
     def finding(rule: str, action: Action) -> Finding:
         return Finding(
-            gpu=gpu.gpu, uuid=gpu.uuid, signal=SIG_XID, value=float(xid), rule=rule, action=action
+            gpu=gpu.gpu, uuid=gpu.uuid, serial=gpu.serial, signal=SIG_XID, value=float(xid),
+            rule=rule, action=action
         )
 
     row = config.xid_rule(xid)
@@ -194,7 +195,8 @@ def _nvlink5_finding(gpu: GpuReading, decoded: nvlink5.Decoded, config: PolicySe
             detail += f"; the driver's recovery action is {recovery.name}"
         else:
             detail += "; no XID 154 recovery action readable, so the application restarts"
-    return Finding(gpu=gpu.gpu, uuid=gpu.uuid, signal=SIG_XID, value=float(xid), rule=rule,
+    return Finding(gpu=gpu.gpu, uuid=gpu.uuid, serial=gpu.serial, signal=SIG_XID,
+                   value=float(xid), rule=rule,
                    action=action, detail=detail)
 
 
@@ -218,7 +220,8 @@ def _gpu_findings(
     def add(signal: str, value: float, rule: str, action: Action) -> None:
         findings.append(
             Finding(
-                gpu=gpu.gpu, uuid=gpu.uuid, signal=signal, value=value, rule=rule, action=action
+                gpu=gpu.gpu, uuid=gpu.uuid, serial=gpu.serial, signal=signal, value=value,
+                rule=rule, action=action
             )
         )
 
@@ -321,8 +324,8 @@ def _link_findings(gpu: GpuReading, config: PolicySettings) -> list[Finding]:
     for enabled, signal, raw, limit, rule, action in checks:
         rate = usable(raw)
         if enabled and rate is not None and rate > limit:
-            out.append(Finding(gpu=gpu.gpu, uuid=gpu.uuid, signal=signal, value=rate,
-                               rule=rule, action=action))
+            out.append(Finding(gpu=gpu.gpu, uuid=gpu.uuid, serial=gpu.serial, signal=signal,
+                               value=rate, rule=rule, action=action))
     return out
 
 

@@ -28,6 +28,10 @@ def write(tmp_path: Path, text: str) -> Path:
     ("temporal:\n  tls:\n    enabled: true\n    client_cert: a.pem\n", "client_key go together"),
     ("policy:\n  thermal:\n    gpu_temp_c: -4\n", "policy.thermal.gpu_temp_c"),
     ("detector:\n  policy: {}\n", "detector.policy: set it at the top level"),
+    ("detector:\n  ledger: {}\n", "detector.ledger: set it at the top level"),
+    ("ledger:\n  lemon_faults: 0\n", "ledger.lemon_faults"),
+    ("ledger:\n  probaton: PT1H\n", "ledger.probaton: unknown field"),
+    ("ledger:\n  retention: P7D\n", "ledger.retention"),
     ("- just\n- a list\n", "top level must be a mapping"),
     ("detector: [unclosed\n", "not valid YAML"),
     # A key given twice: YAML would keep the second silently.
@@ -72,6 +76,14 @@ def test_detector_settings_carry_policy_and_remediation(tmp_path: Path) -> None:
     detector = settings.detector_settings()
     assert detector.policy.unknown_xid_action == "quarantine"
     assert detector.remediation.max_repair_attempts == 4
+
+
+def test_the_ledger_section_reaches_the_detector(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "ledger:\n  probation: PT48H\n"
+                                             "  lemon_window: P60D\n"))
+    ledger = settings.detector_settings().ledger
+    assert ledger.probation.total_seconds() == 48 * 3600
+    assert ledger.lookback().days == 60
 
 
 def test_cli_exits_2_with_the_field_on_bad_config(tmp_path: Path) -> None:

@@ -74,6 +74,7 @@ def test_json_contract_exact_shape(capsys: pytest.CaptureFixture[str], sick_file
                     {
                         "gpu": "1",
                         "uuid": "GPU-gpu-07-1",
+                        "serial": "",
                         "signal": "DCGM_FI_DEV_XID_ERRORS",
                         "value": 79.0,
                         "rule": "xid-79-restart-bm",
@@ -228,6 +229,7 @@ def test_http_source(capsys: pytest.CaptureFixture[str], exporter: str) -> None:
                 {
                     "gpu": "1",
                     "uuid": "GPU-http-node-1",
+                    "serial": "",
                     "signal": "DCGM_FI_DEV_XID_ERRORS",
                     "value": 48.0,
                     "rule": "xid-48-workflow-xid-48",

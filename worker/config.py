@@ -38,6 +38,7 @@ from workflows.limits import LimitsSettings, violations
 from workflows.settings import (
     POOL_LABEL,
     DetectorSettings,
+    LedgerSettings,
     RemediationSettings,
     node_writable_label,
 )
@@ -257,6 +258,7 @@ class Settings(BaseSettings):
     detector: DetectorSettings = Field(default_factory=DetectorSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     limits: dict[str, Any] | None = Field(
@@ -297,7 +299,7 @@ class Settings(BaseSettings):
                         "remediation.job_templates)")
         detector = data.get("detector") if isinstance(data, dict) else None
         if isinstance(detector, dict):
-            for key in ("policy", "remediation"):
+            for key in ("policy", "remediation", "ledger"):
                 if key in detector:
                     raise ValueError(f"detector.{key}: set it at the top level as '{key}:'")
         # The detector, policy and remediation models ignore unknown fields when a workflow
@@ -393,7 +395,7 @@ class Settings(BaseSettings):
     def detector_settings(self) -> DetectorSettings:
         """What the detector workflow runs with: its section plus policy and remediation."""
         return self.detector.model_copy(update={
-            "policy": self.policy, "remediation": self.remediation,
+            "policy": self.policy, "remediation": self.remediation, "ledger": self.ledger,
             "observe_task_queue": (self.detector.observe_task_queue
                                    or observe_task_queue(self.temporal.task_queue))})
 
@@ -437,9 +439,9 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
 
 def config_field(dotted: str) -> str:
     """Where a field of the detector's settings is set in the configuration file: policy
-    and remediation are sections of their own, the rest is under ``detector``."""
+    remediation and ledger are sections of their own, the rest is under ``detector``."""
     head = dotted.split(".")[0]
-    return dotted if head in ("policy", "remediation") else f"detector.{dotted}"
+    return dotted if head in ("policy", "remediation", "ledger") else f"detector.{dotted}"
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:

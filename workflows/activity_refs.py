@@ -15,6 +15,7 @@ from __future__ import annotations
 from temporalio import activity
 
 from workflows.leases import LeaseAnswer, LeaseCheck
+from workflows.ledger import LedgerInput, LedgerResult
 from workflows.limits import LimitsSettings
 from workflows.messages import (
     AdmissionReport,
@@ -75,6 +76,13 @@ def set_node_state(inp: StateInput) -> None:
 @activity.defn(name="release_node")
 def release_node(inp: ReleaseInput) -> None:
     raise _reference("release_node")
+
+
+# ---------------------------------------------------- the repair ledger (activities/ledger.py)
+
+@activity.defn(name="record_repair")
+def record_repair(inp: LedgerInput) -> LedgerResult:
+    raise _reference("record_repair")
 
 
 # ------------------------------------------------------------ drain (activities/drain.py)

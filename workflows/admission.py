@@ -17,6 +17,7 @@ from policy.models import SEVERITY, Action, Finding, Verdict
 from workflows.ids import DETECTOR_REQUESTER
 from workflows.leases import Lease
 from workflows.messages import DetectorState, FleetObservation, ManualRemediation, PendingStart
+from workflows.probation import decide as probation_decide
 from workflows.settings import DetectorSettings, limit_for
 from workflows.transitions import OUT_OF_SERVICE_STATES, NodeState
 
@@ -68,6 +69,10 @@ class Admission:
     thermal_outside: bool = True
     # Count from the detector's leases (false: a detector run recorded before leases).
     leases: bool = True
+    # Probation and lemons change a flagged node's action (workflows/probation.py; false:
+    # a detector run recorded before them).
+    probation: bool = True
+    changed: dict[str, str] = field(init=False, default_factory=dict)
     in_use: list[str] = field(init=False)
     cordoned: list[str] = field(init=False)
     busy: dict[str, str] = field(init=False)
@@ -155,7 +160,7 @@ class Admission:
 
     def _queue(self) -> None:
         s, st, obs, now = self.settings, self.state, self.obs, self.now
-        flagged = {v.node: v for v in obs.verdicts}
+        flagged = {v.node: self._judged(v) for v in obs.verdicts}
         if s.dry_run:
             # Forget a plan only when the node is no longer flagged for that action.
             st.planned = {n: a for n, a in st.planned.items()
@@ -193,7 +198,18 @@ class Admission:
         for v in sorted(verdicts.values(),
                         key=lambda v: (-SEVERITY[v.action], st.first_seen[v.node], v.node)):
             if v.node not in manual_nodes:
-                self.queue.append(Candidate(v, DETECTOR_REQUESTER, v.summary))
+                self.queue.append(Candidate(v, DETECTOR_REQUESTER,
+                                            self.changed.get(v.node) or v.summary))
+
+    def _judged(self, v: Verdict) -> Verdict:
+        """The verdict after probation and lemons; why it changed goes to ``changed``."""
+        if not self.probation:
+            return v
+        decision = probation_decide(v, self.obs.ledger.get(v.node), self.now,
+                                    self.settings.ledger)
+        if decision.why:
+            self.changed[v.node] = decision.why
+        return decision.verdict
 
     def _count_quarantines(self, quarantined: set[str]) -> None:
         """The outcome breaker: remediations that ended in quarantine (seen as nodes newly

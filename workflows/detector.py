@@ -90,6 +90,9 @@ NODE_ACTIONS = (Action.THERMAL, Action.RESET, Action.REBOOT, Action.QUARANTINE)
 # A run that did not continue from another asks visibility for running remediations first;
 # histories recorded before that look-up replay without it.
 THERMAL_OUTSIDE_PATCH = "thermal-cordons-outside-budget"
+# Probation and lemons change a flagged node's action from the repair ledger
+# (workflows/probation.py); a run recorded before them replays without.
+PROBATION_PATCH = "probation-at-admission"
 SEED_PENDING_PATCH = "detector-seeds-pending-from-visibility"
 # Slots are leases held for a remediation's life (runs recorded before count labels).
 LEASES_PATCH = "slots-are-leases"
@@ -113,6 +116,7 @@ class DetectorWorkflow:
         self.wake = False
         # Heat cordons outside the drain budget (a run recorded before: as it ran).
         self.thermal_outside = True
+        self.probation = True
         # Carried from the previous run, so validators and sharding are right before
         # this run's first observation (which may fail).
         self.orphans: list[str] = list(inp.state.orphans)
@@ -400,6 +404,7 @@ class DetectorWorkflow:
         seeded = workflow.info().continued_run_id is not None or \
             not workflow.patched(SEED_PENDING_PATCH)
         self.thermal_outside = workflow.patched(THERMAL_OUTSIDE_PATCH)
+        self.probation = workflow.patched(PROBATION_PATCH)
         self.leases_mode = workflow.patched(LEASES_PATCH)
         self.bounded = workflow.patched(LIMITS_PATCH)
         if self.bounded:
@@ -624,7 +629,9 @@ class DetectorWorkflow:
                                                 lease_workflows=leases if i == 0 else [],
                                                 lease_task_queue=workflow.info().task_queue
                                                 if leases and i == 0 else "",
-                                                reports=reports),
+                                                reports=reports,
+                                                ledger_lookback=s.ledger.lookback()
+                                                if self.probation else timedelta(0)),
                 task_queue=s.observe_task_queue,
                 start_to_close_timeout=s.observe_timeout,
                 heartbeat_timeout=s.observe_heartbeat_timeout,
@@ -656,7 +663,8 @@ class DetectorWorkflow:
         self.last_errors = obs.errors[:10]
         self.orphans = obs.orphans
         adm = Admission(self.settings, st, obs, self.last_tick, closed or set(),
-                        thermal_outside=self.thermal_outside, leases=self.leases_mode)
+                        thermal_outside=self.thermal_outside, leases=self.leases_mode,
+                        probation=self.probation)
         if self.leases_mode:
             self.orphans = sorted(set(obs.orphans) | {n for n, lease in st.leases.items()
                                                       if lease.orphan})

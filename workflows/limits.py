@@ -94,6 +94,14 @@ class LimitsSettings(BaseModel):
     thermal_hold_min: timedelta
     thermal_escalate_after_min: timedelta | None = Field(
         description="Shortest time before a hot node is drained; null: never escalate.")
+    ledger_probation_min: timedelta = Field(
+        default=timedelta(0),
+        description="Shortest probation after a repair (0 lets a client turn it off).")
+    ledger_lemon_faults_max: int = Field(
+        default=10, ge=1, description="Most faults a GPU may have in lemon_window before its "
+                                      "next one quarantines it.")
+    ledger_lemon_window_min: timedelta = Field(
+        default=timedelta(0), description="Shortest window lemon faults are counted over.")
 
     @field_validator("max_unavailable", "max_quarantined", "max_thermal_cordoned")
     @classmethod
@@ -143,6 +151,9 @@ class LimitsSettings(BaseModel):
             repeat_offender_window_min=r.repeat_offender_window,
             thermal_hold_min=r.thermal.hold,
             thermal_escalate_after_min=r.thermal.escalate_after,
+            ledger_probation_min=detector.ledger.probation,
+            ledger_lemon_faults_max=detector.ledger.lemon_faults,
+            ledger_lemon_window_min=detector.ledger.lemon_window,
         )
 
     @classmethod
@@ -430,6 +441,15 @@ CHECKS: dict[str, _Check] = {
     "remediation.thermal.escalate_after": _least(
         "remediation.thermal.escalate_after", "thermal_escalate_after_min",
         "a hot node would be drained sooner"),
+    "ledger.probation": _least(
+        "ledger.probation", "ledger_probation_min",
+        "a relapse would repeat the repair that did not hold sooner after it"),
+    "ledger.lemon_faults": _most(
+        "ledger.lemon_faults", "ledger_lemon_faults_max",
+        "a GPU that keeps failing would be repaired and returned more often"),
+    "ledger.lemon_window": _least(
+        "ledger.lemon_window", "ledger_lemon_window_min",
+        "fewer of a GPU's earlier faults would count"),
 }
 """Every bounded setting (dotted within DetectorSettings) and its check, in report order."""
 
@@ -465,6 +485,11 @@ UNBOUNDED: dict[str, str] = {
     "remediation.history_events_per_run": "continue-as-new carries the remediation's state",
     "remediation.claim_timeout": "a claim that waits longer only holds its lease, and so its "
                                  "slot, longer: it never lets another node out",
+    "ledger.relapse_window": "read by the ledger's writer from the worker's configuration "
+                             "file, never from a workflow's settings; it labels entries and "
+                             "decides no action",
+    "ledger.retention": "read by the ledger's writer from the worker's configuration file, "
+                        "never from a workflow's settings",
 }
 """Every setting no limit bounds, with why it cannot loosen anything: a client may set it
 to any valid value. A test keeps CHECKS and UNBOUNDED covering every setting."""

@@ -35,6 +35,7 @@ from workflows.ids import (
     valid_node_name,
 )
 from workflows.leases import Lease, LeaseStatus
+from workflows.ledger import LedgerNote
 from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
 from workflows.transitions import NodeState, Outcome, Step
 
@@ -341,6 +342,9 @@ class RemediationResume(_Message):
     out_of_service: bool = Field(
         default=False, description="This remediation put node.kubernetes.io/out-of-service "
                                    "on the node (it did not return): taken off at release.")
+    ledger_from: datetime | None = Field(
+        default=None, description="The end of the last repair-ledger entry this remediation "
+                                  "wrote (the next accounts for the time after it).")
 
 
 class OperatorAck(_Message):
@@ -661,6 +665,10 @@ class ObserveInput(_Message):
         default_factory=list,
         description="Recent faults nodes reported about themselves (workflows/reports.py): "
                     "each is merged into its own node's readings before that node's verdict.")
+    ledger_lookback: timedelta = Field(
+        default=timedelta(0), ge=timedelta(0), le=timedelta(days=92),
+        description="Read the repair ledger this far back for the flagged nodes "
+                    "(FleetObservation.ledger); 0: not read (a detector before probation).")
 
 
 class NodeStatus(_Message):
@@ -708,6 +716,11 @@ class FleetObservation(_Message):
         default_factory=list,
         description="What Temporal says of each lease holder's workflow (ObserveInput."
                     "lease_workflows): running and its state, or closed and how.")
+    ledger: dict[str, LedgerNote] = Field(
+        default_factory=dict,
+        description="What the repair ledger says of flagged nodes (ObserveInput."
+                    "ledger_lookback): their last repair and their GPUs' earlier faults, for "
+                    "probation and lemons (workflows/probation.py).")
 
 
 class OrphanRelease(_OperatorMessage):
@@ -733,6 +746,7 @@ def merge_observations(parts: list[FleetObservation]) -> FleetObservation:
         pool_sizes=pool_sizes,
         held=sorted((h for p in parts for h in p.held), key=lambda h: h.node),
         lease_holders=[s for p in parts for s in p.lease_holders],
+        ledger={k: v for p in parts for k, v in p.ledger.items()},
     )
 
 

@@ -37,6 +37,15 @@ with workflow.unsafe.imports_passed_through():
         SLOT_GRANTED_SIGNAL,
     )
     from workflows.leases import LeaseCheck
+    from workflows.ledger import (
+        LedgerEntry,
+        LedgerInput,
+        action_taken,
+        entry_id,
+        fault_of,
+        gpus_of,
+        step_times,
+    )
     from workflows.messages import (
         GPU_UUID,
         ClaimInput,
@@ -116,6 +125,13 @@ LEASE_CALL = timedelta(seconds=30)
 LEASE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
                           maximum_interval=timedelta(seconds=10),
                           non_retryable_error_types=[*errors.NOT_RETRIED])
+# Every outcome goes to the repair ledger (runs recorded before it: as they ran). A write
+# that keeps failing is told and counted, never the remediation's failure.
+LEDGER_PATCH = "repair-ledger"
+LEDGER_CALL = timedelta(seconds=30)
+LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
+                           maximum_interval=timedelta(seconds=10), maximum_attempts=5,
+                           non_retryable_error_types=[*errors.NOT_RETRIED])
 # An activity's argument and result (the call helpers are generic in both).
 A = TypeVar("A")
 R = TypeVar("R")
@@ -192,6 +208,7 @@ class RemediationWorkflow:
         # granted (signal slot_granted); one admitted in a slot has it from the start.
         self.slot_granted = self.inp.holds_slot
         self.uid = r.uid if r else ""
+        self.ledger_from = r.ledger_from if r else None
         self._lease_gate: bool | None = None
         # We put node.kubernetes.io/out-of-service on the node (it did not come back).
         self.out_of_service = r.out_of_service if r else False
@@ -629,7 +646,8 @@ class RemediationWorkflow:
             quarantine_why=why, acknowledged=acked or {}, drain_started=self.drain_started,
             drain_force=self.drain_force, report_after=self.report_after,
             hot_since=self.hot_since, boot_id=self.boot_id, uid=self.uid,
-            out_of_service=self.out_of_service, approval_until=approval_until)}))
+            out_of_service=self.out_of_service, approval_until=approval_until,
+            ledger_from=self.ledger_from)}))
 
     def _quarantine_reason(self) -> str:
         if self.quarantine_order is not None:
@@ -1630,6 +1648,37 @@ class RemediationWorkflow:
             timeout=NODE_CALL, heartbeat=False, retry=retry,
             summary=f"{outcome}: release {self.inp.node}", check_cancel=False,
         )
+        await self._record_repair(outcome, why)
+
+    async def _record_repair(self, outcome: Outcome, why: str) -> None:
+        """The outcome into the repair ledger (workflows/ledger.py). A write that fails after
+        its retries is counted by the activity and told in a Warning Event: the ledger is
+        the fleet's memory, never a reason for a remediation to fail."""
+        if self.inp.dry_run or not workflow.patched(LEDGER_PATCH):
+            return
+        info = workflow.info()
+        finished = workflow.now()
+        marks = [(t.at, t.state.value, t.step.value) for t in self.view.transitions]
+        verdict = self.inp.verdict
+        entry = LedgerEntry(
+            id=entry_id(info.workflow_id, self.started, finished), node=self.inp.node,
+            node_uid=self.uid, gpus=gpus_of(verdict), gpu_count=self.gpus,
+            fault=fault_of(verdict), verdict_action=verdict.action.value,
+            action=action_taken(marks, self.action.value, outcome.value),
+            outcome=outcome.value, why=why[:300], started=self.started, finished=finished,
+            accounted_from=self.ledger_from, steps=step_times(marks, finished),
+            attempts=self.view.attempt, workflow_id=info.workflow_id)
+        self.ledger_from = finished
+        try:
+            await self._call(act.record_repair, LedgerInput(entry=entry), timeout=LEDGER_CALL,
+                             heartbeat=False, retry=LEDGER_RETRY, check_cancel=False,
+                             summary=f"repair ledger: {outcome}")
+        except ActivityError as err:
+            workflow.logger.warning("%s: outcome %s not in the repair ledger: %s",
+                                    self.inp.node, outcome.value, _cause(err))
+            await self._tell("LedgerWriteFailed",
+                             f"the outcome of {info.workflow_id} ({outcome.value}) is not in "
+                             f"the repair ledger: {_cause(err)[:300]}")
 
     async def _abort_cleanup(self) -> None:
         """Undo what this remediation did to the node: our taint and label go, the node is

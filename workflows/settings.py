@@ -166,6 +166,35 @@ class GpuOperatorSettings(_Model):
         return value
 
 
+class LedgerSettings(_Model):
+    """The repair ledger (workflows/ledger.py, activities/ledger.py): how relapses, probation
+    and lemons are judged, and how long entries are kept."""
+
+    relapse_window: timedelta = Field(
+        default=timedelta(days=7), gt=timedelta(0), le=timedelta(days=31),
+        description="A node or GPU flagged again this soon after its return to service is a "
+                    "relapse of that repair.")
+    probation: timedelta = Field(
+        default=timedelta(hours=24), ge=timedelta(0), le=timedelta(days=31),
+        description="After a repair, a node flagged again within this goes to the next rung "
+                    "(reset -> reboot -> quarantine) instead of the action that did not hold; "
+                    "0 turns probation off.")
+    lemon_faults: int = Field(
+        default=3, ge=1, le=10,
+        description="A GPU (by serial) with more faults than this within lemon_window is a "
+                    "lemon: its next fault quarantines its node for review.")
+    lemon_window: timedelta = Field(
+        default=timedelta(days=30), gt=timedelta(0), le=timedelta(days=92),
+        description="The window lemon faults are counted over.")
+    retention: timedelta = Field(
+        default=timedelta(days=400), ge=timedelta(days=31), le=timedelta(days=3660),
+        description="Ledger shards (one month each) wholly older than this are deleted.")
+
+    def lookback(self) -> timedelta:
+        """How far back admission reads the ledger."""
+        return max(self.probation, self.lemon_window)
+
+
 class RemediationSettings(_Model):
     heartbeat_timeout: timedelta = Field(
         default=timedelta(seconds=30), gt=timedelta(0), le=timedelta(hours=1),
@@ -276,6 +305,7 @@ class DetectorSettings(_Model):
     dry_run: bool = False
     policy: PolicySettings = Field(default_factory=PolicySettings)
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     breaker_max_flagged_percent: float = Field(default=20.0, gt=0, le=100)
     breaker_max_flagged_nodes: int = Field(default=50, ge=1)
     breaker_min_flagged_nodes: int = Field(

@@ -76,6 +76,14 @@ def serve(
             "(the exporter's --xid-count-window-size; its default is 300000). Off if not given.",
         ),
     ] = None,
+    serial_label: Annotated[
+        bool,
+        typer.Option(
+            "--serial-label/--no-serial-label",
+            help="Label every series with DCGM_FI_DEV_SERIAL, the GPU's board serial, as "
+            "dcgm-exporter does when its counters file lists that field as a label.",
+        ),
+    ] = False,
     kernel_log_dir: Annotated[
         Path | None,
         typer.Option(envvar="GPU_SIM_KERNEL_LOG_DIR",
@@ -98,6 +106,7 @@ def serve(
         "xid_series": xid_series,
         "extra_fields": extra_fields,
         "xid_count_window_ms": xid_count_window_ms,
+        "serial_label": serial_label,
     }
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:

@@ -76,6 +76,11 @@ class Gpu:
     fb_total_mib: int
     nvlink: bool
     faults: tuple[Fault, ...] = ()
+    # The board serial (nvidia-smi -q "Serial Number"): 13 digits, fixed for the board's life.
+    serial: str = ""
+    # Exported as the DCGM_FI_DEV_SERIAL label: only when the counters file lists it as a
+    # label field (the GPU Operator's stock file does not).
+    serial_label: bool = False
     # What the exporter remembers: the last XID it saw since it started (issue #500).
     last_xid: int | None = None
     # (time, XID) of every XID the exporter saw within the count window, oldest first, for

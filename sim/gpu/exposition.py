@@ -285,6 +285,7 @@ def _labels(gpu: Gpu, host_key: str) -> _Labels:
         f'{{gpu="{gpu.index}",UUID="{gpu.uuid}",pci_bus_id="{gpu.pci_bus_id}",'
         f'device="{gpu.device}",modelName="{_esc(gpu.model)}",{host_key}="{_esc(gpu.node)}",'
         f'DCGM_FI_DRIVER_VERSION="{_esc(gpu.driver)}"'
+        + (f',DCGM_FI_DEV_SERIAL="{_esc(gpu.serial)}"' if gpu.serial_label else "")
     )
     pod = gpu.pod
     result: _Labels

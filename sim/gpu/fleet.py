@@ -108,6 +108,7 @@ class Fleet:
         xid_series: XidSeries = "absent-until-error",
         extra_fields: bool = True,
         xid_count_window_ms: int | None = None,
+        serial_label: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if hostname_label not in ("Hostname", "hostname"):
@@ -129,6 +130,9 @@ class Fleet:
         self.extra_fields = extra_fields
         # None: DCGM_EXP_XID_ERRORS_COUNT is not exported (the stock exporter's default).
         self.xid_count_window_ms: int | None = xid_count_window_ms
+        # True: every series carries DCGM_FI_DEV_SERIAL (a counters file that lists it as a
+        # label field, as deploy/dcgm-exporter/gpu-remediate-counters.csv does).
+        self.serial_label = bool(serial_label)
         self.clock = clock
         self._next_fault_id = 1
         now = clock()
@@ -137,6 +141,8 @@ class Fleet:
             if spec.name in self.nodes:
                 raise ValueError(f"node {spec.name!r} appears twice in the fleet")
             gpus = [self._new_gpu(spec, i, now) for i in range(spec.gpus)]
+            for g in gpus:
+                g.serial_label = self.serial_label
             self.nodes[spec.name] = Node(spec.name, spec.pool, spec.model, spec.driver, gpus)
 
     @staticmethod
@@ -153,6 +159,7 @@ class Fleet:
             seed=seed,
             fb_total_mib=fb_total_mib(spec.model),
             nvlink=has_nvlink(spec.model),
+            serial=f"{u.int % 10**13:013d}",
             energy_mj=float(seed % 900_000_000),  # energy since the driver loaded before we did
             nvlink_bytes=float(seed % 10_000_000),
             mark=now,
@@ -377,6 +384,7 @@ class Fleet:
                 {
                     "index": g.index,
                     "uuid": g.uuid,
+                    "serial": g.serial,
                     "pci_bus_id": g.pci_bus_id,
                     "device": g.device,
                     "persistence_mode": g.persistence_mode,
@@ -394,4 +402,5 @@ class Fleet:
             "xid_series": self.xid_series,
             "extra_fields": self.extra_fields,
             "xid_count_window_ms": self.xid_count_window_ms,
+            "serial_label": self.serial_label,
         }

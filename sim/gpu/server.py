@@ -311,7 +311,7 @@ def run_gpu_simulator(
 ) -> None:
     """Serve until interrupted.
 
-    Switches: hostname_label, xid_series, extra_fields, xid_count_window_ms.
+    Switches: hostname_label, xid_series, extra_fields, xid_count_window_ms, serial_label.
     """
     fleet = build_fleet(scenario_or_fleet, **switches)
     # The fleet lives as long as the process; moving it out of the collector's view keeps

@@ -155,7 +155,8 @@ def test_json_is_exactly_what_evaluate_prints_for_the_same_gpus(
     assert set(report) == {"nodes", "errors", "warnings", "blind"}
     assert set(report["nodes"][0]) == {"node", "action", "findings"}
     for finding in report["nodes"][0]["findings"]:
-        assert set(finding) == {"gpu", "uuid", "signal", "value", "rule", "action", "detail"}
+        assert set(finding) == {"gpu", "uuid", "serial", "signal", "value", "rule", "action",
+                                "detail"}
 
     metric = {
         "gpu_temp": "DCGM_FI_DEV_GPU_TEMP",
@@ -309,6 +310,7 @@ def test_xid_from_the_kernel_log(capsys: pytest.CaptureFixture[str]) -> None:
     assert xid["4"] == {
         "gpu": "4",
         "uuid": H100_UUIDS[4],
+        "serial": "",
         "signal": "DCGM_FI_DEV_XID_ERRORS",
         "value": 79.0,
         "rule": "xid-79-restart-bm",

@@ -257,8 +257,9 @@ def assert_grants_are_where_the_code_calls(
         assert _namespace_of_grant(roles, ("", "events", "create")) == {
             settings.kubernetes.event_namespace
         }, name
-        # The node records: only where the worker keeps them (a kubelet cannot write there).
-        for verb in ("get", "list", "create", "update"):
+        # The node records and the repair ledger: only where the worker keeps them (a
+        # kubelet cannot write there); delete for the ledger's expired shards.
+        for verb in ("get", "list", "create", "update", "delete"):
             assert _namespace_of_grant(roles, ("", "configmaps", verb)) == {
                 settings.record_namespace()}, (name, verb)
         # Node, pod and eviction calls span namespaces (drain, exporter discovery).

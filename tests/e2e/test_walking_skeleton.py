@@ -10,6 +10,7 @@ import time
 import pytest
 from kubernetes import client, config
 
+from activities.ledger import LEDGER_SELECTOR, parse_shard
 from sim.gpu.client import GpuSimClient
 from tests.e2e.conftest import core_api
 from worker.config import TemporalSettings
@@ -102,3 +103,15 @@ def test_xid79_on_two_nodes_drains_within_pdb_repairs_validates_and_returns(
 
     for result in asyncio.run(results()):
         assert result.outcome == "healthy"
+
+    # Each outcome is in the repair ledger, off the nodes (wherever the record namespace is).
+    raw = core.list_config_map_for_all_namespaces(label_selector=LEDGER_SELECTOR,
+                                                  _preload_content=False)
+    entries = [e for item in json.loads(raw.data)["items"] for e in parse_shard(item)[1]]
+    mine = sorted((e for e in entries if e.node in sick), key=lambda e: e.node)
+    assert [(e.node, e.action, e.outcome, e.gpu_count) for e in mine] == [
+        (n, "reboot", "healthy", 8) for n in sick]
+    for e in mine:
+        assert e.fault.startswith("xid-79")   # the catalog's rule: xid-79-restart-bm
+        assert {"draining", "repairing", "validating"} <= {s.state for s in e.steps}
+        assert e.node_uid == core.read_node(e.node).metadata.uid

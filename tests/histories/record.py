@@ -99,6 +99,14 @@ the ids it is there for):
 - v5_detector_mirror.run1.json       a node mid-drain relabelled quarantined: the detector
                                      rewrites its label from the record
 
+Recorded by ``--missing`` for the repair ledger (the v5 scenarios, run again):
+
+- v6_reboot.json                     the reboot scenario: its outcome written to the repair
+                                     ledger after the release (repair-ledger)
+- v6_detector_mirror.run1.json       the mirror scenario's detector: the ledger read with the
+                                     observation, probation and lemons at admission
+                                     (probation-at-admission)
+
 Each file is ``(await handle.fetch_history()).to_json()`` of one run; the file name up
 to its first dot is the workflow id given to ``WorkflowHistory.from_json`` on replay
 (``.runN`` names the run of a workflow that continued as new). Event counts vary a

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio import activity
@@ -33,6 +34,7 @@ from policy.models import Action, Finding, Verdict
 from workflows import transitions
 from workflows.ids import remediation_workflow_id, shard_of
 from workflows.leases import LeaseAnswer, LeaseCheck, LeaseStatus
+from workflows.ledger import LedgerEntry, LedgerInput, LedgerResult, note_for
 from workflows.limits import LimitsSettings
 from workflows.messages import (
     AdmissionReport,
@@ -106,6 +108,8 @@ class FakeNode:
     gpu_broken: bool = False
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
 LIVE: list[FakeCluster] = []
 """The fake clusters of the running test (tests/conftest.py checks their state writes)."""
 
@@ -161,6 +165,9 @@ class FakeCluster:
     limits: LimitsSettings | None = None
     # An API brownout for a node's claim: this many attempts fail with a 500 first.
     claim_failures: dict[str, int] = field(default_factory=dict)
+    # The repair ledger (record_repair), and why its writes fail ("": they succeed).
+    ledger: list[LedgerEntry] = field(default_factory=list)
+    ledger_fails: str = ""
 
     def node(self, name: str) -> FakeNode:
         return self.nodes.setdefault(name, FakeNode(name))
@@ -455,12 +462,17 @@ class FakeCluster:
                                           label=n.state.value)
                                for n in mine.values() if n.state != NodeState.HEALTHY]
                 busy = {r.node for r in remediating}
+                verdicts = [v for v in cluster.verdicts if v.node in mine
+                            and v.node not in busy and cluster.node(v.node).acked == {}]
+                # The ledger as the real observation reads it (workflows/ledger.note_for).
+                ledger = {v.node: note_for(v, "", cluster.ledger, EPOCH)
+                          for v in verdicts} if inp.ledger_lookback else {}
                 return FleetObservation(
                     managed_nodes=len(mine), readable_nodes=len(mine),
-                    verdicts=[v for v in cluster.verdicts if v.node in mine
-                              and v.node not in busy and cluster.node(v.node).acked == {}],
-                    remediating=remediating,
-                    orphans=[n for n in cluster.orphans if n in mine])
+                    verdicts=verdicts, remediating=remediating,
+                    orphans=[n for n in cluster.orphans if n in mine],
+                    ledger={n: x for n, x in ledger.items()
+                            if x.last_repair is not None or x.serial_faults})
 
         @activity.defn(name="report_admission")
         def report_admission(report: AdmissionReport) -> None:
@@ -539,6 +551,20 @@ class FakeCluster:
                 return LeaseAnswer(live=True)
             return await VisibilityActivities(client, detector_id=detector).confirm_lease(chk)
 
+        @activity.defn(name="record_repair")
+        def record_repair(inp: LedgerInput) -> LedgerResult:
+            with cluster.lock:
+                cluster.calls.append(("record_repair", inp))
+                if cluster.ledger_fails:
+                    # Like the real store refusing the write (a 422 is not retried).
+                    raise ApplicationError(cluster.ledger_fails, type="Invalid",
+                                           non_retryable=True)
+                for e in cluster.ledger:
+                    if e.id == inp.entry.id:
+                        return LedgerResult(entry=e.id, written=False)
+                cluster.ledger.append(inp.entry)
+                return LedgerResult(entry=inp.entry.id, written=True)
+
         @activity.defn(name="record_event")
         def record_event(inp: NodeEventInput) -> None:
             with cluster.lock:
@@ -550,7 +576,7 @@ class FakeCluster:
                 check_node_returned, poll_node_job, delete_node_job, list_running_remediations,
                 check_thermal, pause_gpu_operands, restore_gpu_operands, check_operands_gone,
                 check_operands_back, check_gpus_free, restart_device_plugin, confirm_lease,
-                read_limits, mark_out_of_service, rewrite_state_mirror]
+                read_limits, mark_out_of_service, rewrite_state_mirror, record_repair]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

@@ -114,6 +114,11 @@ CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
                                  timedelta(0), timedelta(hours=1)),
     "remediation.thermal.escalate_after": ({"thermal_escalate_after_min": timedelta(hours=1)},
                                            timedelta(minutes=1), None),
+    "ledger.probation": ({"ledger_probation_min": timedelta(hours=24)}, timedelta(0),
+                         timedelta(hours=48)),
+    "ledger.lemon_faults": ({"ledger_lemon_faults_max": 3}, 5, 2),
+    "ledger.lemon_window": ({"ledger_lemon_window_min": timedelta(days=30)},
+                            timedelta(days=7), timedelta(days=60)),
 }
 
 # Settings that make the conditional checks apply to the value under test.

@@ -534,6 +534,49 @@ def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
         out.print(Text.assemble(("missing", "yellow"), f": {shown(line)}"), soft_wrap=True)
 
 
+@app.command()
+def report(config: ConfigOpt = None,
+           since: Annotated[str, typer.Option(
+               help="The period: 30d, 12h, 2w or ISO 8601 (P30D).")] = "30d",
+           fleet_gpus: Annotated[int | None, typer.Option(
+               min=1, help="GPUs in the fleet, for the availability lost (default: the "
+                           "nodes' nvidia.com/gpu capacity now).")] = None,
+           output: OutputOpt = "table") -> None:
+    """Repair quality from the repair ledger: MTTR and relapse rate per action, relapse rate
+    per action and fault, the lemons (GPUs by serial and nodes over ledger.lemon_faults
+    within ledger.lemon_window) and the GPU-hours and availability lost. Reads the ledger
+    (one List); changes nothing. docs/operations.md, "Reading `report`".
+
+    Example: `gpu-remediate report --since 30d -o json`
+    """
+    from worker.cli.report import make_report, parse_since, report_tables
+
+    try:
+        period = parse_since(since)
+    except ValueError as e:
+        fail(str(e), EXIT_USAGE)
+    settings, located = _context(config)
+    try:
+        result = make_report(settings, period, gpus=fleet_gpus)
+    except Exception as e:  # the message is the point: most often the Kubernetes API
+        fail(_plan_failure(settings, located, e).replace("plan: ", "report: ", 1),
+             detail=repr(e))
+    if output == "json":
+        print(result.model_dump_json(indent=2))
+        return
+    out.print(shown(f"repair ledger {result.since:%Y-%m-%d %H:%M} .. "
+                    f"{result.until:%Y-%m-%d %H:%M} UTC: {result.entries} entries"
+                    + (f", {result.unreadable} unreadable (skipped)" if result.unreadable
+                       else "")), soft_wrap=True, highlight=False)
+    for title, columns, rows in report_tables(result):
+        out.print(f"{title}:")
+        print_table(out, columns, rows)
+    avail = ("-" if result.availability_lost is None
+             else f"{result.availability_lost * 100:.3f}% of the fleet's GPU-hours")
+    out.print(f"GPU-hours lost: {result.gpu_hours_lost:.1f} (availability lost: {avail})",
+              soft_wrap=True, highlight=False)
+
+
 def _plan_failure(settings: Settings, located: Located, e: Exception) -> str:
     """One line for a plan that could not read the fleet: the Kubernetes API (its address
     and what sets it) when that is what failed."""

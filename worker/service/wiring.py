@@ -14,6 +14,7 @@ from activities.events import EventActivities, set_event_namespace
 from activities.fleet import FleetActivities
 from activities.jobs import JobActivities
 from activities.kube import make_api_client
+from activities.ledger import LedgerActivities
 from activities.limits import LimitsActivities
 from activities.node_return import NodeReturnActivities
 from activities.nodes import NodeActivities
@@ -81,7 +82,8 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
             operands.restore_gpu_operands, operands.check_operands_back,
             operands.restart_device_plugin,
             fleet.report_admission,
-            LimitsActivities(limits_reader(settings)).read_limits]
+            LimitsActivities(limits_reader(settings)).read_limits,
+            LedgerActivities(api, settings.ledger, settings.record_namespace()).record_repair]
 
 
 def worker_activities(settings: Settings, client: Client) -> list[Callable[..., Any]]:
