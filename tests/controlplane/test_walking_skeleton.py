@@ -130,6 +130,9 @@ def test_granted_permissions_used_or_accounted_for(pdb_stack: ControlPlaneStack)
         # Only release-orphan lists a dead remediation's Jobs to delete them
         # (tests/activities/test_plan_and_orphans.py); no orphan here.
         ("batch", "jobs", "list"),
+        # Only the ledger's retention deletes a month's shard past ledger.retention
+        # (tests/activities/test_ledger_store.py); a fresh cluster has none that old.
+        ("", "configmaps", "delete"),
         # No GPU reset runs in this scenario (covered against the cluster simulator).
         ("apps", "daemonsets", "list"),
     }
