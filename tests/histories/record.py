@@ -138,8 +138,8 @@ from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
 from tests.workflows.test_abort import Hold, Unkind, unkind_worker
 from workflows import errors
 from workflows.detector import DetectorWorkflow
-from workflows.incidents import IncidentCommand
 from workflows.ids import SLOT_GRANTED_SIGNAL, remediation_workflow_id
+from workflows.incidents import IncidentCommand
 from workflows.messages import (
     DetectorInput,
     DrainResult,

@@ -32,6 +32,7 @@ from activities.visibility import (
 from policy.models import Action, Finding, Verdict
 from workflows import transitions
 from workflows.ids import remediation_workflow_id, shard_of
+from workflows.incidents import IncidentCordon, IncidentCordonResult
 from workflows.leases import LeaseAnswer, LeaseCheck, LeaseStatus
 from workflows.limits import LimitsSettings
 from workflows.messages import (
@@ -72,7 +73,6 @@ from workflows.operands import (
     OperandsWaitInput,
     deploy_label,
 )
-from workflows.incidents import IncidentCordon, IncidentCordonResult
 from workflows.settings import DetectorSettings
 from workflows.transitions import OUT_OF_SERVICE_STATES, NodeState
 
