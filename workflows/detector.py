@@ -47,7 +47,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.incidents import (
         DomainIncident,
-        IncidentCommand,
         IncidentCordon,
         IncidentCordonResult,
         IncidentWatch,
@@ -68,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         DetectorView,
         DomainUse,
         FleetObservation,
+        IncidentCommand,
         ManualRemediation,
         MirrorRepair,
         NodeReport,

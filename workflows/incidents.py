@@ -62,16 +62,6 @@ class DomainIncident(_Message):
         return self.closed_at is None and not self.released_by
 
 
-class IncidentCommand(_Message):
-    """`gpu-remediate incident resolve|release DOMAIN -r REASON`."""
-
-    domain: str = Field(min_length=1, max_length=400,
-                        description="The domain's value, or label=value where several "
-                                    "levels have a domain of that name.")
-    operator: str = Field(min_length=1, max_length=100)
-    reason: str = Field(default="", max_length=1024)
-
-
 class IncidentCordon(_Message):
     """The detector's cordon (or uncordon) of an incident's nodes: one activity only when
     the incident's nodes change, never per tick."""

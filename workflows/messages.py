@@ -287,6 +287,28 @@ class OperatorCommand(_OperatorMessage):
     reason: Reason = ""
 
 
+DOMAIN_ARG = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_./=]{0,399}")
+"""A domain as an operator names it: a label value, or label=value."""
+
+
+class IncidentCommand(_OperatorMessage):
+    """`gpu-remediate incident resolve|release DOMAIN -r REASON`: who, why, which domain."""
+
+    domain: str = Field(min_length=1, max_length=400,
+                        description="The domain's value, or label=value where several "
+                                    "levels have a domain of that name.")
+    operator: OperatorName = Field(min_length=1)
+    reason: Reason = ""
+
+    @field_validator("domain")
+    @classmethod
+    def _domain(cls, v: str) -> str:
+        if not DOMAIN_ARG.fullmatch(v):
+            raise ValueError("not a domain: a label value or label=value (letters, digits, "
+                             "'-', '_', '.', '/', '=')")
+        return v
+
+
 class SlotRequest(_Message):
     """A thermal cordon admitted outside the budget asks the detector for a drain slot
     (signal ``request_slot``); the detector grants it (signal ``slot_granted`` to the

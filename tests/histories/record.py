@@ -139,11 +139,11 @@ from tests.workflows.test_abort import Hold, Unkind, unkind_worker
 from workflows import errors
 from workflows.detector import DetectorWorkflow
 from workflows.ids import SLOT_GRANTED_SIGNAL, remediation_workflow_id
-from workflows.incidents import IncidentCommand
 from workflows.messages import (
     DetectorInput,
     DrainResult,
     HistoryEntry,
+    IncidentCommand,
     NodeJobInput,
     NodeJobResult,
     NodeReport,
