@@ -204,6 +204,7 @@ async def make_plan(settings: Settings, config_source: str = "") -> Plan:
     found = await look_up_detector(settings)
     used = found.settings or settings.detector_settings()
     fleet = build_fleet(settings, kube_client(settings))
-    obs = await fleet.observe_fleet(ObserveInput(policy=used.policy, pool_label=used.pool_label))
+    obs = await fleet.observe_fleet(ObserveInput(policy=used.policy, pool_label=used.pool_label,
+                                                 domain_labels=used.domain_labels()))
     return plan_from(settings, obs, datetime.now(UTC), found.view, found.why, found.settings,
                      config_source)
