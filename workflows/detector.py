@@ -850,7 +850,9 @@ class DetectorWorkflow:
     async def _incident_cordon(self, req: IncidentCordon) -> IncidentCordonResult | None:
         try:
             return await workflow.execute_activity(
-                act.cordon_for_incident, req, task_queue=self.settings.observe_task_queue,
+                # On the workflow's own queue (every worker registers it): the observe
+                # queue's worker runs only the tick's two activities.
+                act.cordon_for_incident, req,
                 start_to_close_timeout=timedelta(minutes=2),
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary=("cordon" if req.cordon else "uncordon")
