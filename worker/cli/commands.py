@@ -266,7 +266,8 @@ def worker(config: ConfigOpt = None) -> None:
 
 @app.command()
 def up(
-    scenario: Annotated[str, typer.Option(help="small|training|inference or a YAML file.")] = (
+    scenario: Annotated[str, typer.Option(
+        help="small|training|inference|gpu-operator|gb200 or a YAML file.")] = (
         "small"),
     config: ConfigOpt = None,
     data_dir: Annotated[Path, typer.Option(help="Temporal database, kubeconfig and logs.")] = (
