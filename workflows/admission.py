@@ -79,6 +79,7 @@ class Admission:
     # before them, which had none).
     domains: bool = True
     watch: IncidentWatch | None = field(init=False, default=None)
+    _largest: int | None = field(init=False, default=None)
     in_use: list[str] = field(init=False)
     cordoned: list[str] = field(init=False)
     busy: dict[str, str] = field(init=False)
@@ -286,7 +287,9 @@ class Admission:
         lease = self._lease(node)
         if lease is not None and lease.gpus:
             return lease.gpus
-        return self.obs.gpus_of.get(node) or max(self.obs.gpus_of.values(), default=1) or 1
+        if self._largest is None:
+            self._largest = max(self.obs.gpus_of.values(), default=1) or 1
+        return self.obs.gpus_of.get(node) or self._largest
 
     def domain_uses(self) -> list[DomainUse]:
         """Every domain with a node in use, and every level's unlabelled nodes (shown, so a
