@@ -5,6 +5,7 @@ unknown domain), faults clearing, and continue-as-new carrying the incident."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 from temporalio.client import WorkflowUpdateFailedError
@@ -50,6 +51,8 @@ async def test_a_domain_failing_together_is_one_incident_beside_an_unrelated_rep
     cluster, names = domain_fleet()
     d0, other = names[:4], names[8]
     cluster.verdicts = [xid_verdict(n) for n in [*d0, other]]
+    gate = threading.Event()
+    cluster.claim_gates[other] = gate  # its lease stays visible until the gate opens
     s = incident_settings(ticks_per_run=4)
     async with worker_for(local_env.client, cluster) as queue:
         detector = await start(local_env.client, queue, s)
@@ -57,6 +60,13 @@ async def test_a_domain_failing_together_is_one_incident_beside_an_unrelated_rep
             first_run = (await detector.describe()).run_id
             await until(lambda: all(cluster.nodes[n].incident for n in d0), 20,
                         "the domain's nodes cordoned for the incident")
+            # The other node's lease records its domain and GPUs as granted.
+            async def leased() -> bool:
+                return any(le.node == other for le in (await dview(detector)).leases)
+            await until(leased, 20, "the other node admitted")
+            [lease] = [le for le in (await dview(detector)).leases if le.node == other]
+            assert (lease.domains, lease.gpus) == ({CLIQUE: "d2"}, 8)
+            gate.set()
             await until(lambda: other in cluster.claimed, 20, "the other node remediated")
             view = await ticks(detector, 2)
             assert not view.breaker_open, "five flagged, four of them one incident"
