@@ -88,5 +88,13 @@ def report_admission(report: AdmissionReport) -> None:
     metrics.WAITING.set(report.waiting)
     metrics.BREAKER_OPEN.set(1 if report.breaker_open else 0)
     metrics.PAUSED.set(1 if report.paused else 0)
+    # Only open incidents are series: a closed one's series goes, so the alert clears.
+    metrics.DOMAIN_INCIDENTS.clear()
+    metrics.DOMAIN_INCIDENT_NODES.clear()
+    for key in report.incidents:
+        label, _, domain = key.partition("=")
+        metrics.DOMAIN_INCIDENTS.labels(label, domain or "unlabelled").set(1)
+        metrics.DOMAIN_INCIDENT_NODES.labels(label, domain or "unlabelled").set(
+            len(report.incident_nodes.get(key, [])))
     if report.breaker_open:
         log.warning("circuit breaker open: %s", report.breaker_reason)

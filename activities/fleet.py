@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -182,6 +183,38 @@ async def _heartbeat_every(seconds: float) -> None:
         if activity.in_activity():
             activity.heartbeat("observing")
         await asyncio.sleep(seconds)
+
+
+def _domains(labels: list[str], nodes: list[GpuNode], readings: dict[str, NodeReadings],
+             named: set[str]) -> dict[str, Any]:
+    """The fault domain fields of the observation: each level's nodes and GPUs per domain
+    (a node without the label in the level's unlabelled domain, ''), and the domains and
+    GPUs of the nodes admission may count. A node's GPUs: its capacity, or what its
+    exporter showed where that is more (GPUs that fell off the bus still count)."""
+    def gpus(n: GpuNode) -> int:
+        r = readings.get(n.name)
+        return max(n.capacity_gpus, len(r.gpus) if r is not None else 0,
+                   (r.declared_gpus or 0) if r is not None else 0)
+
+    sizes: dict[str, dict[str, int]] = {label: {} for label in labels}
+    gpu_sizes: dict[str, dict[str, int]] = {label: {} for label in labels}
+    domains_of: dict[str, dict[str, str]] = {}
+    gpus_of: dict[str, int] = {}
+    managed = 0
+    for n in nodes:
+        count = gpus(n)
+        managed += count
+        mine = {label: n.labels.get(label, "")[:63] for label in labels}
+        for label, dom in mine.items():
+            sizes[label][dom] = sizes[label].get(dom, 0) + 1
+            gpu_sizes[label][dom] = gpu_sizes[label].get(dom, 0) + count
+        if n.name in named:
+            gpus_of[n.name] = count
+            if labels:
+                domains_of[n.name] = mine
+    return {"domains_of": domains_of, "domain_sizes": sizes if labels else {},
+            "domain_gpus": gpu_sizes if labels else {}, "gpus_of": gpus_of,
+            "managed_gpus": managed}
 
 
 class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
@@ -362,13 +395,16 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
             labels_of = {n.name: n.labels for n in nodes}
             pool_of.update({h.node: labels_of[h.node].get(inp.pool_label, "")
                             for h in held})
+        domains = _domains(inp.domain_labels, nodes, readings,
+                           {v.node for v in verdicts} | {r.node for r in remediating}
+                           | {h.node for h in held})
         metrics.TICK_SECONDS.observe(time.monotonic() - started)
         metrics.LAST_OBSERVATION.set_to_current_time()
         return bound_observation(FleetObservation(
             managed_nodes=len(nodes), readable_nodes=len(readings),
             verdicts=sorted(verdicts, key=lambda v: v.node), remediating=remediating,
             errors=sorted([*errors.values(), *notes])[:50], orphans=orphans, pool_of=pool_of,
-            pool_sizes=pool_sizes, held=held,
+            pool_sizes=pool_sizes, held=held, **domains,
             ledger={n: x for n, x in ledger.items()
                     if x.last_repair is not None or x.serial_faults},
         ))

@@ -22,7 +22,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from activities import annotations as node_annotations
-from activities.gpus import GPU_RESOURCE
+from activities.gpus import GPU_RESOURCE, quantity
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
 from activities.neighbours import Hold, neighbour_hold
 from activities.node_keys import (
@@ -70,6 +70,8 @@ class GpuNode:
     None when it is unreadable (``record_problem``)."""
     record_exists: bool = False
     record_problem: str = ""
+    capacity_gpus: int = 0
+    """The node's GPU capacity (status.capacity nvidia.com/gpu) at this listing."""
 
     def use_record(self, loaded: Loaded | None, now: datetime) -> None:
         """Take acknowledged XIDs and sightings from the node's record: the annotations'
@@ -179,7 +181,9 @@ def _gpu_node(n: client.V1Node) -> GpuNode:
                    "; ".join(x for x in (note, exclude_note) if x),
                    neighbour_hold(labels, ann, _taint_keys(n)),
                    bool(getattr(getattr(n, "spec", None), "unschedulable", False)),
-                   _tainted(n), getattr(n.metadata, "uid", None) or "", ann)
+                   _tainted(n), getattr(n.metadata, "uid", None) or "", ann,
+                   capacity_gpus=quantity(((n.status.capacity or {}) if n.status else {})
+                                          .get(GPU_RESOURCE)))
 
 
 class NodeListing:

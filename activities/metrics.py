@@ -44,6 +44,14 @@ BUDGET = Gauge("gpu_remediate_budget_slots", "Nodes the budget lets out of servi
 BUDGET_IN_USE = Gauge("gpu_remediate_budget_in_use", "Budget slots held by nodes out of service.")
 WAITING = Gauge("gpu_remediate_nodes_waiting", "Flagged nodes waiting for admission.")
 BREAKER_OPEN = Gauge("gpu_remediate_breaker_open", "1 while the circuit breaker stops admissions.")
+DOMAIN_INCIDENTS = Gauge(
+    "gpu_remediate_domain_incidents_open",
+    "Open domain incidents: 1 per fault domain whose nodes failed together (label, domain).",
+    ["label", "domain"])
+DOMAIN_INCIDENT_NODES = Gauge(
+    "gpu_remediate_domain_incident_nodes",
+    "Flagged nodes held (cordoned, not drained) by each open domain incident.",
+    ["label", "domain"])
 PAUSED = Gauge("gpu_remediate_detector_paused", "1 while an operator has paused admissions.")
 ORPHANS = Gauge("gpu_remediate_orphaned_nodes",
                 "Nodes labelled in remediation whose workflow is not running.")

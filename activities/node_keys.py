@@ -63,3 +63,7 @@ def label_value(text: str) -> str:
         return text
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     return f"{text[:LABEL_VALUE_MAX - 9].rstrip('-._')}-{digest}"
+
+A_INCIDENT = f"{PREFIX}/domain-incident"
+"""On a node the detector cordoned for a domain incident: the incident (label=value). A mirror
+for kubectl: the detector's record (DetectorState.incident_cordons) decides what it uncordons."""

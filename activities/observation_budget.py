@@ -70,4 +70,6 @@ def bound_observation(obs: FleetObservation, *,
         "errors": [*errors, note.format(left_out)],
         "pool_of": {n: p for n, p in obs.pool_of.items() if n in names},
         "ledger": {n: x for n, x in obs.ledger.items() if n in names},
+        "domains_of": {n: d for n, d in obs.domains_of.items() if n in names},
+        "gpus_of": {n: g for n, g in obs.gpus_of.items() if n in names},
     })

@@ -26,7 +26,14 @@ def unknown_fields(model: type[BaseModel], data: object, prefix: str = "") -> li
         if name is None:
             out.append(f"{prefix}{key}")
             continue
-        for sub in _models_in(fields[name].annotation):
+        annotation = fields[name].annotation
+        if get_origin(annotation) is list and isinstance(value, list):
+            # A list of models (fault_domains): each item by its index.
+            for sub in [m for arg in get_args(annotation) for m in _models_in(arg)]:
+                for i, item in enumerate(value):
+                    out += unknown_fields(sub, item, f"{prefix}{key}[{i}].")
+            continue
+        for sub in _models_in(annotation):
             out += unknown_fields(sub, value, f"{prefix}{key}.")
     return out
 

@@ -84,7 +84,7 @@ class Scenario(BaseModel):
         return [(n, p) for p in self.pools for n in p.node_names()]
 
 
-BUILTIN = ("small", "training", "inference", "gpu-operator")
+BUILTIN = ("small", "training", "inference", "gpu-operator", "gb200")
 
 
 def load_scenario(name_or_path: str) -> Scenario:

@@ -30,6 +30,7 @@ ACTIONS: list[list[str]] = [
     ["release", "gpu-node-02"], ["repaired", "gpu-node-02"], ["abort", "gpu-node-02"],
     ["remediate", "gpu-node-02", "--action", "reboot"], ["release-orphan", "gpu-node-02"],
     ["detector", "pause"], ["detector", "resume"],
+    ["incident", "resolve", "nvl72-rack-07"], ["incident", "release", "nvl72-rack-07"],
 ]
 ESC = "\x1b"
 
@@ -140,7 +141,8 @@ LONG = "gpu-node-" + "very-long-pool-name-" * 5 + "07"
 
 def test_a_piped_status_never_cuts_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
     views = [view(LONG), view("gpu-node-08", NodeState.DRAINING)]
-    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="write": views)
+    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="write":
+                        [] if work is cli._open_incidents else views)
     result = invoke("status")
     assert result.exit_code == 0
     lines = result.output.splitlines()
@@ -306,3 +308,73 @@ def test_a_config_beside_up_that_names_no_temporal_talks_to_the_stack(
     assert result.exit_code == 1
     assert "127.0.0.1:1" in result.output
     assert "temporal, kubernetes, exporter from the stack" in result.output
+
+
+# ---------------------------------------------------------------- domain incidents
+
+
+def _incident(**kw: Any) -> Any:
+    from workflows.incidents import DomainIncident
+
+    return DomainIncident.model_validate({
+        "label": "nvidia.com/gpu.clique", "domain": "nvl72-rack-07",
+        "opened_at": datetime(2026, 12, 1, 8, 0, tzinfo=UTC),
+        "nodes": ["gpu-node-01", "gpu-node-02"],
+        "reason": "4 nodes of nvidia.com/gpu.clique=nvl72-rack-07 flagged within 0:05:00",
+        **kw})
+
+
+def test_status_shows_open_incidents_under_the_remediations(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="write":
+                        [_incident()] if work is cli._open_incidents else [])
+    result = invoke("status")
+    assert result.exit_code == 0, result.output
+    assert ("domain incident nvidia.com/gpu.clique=nvl72-rack-07 since 2026-12-01 08:00:00 "
+            "(open: cordoned, not drained): nodes gpu-node-01, gpu-node-02") in result.output
+
+
+def test_incident_list_as_json_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workflows.messages import DetectorView
+
+    closed = _incident(domain="nvl72-rack-02", closed_at=datetime(2026, 12, 1, 9, tzinfo=UTC),
+                       closed_by="resolved by alice: tray replaced")
+    dv = DetectorView(paused=False, breaker_open=False, breaker_reason="", budget=2,
+                      in_flight=[], waiting=[], last_tick=None, last_errors=[],
+                      ticks_total=1, started_total=0, incidents=[_incident(), closed])
+    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="write": dv)
+    result = invoke("incident", "list", "-o", "json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert [i["domain"] for i in found] == ["nvl72-rack-07", "nvl72-rack-02"]
+    assert found[1]["closed_by"] == "resolved by alice: tray replaced"
+    result = invoke("incident", "list")
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["DOMAIN", "OPENED", "NODES", "STATE", "REASON"]
+    assert "closed: resolved by alice" in lines[2]
+
+
+def test_incident_resolve_sends_the_domain_who_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, Any]] = []
+
+    async def update(client: Any, verb: str, arg: Any) -> OperatorAck:
+        seen.append((verb, arg))
+        return OperatorAck(state=NodeState.HEALTHY, message="incident resolved by alice")
+
+    monkeypatch.setattr(ops, "detector_update", update)
+    monkeypatch.setattr(cli, "with_client",
+                        lambda config, work, hint=None, needs="write": asyncio.run(work(None)))
+    result = invoke("incident", "resolve", "nvidia.com/gpu.clique=nvl72-rack-07", "-r",
+                    "switch tray replaced", "--operator", "alice")
+    assert result.exit_code == 0, result.output
+    verb, cmd = seen[0]
+    assert verb == "resolve_incident"
+    assert (cmd.domain, cmd.operator, cmd.reason) == (
+        "nvidia.com/gpu.clique=nvl72-rack-07", "alice", "switch tray replaced")
+
+
+def test_a_domain_that_is_no_label_value_is_refused_before_sending(
+        nothing_sent: list[object]) -> None:
+    result = invoke("incident", "release", "rack 7\x1b[2J", "-r", "why")
+    assert result.exit_code == 2 and "not a domain" in result.output
+    assert ESC not in result.output and nothing_sent == []

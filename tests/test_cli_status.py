@@ -34,7 +34,8 @@ def quarantined(**fields: Any) -> RemediationView:
 @pytest.fixture
 def answering(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], None]:
     def answer(view: Any) -> None:
-        monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="write": view)
+        monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="write":
+                            [] if work is cli._open_incidents else view)
         monkeypatch.setattr(cli, "_print_ui_link", lambda config, node: None)
     return answer
 

@@ -339,6 +339,7 @@ class Settings(BaseSettings):
                 "node moving itself between pools lets one admit past its limit); use a label "
                 f"under node-restriction.kubernetes.io/, e.g. {POOL_LABEL}, or set "
                 "detector.trust_node_writable_labels: true")
+        problems += _fault_domain_problems(self.detector)
         if self.remediation.heartbeat_timeout < min_heartbeat_timeout():
             problems.append(
                 f"remediation.heartbeat_timeout: at least {min_heartbeat_timeout()}: a drain "
@@ -475,3 +476,38 @@ def format_errors(err: ValidationError) -> str:
             continue
         parts.append(f"{loc or '(top level)'}: {msg}")
     return "; ".join(parts)
+
+
+def _fault_domain_problems(d: DetectorSettings) -> list[str]:
+    """A domain label a kubelet can write (same rule as the pool label), and a domain budget
+    larger than the fleet's (it could never be used, and says the levels were misread)."""
+    problems = []
+    for i, fd in enumerate(d.fault_domains):
+        where = f"detector.fault_domains[{i}]"
+        if node_writable_label(fd.label) and not d.trust_node_writable_labels:
+            problems.append(
+                f"{where}.label: {fd.label!r} can be written by a node's own kubelet (a node "
+                "moving itself between domains lets one admit past its budget); use a label "
+                "under node-restriction.kubernetes.io/ or set "
+                "detector.trust_node_writable_labels: true")
+        pairs = (("max_unavailable", fd.max_unavailable, "detector.max_unavailable",
+                  d.max_unavailable),
+                 ("max_unavailable_gpus", fd.max_unavailable_gpus,
+                  "detector.max_unavailable_gpus", d.max_unavailable_gpus))
+        for name, mine, fleet_name, fleet in pairs:
+            if _larger(mine, fleet):
+                problems.append(
+                    f"{where}.{name}: {mine} is larger than the fleet's {fleet_name}: "
+                    f"{fleet} (a domain is part of the fleet)")
+    return problems
+
+
+def _larger(domain: int | str | None, fleet: int | str | None) -> bool:
+    """Whether a domain budget is larger than the fleet's, where that holds for every fleet
+    size: two counts. A percent of a domain and a percent of the fleet (or a count beside a
+    percent) depend on the sizes; the smaller level decides at admission either way."""
+    if domain is None or fleet is None:
+        return False
+    if isinstance(domain, int) and isinstance(fleet, int):
+        return domain > fleet
+    return False

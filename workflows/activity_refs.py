@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from workflows.incidents import IncidentCordon, IncidentCordonResult
 from workflows.leases import LeaseAnswer, LeaseCheck
 from workflows.ledger import LedgerInput, LedgerResult
 from workflows.limits import LimitsSettings
@@ -141,6 +142,13 @@ async def check_thermal(inp: ThermalCheckInput) -> ThermalCheckResult:
 @activity.defn(name="report_admission")
 async def report_admission(report: AdmissionReport) -> None:
     raise _reference("report_admission")
+
+
+# ------------------------------------------------------------ incidents (activities/incidents.py)
+
+@activity.defn(name="cordon_for_incident")
+def cordon_for_incident(inp: IncidentCordon) -> IncidentCordonResult:
+    raise _reference("cordon_for_incident")
 
 
 # ------------------------------------------------------------ Events (activities/events.py)

@@ -15,10 +15,17 @@ from datetime import datetime, timedelta
 
 from policy.models import SEVERITY, Action, Finding, Verdict
 from workflows.ids import DETECTOR_REQUESTER
+from workflows.incidents import IncidentWatch
 from workflows.leases import Lease
-from workflows.messages import DetectorState, FleetObservation, ManualRemediation, PendingStart
+from workflows.messages import (
+    DetectorState,
+    DomainUse,
+    FleetObservation,
+    ManualRemediation,
+    PendingStart,
+)
 from workflows.probation import decide as probation_decide
-from workflows.settings import DetectorSettings, limit_for
+from workflows.settings import UNLABELLED, DetectorSettings, domain_name, limit_for
 from workflows.transitions import OUT_OF_SERVICE_STATES, NodeState
 
 # A start not yet visible as a node label holds its slot this long at most.
@@ -73,6 +80,11 @@ class Admission:
     # a detector run recorded before them).
     probation: bool = True
     changed: dict[str, str] = field(init=False, default_factory=dict)
+    # Fault domain levels, GPU budgets and domain incidents (false: a detector run recorded
+    # before them, which had none).
+    domains: bool = True
+    watch: IncidentWatch | None = field(init=False, default=None)
+    _largest: int | None = field(init=False, default=None)
     in_use: list[str] = field(init=False)
     cordoned: list[str] = field(init=False)
     busy: dict[str, str] = field(init=False)
@@ -171,6 +183,8 @@ class Admission:
         # resumed for) or that wait for a slot do not trip it again. With a window, the
         # count runs over that window, so a fault spreading tick by tick is caught too.
         newly = [n for n in verdicts if n not in st.first_seen]
+        # A burst inside one fault domain is one incident, not a fleet-wide breaker trip.
+        held = self._watch_incidents(flagged)
         window_start = now - s.breaker_window
         st.recently_flagged = {
             n: t for n, t in st.recently_flagged.items()
@@ -178,9 +192,9 @@ class Admission:
         if s.breaker_window > timedelta(0):
             for n in newly:
                 st.recently_flagged.setdefault(n, now)
-            self._check_breaker(sorted(st.recently_flagged))
+            self._check_breaker(sorted(set(st.recently_flagged) - held))
         else:
-            self._check_breaker(sorted(newly))
+            self._check_breaker(sorted(set(newly) - held))
         for n in verdicts:
             st.first_seen.setdefault(n, now)
         st.first_seen = {n: t for n, t in st.first_seen.items() if n in verdicts}
@@ -210,6 +224,18 @@ class Admission:
         if decision.why:
             self.changed[v.node] = decision.why
         return decision.verdict
+
+    def _watch_incidents(self, flagged: dict[str, Verdict]) -> set[str]:
+        """The incident decision (workflows/incidents.py); the nodes incidents hold."""
+        s, st = self.settings, self.state
+        if not self.domains or not (any(d.incident_threshold for d in s.fault_domains)
+                                    or st.incidents or st.incident_cordons):
+            return set()
+        self.watch = IncidentWatch(
+            s, st.incidents, st.flagged_at, st.incident_cordons,
+            {n: self.obs.domains_of.get(n, {}) for n in flagged}, set(self.busy), self.now)
+        st.flagged_at = self.watch.flagged_at
+        return self.watch.held_nodes()
 
     def _count_quarantines(self, quarantined: set[str]) -> None:
         """The outcome breaker: remediations that ended in quarantine (seen as nodes newly
@@ -260,6 +286,75 @@ class Admission:
     def pool_in_use(self, pool: str) -> int:
         return sum(1 for n in self.in_use if self._pool(n) == pool)
 
+    def _lease(self, node: str) -> Lease | None:
+        return self.state.leases.get(node) if self.leases else None
+
+    def domain_of(self, node: str, label: str) -> str:
+        """The node's domain at one level: as its lease recorded it at grant (a node that
+        relabels itself later moves nothing), else as this observation says."""
+        lease = self._lease(node)
+        if lease is not None and label in lease.domains:
+            return lease.domains[label]
+        return self.obs.domains_of.get(node, {}).get(label, UNLABELLED)
+
+    def gpus_of(self, node: str) -> int:
+        """The GPUs a node takes from a GPU budget: as its lease recorded them at grant, else
+        as observed; unknown counts as the largest node observed (failing closed)."""
+        lease = self._lease(node)
+        if lease is not None and lease.gpus:
+            return lease.gpus
+        if self._largest is None:
+            self._largest = max(self.obs.gpus_of.values(), default=1) or 1
+        return self.obs.gpus_of.get(node) or self._largest
+
+    def domain_uses(self) -> list[DomainUse]:
+        """Every domain with a node in use, and every level's unlabelled nodes (shown, so a
+        missing label is never a silent exemption)."""
+        s, obs = self.settings, self.obs
+        out = []
+        for d in s.fault_domains:
+            sizes = obs.domain_sizes.get(d.label, {})
+            gpus = obs.domain_gpus.get(d.label, {})
+            used: dict[str, list[str]] = {}
+            for n in self.in_use:
+                used.setdefault(self.domain_of(n, d.label), []).append(n)
+            for dom in sorted(set(used) | ({UNLABELLED} & set(sizes))):
+                out.append(DomainUse(
+                    label=d.label, domain=dom, nodes=sizes.get(dom, 0),
+                    in_use=len(used.get(dom, [])),
+                    budget=None if d.max_unavailable is None else limit_for(
+                        d.max_unavailable, sizes.get(dom, 0)),
+                    gpus=gpus.get(dom, 0),
+                    gpus_in_use=sum(self.gpus_of(n) for n in used.get(dom, [])),
+                    gpu_budget=None if d.max_unavailable_gpus is None else limit_for(
+                        d.max_unavailable_gpus, gpus.get(dom, 0))))
+        return out
+
+    def _domain_blocked(self, c: Candidate) -> str | None:
+        """The GPU budget and every fault domain level, at once."""
+        s, obs = self.settings, self.obs
+        need = self.gpus_of(c.node)
+        gpu_budget = s.gpu_budget_for(obs.managed_gpus)
+        if gpu_budget is not None:
+            used = sum(self.gpus_of(n) for n in self.in_use)
+            if used + need > gpu_budget:
+                return f"GPU budget full ({used} + {need} > {gpu_budget} GPUs)"
+        for d in s.fault_domains:
+            dom = self.domain_of(c.node, d.label)
+            name = f"{d.label}={domain_name(dom)}"
+            mine = [n for n in self.in_use if self.domain_of(n, d.label) == dom]
+            if d.max_unavailable is not None:
+                limit = limit_for(d.max_unavailable, obs.domain_sizes.get(d.label, {}).get(dom, 0))
+                if len(mine) >= limit:
+                    return f"domain {name} full ({len(mine)}/{limit})"
+            if d.max_unavailable_gpus is not None:
+                limit = limit_for(d.max_unavailable_gpus,
+                                  obs.domain_gpus.get(d.label, {}).get(dom, 0))
+                used = sum(self.gpus_of(n) for n in mine)
+                if used + need > limit:
+                    return f"domain {name} GPU budget full ({used} + {need} > {limit} GPUs)"
+        return None
+
     def outside_budget(self, c: Candidate) -> bool:
         """A heat cordon that takes no drain slot (it never drains without asking)."""
         return (self.thermal_outside and not self.settings.cordoned_counts_against_budget
@@ -275,6 +370,11 @@ class Admission:
             return f"{h.by} is acting on it ({h.detail})"
         if st.paused:
             return "paused"
+        if self.watch is not None and not c.escalation:
+            inc = self.watch.holds(c.node)
+            if inc is not None:
+                return (f"domain incident {inc.label}={domain_name(inc.domain)}: cordoned, "
+                        "not drained until it is resolved or released")
         if st.breaker_open:
             return "breaker open"
         if c.verdict.action == Action.THERMAL and c.who == DETECTOR_REQUESTER \
@@ -295,6 +395,10 @@ class Admission:
             limit = s.pool_budget_for(pool, self.obs.pool_sizes.get(pool, 0))
             if limit is not None and self.pool_in_use(pool) >= limit:
                 return f"pool {pool or '(none)'} full ({self.pool_in_use(pool)}/{limit})"
+        if self.domains:
+            why = self._domain_blocked(c)
+            if why is not None:
+                return why
         if s.max_quarantined is not None and c.who == DETECTOR_REQUESTER:
             # Any remediation may end in quarantine (a failed repair or validation), so
             # the cap holds back every automatic start, not only quarantine orders. An

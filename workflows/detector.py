@@ -45,6 +45,14 @@ with workflow.unsafe.imports_passed_through():
         SLOT_GRANTED_SIGNAL,
         remediation_workflow_id,
     )
+    from workflows.incidents import (
+        DomainIncident,
+        IncidentCordon,
+        IncidentCordonResult,
+        IncidentWatch,
+        find,
+        prune_closed,
+    )
     from workflows.leases import (
         CLEAN_CLOSE,
         Lease,
@@ -57,7 +65,9 @@ with workflow.unsafe.imports_passed_through():
         AdmissionReport,
         DetectorInput,
         DetectorView,
+        DomainUse,
         FleetObservation,
+        IncidentCommand,
         ManualRemediation,
         MirrorRepair,
         NodeReport,
@@ -82,7 +92,7 @@ with workflow.unsafe.imports_passed_through():
         reports_for_observation,
     )
     from workflows.search_attributes import GPU_NODE, REMEDIATION_ACTION, REMEDIATION_STATE
-    from workflows.settings import DetectorSettings
+    from workflows.settings import DetectorSettings, domain_name
     from workflows.transitions import NodeState
     from workflows.ui_text import plain
 
@@ -98,6 +108,10 @@ SEED_PENDING_PATCH = "detector-seeds-pending-from-visibility"
 LEASES_PATCH = "slots-are-leases"
 # The worker's config is the ceiling of every reconfigure (runs recorded before: unbounded).
 LIMITS_PATCH = "detector-bounded-by-limits"
+# Fault domain budgets, GPU budgets and domain incidents (runs recorded before had none).
+DOMAINS_PATCH = "fault-domains-and-incidents"
+# A cordon of ours on a node someone else had cordoned is marked so: never uncordoned.
+NOT_OURS = "!"
 _NO_PAYLOAD = RawValue(Payload())
 
 
@@ -144,6 +158,8 @@ class DetectorWorkflow:
         # State labels that disagreed with the record at the last tick ("label->record"):
         # rewritten when the same disagreement is seen twice (a write in flight is not one).
         self.mismatches: dict[str, str] = {}
+        # Each fault domain's use of its budget at the last tick (the view).
+        self.domain_uses: list[DomainUse] = []
 
     pinned = False
     """True in PinnedDetectorWorkflow: what a versioned worker registers."""
@@ -162,6 +178,9 @@ class DetectorWorkflow:
             rejected_commands=self.rejected,
             leases=sorted(self.state.leases.values(), key=lambda lease: lease.node),
             quarantined=sorted(n for n, lease in self.state.leases.items() if lease.quarantined),
+            incidents=sorted(self.state.incidents.values(),
+                             key=lambda i: (i.closed_at is not None, i.opened_at, i.key)),
+            domains=self.domain_uses,
         )
 
     @workflow.query(name="settings", description="The detector's effective settings.")
@@ -363,6 +382,50 @@ class DetectorWorkflow:
                 f"{req.node} is not an orphan (orphans: {', '.join(self.orphans) or 'none'}); "
                 "a running remediation is released with `gpu-remediate release` or `abort`",
                 type=errors.REJECTED)
+
+    @workflow.update(description="Resolve a domain incident: the shared part is fixed. Its "
+                                 "nodes whose faults cleared are uncordoned; any still "
+                                 "flagged are remediated one by one through the budget. "
+                                 "Payload: {\"domain\": ..., \"operator\": ..., "
+                                 "\"reason\": ...}.")
+    async def resolve_incident(self, cmd: IncidentCommand) -> OperatorAck:
+        inc, _ = find(self.state.incidents, cmd.domain)
+        assert inc is not None  # the validator saw it
+        inc.closed_at = workflow.now()
+        inc.closed_by = f"resolved by {cmd.operator}: {cmd.reason}"
+        self.wake = True
+        return self._ack(f"incident {inc.label}={domain_name(inc.domain)} resolved by "
+                         f"{cmd.operator}")
+
+    @resolve_incident.validator
+    def _check_resolve_incident(self, cmd: IncidentCommand) -> None:
+        self._incident_named(cmd)
+
+    @workflow.update(description="Release a domain incident: remediate its nodes one by one "
+                                 "after all (each through every budget). It stays open until "
+                                 "its faults clear. Payload: as resolve_incident.")
+    async def release_incident(self, cmd: IncidentCommand) -> OperatorAck:
+        inc, _ = find(self.state.incidents, cmd.domain)
+        assert inc is not None
+        inc.released_by = f"{cmd.operator}: {cmd.reason}"
+        self.wake = True
+        return self._ack(f"incident {inc.label}={domain_name(inc.domain)} released by "
+                         f"{cmd.operator}: its nodes are remediated one by one")
+
+    @release_incident.validator
+    def _check_release_incident(self, cmd: IncidentCommand) -> None:
+        inc = self._incident_named(cmd)
+        if inc.released_by:
+            raise ApplicationError(f"incident {inc.key} is already released "
+                                   f"({inc.released_by})", type=errors.REJECTED)
+
+    def _incident_named(self, cmd: IncidentCommand) -> DomainIncident:
+        if not cmd.reason.strip():
+            raise ApplicationError("a reason is required (-r/--reason)", type=errors.REJECTED)
+        inc, why = find(self.state.incidents, cmd.domain)
+        if inc is None:
+            raise ApplicationError(why, type=errors.REJECTED)
+        return inc
 
     @workflow.update(description="Replace the detector's settings (budget, interval, dry-run, "
                                  "policy, remediation) from the next tick on.")
@@ -631,7 +694,8 @@ class DetectorWorkflow:
                                                 if leases and i == 0 else "",
                                                 reports=reports,
                                                 ledger_lookback=s.ledger.lookback()
-                                                if self.probation else timedelta(0)),
+                                                if self.probation else timedelta(0),
+                                                domain_labels=s.domain_labels()),
                 task_queue=s.observe_task_queue,
                 start_to_close_timeout=s.observe_timeout,
                 heartbeat_timeout=s.observe_heartbeat_timeout,
@@ -662,13 +726,18 @@ class DetectorWorkflow:
         self.last_tick = workflow.now()
         self.last_errors = obs.errors[:10]
         self.orphans = obs.orphans
+        domains = self._domains_on()
         adm = Admission(self.settings, st, obs, self.last_tick, closed or set(),
                         thermal_outside=self.thermal_outside, leases=self.leases_mode,
-                        probation=self.probation)
+                        probation=self.probation, domains=domains)
         if self.leases_mode:
             self.orphans = sorted(set(obs.orphans) | {n for n, lease in st.leases.items()
                                                       if lease.orphan})
             await self._rewrite_mirrors(obs)
+        if domains:
+            self.domain_uses = adm.domain_uses()
+            if adm.watch is not None:
+                await self._follow_incidents(adm.watch)
         self.busy = adm.busy
         self.budget = adm.budget
         waiting: list[str] = []
@@ -686,8 +755,15 @@ class DetectorWorkflow:
                 else:
                     st.slot_requests.pop(c.node, None)
                 continue
+            if c.node in st.incident_cordons and not await self._uncordon_before_start(c.node):
+                waiting.append(f"{c.node} ({c.verdict.action.value}: its incident cordon "
+                               "could not be lifted before its remediation; tried again)")
+                continue
             if await self._start(c.verdict, c.who, c.why, slot=not adm.outside_budget(c),
-                                 pool=obs.pool_of.get(c.node, "")):
+                                 pool=obs.pool_of.get(c.node, ""),
+                                 domains={label: adm.domain_of(c.node, label)
+                                          for label in self.settings.domain_labels()},
+                                 gpus=obs.gpus_of.get(c.node, 0)):
                 adm.admit(c)
             else:
                 # remediation-<node> already runs, started by someone else (a CLI, an earlier
@@ -703,10 +779,14 @@ class DetectorWorkflow:
         self.in_flight = adm.in_use
         self.waiting = waiting
         self._show(obs, adm.in_use)
+        open_ = sorted((i for i in st.incidents.values() if i.closed_at is None),
+                       key=lambda i: i.key)
         report = AdmissionReport(budget=self.budget, in_use=len(adm.in_use),
                                  waiting=len(waiting), breaker_open=st.breaker_open,
                                  paused=st.paused, breaker_reason=st.breaker_reason,
-                                 breaker_nodes=st.breaker_nodes)
+                                 breaker_nodes=st.breaker_nodes,
+                                 incidents=[i.key for i in open_],
+                                 incident_nodes={i.key: i.nodes for i in open_})
         if report != self.last_report:
             try:
                 await workflow.execute_activity(
@@ -720,6 +800,75 @@ class DetectorWorkflow:
                 self.last_errors = [*self.last_errors, f"report failed: {err.cause or err}"]
             else:
                 self.last_report = report
+
+    def _domains_on(self) -> bool:
+        """Fault domains, GPU budgets and incidents, where any is configured or an incident
+        is carried (a detector run recorded before them had none)."""
+        s, st = self.settings, self.state
+        if not (s.fault_domains or s.max_unavailable_gpus is not None or st.incidents
+                or st.incident_cordons):
+            return False
+        return workflow.patched(DOMAINS_PATCH)
+
+    async def _follow_incidents(self, watch: IncidentWatch) -> None:
+        """Act on the tick's incident decision: cordon the nodes that joined an incident,
+        uncordon ours that no incident holds any more. An activity only when something
+        changed, so an idle tick costs nothing more."""
+        st = self.state
+        for inc in watch.opened:
+            workflow.logger.warning("domain incident %s opened: %s", inc.key, inc.reason)
+        for inc in watch.closed:
+            workflow.logger.info("domain incident %s closed: %s", inc.key, inc.closed_by)
+        st.incidents = prune_closed(st.incidents)
+        for key, nodes in sorted(watch.to_cordon.items()):
+            if self.settings.dry_run:
+                continue  # dry-run changes nothing: the incident is shown, not acted on
+            result = await self._incident_cordon(IncidentCordon(
+                key=key, reason=st.incidents[key].reason, cordon=nodes))
+            if result is not None:
+                st.incident_cordons.update({n: key for n in result.cordoned})
+                st.incident_cordons.update({n: NOT_OURS + key for n in result.already})
+        theirs = [n for n in watch.to_uncordon if st.incident_cordons[n].startswith(NOT_OURS)]
+        for n in theirs:
+            del st.incident_cordons[n]
+        ours = [n for n in watch.to_uncordon if n not in theirs]
+        if ours:
+            result = await self._incident_cordon(IncidentCordon(
+                key=", ".join(sorted({st.incident_cordons[n] for n in ours})),
+                reason="its fault cleared", uncordon=ours))
+            for n in result.uncordoned if result is not None else []:
+                st.incident_cordons.pop(n, None)
+
+    async def _uncordon_before_start(self, node: str) -> bool:
+        """A node an incident held, about to be remediated on its own: our cordon comes
+        off first, so its remediation's claim sees the node as we found it (and returns it
+        uncordoned). False: it could not, and the node waits."""
+        key = self.state.incident_cordons[node]
+        if key.startswith(NOT_OURS) or self.settings.dry_run:
+            del self.state.incident_cordons[node]
+            return True
+        result = await self._incident_cordon(IncidentCordon(
+            key=key, reason="remediated on its own now", uncordon=[node]))
+        if result is None or node not in result.uncordoned:
+            return False
+        del self.state.incident_cordons[node]
+        return True
+
+    async def _incident_cordon(self, req: IncidentCordon) -> IncidentCordonResult | None:
+        try:
+            return await workflow.execute_activity(
+                # On the workflow's own queue (every worker registers it): the observe
+                # queue's worker runs only the tick's two activities.
+                act.cordon_for_incident, req,
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary=("cordon" if req.cordon else "uncordon")
+                + f" for domain incident {plain(req.key, 200)}")
+        except ActivityError as err:
+            workflow.logger.warning("incident cordon failed: %s", err.cause or err)
+            self.last_errors = [*self.last_errors,
+                                f"incident cordon failed: {err.cause or err}"[:500]]
+            return None
 
     async def _grant_slot(self, node: str) -> bool:
         """Tell a heat cordon's remediation it may drain. With leases, its lease takes a
@@ -741,7 +890,8 @@ class DetectorWorkflow:
         return True
 
     async def _start(self, verdict: Verdict, who: str, why: str, *, slot: bool = True,
-                     pool: str = "") -> bool:
+                     pool: str = "", domains: dict[str, str] | None = None,
+                     gpus: int = 0) -> bool:
         s, st = self.settings, self.state
         node = verdict.node
         wid = remediation_workflow_id(node)
@@ -751,7 +901,7 @@ class DetectorWorkflow:
             token = str(workflow.uuid4())
             st.leases[node] = Lease(node=node, token=token, granted_at=workflow.now(),
                                     workflow_id=wid, slot=slot, requested_by=who[:253],
-                                    pool=pool)
+                                    pool=pool, domains=domains or {}, gpus=gpus)
         try:
             handle = await workflow.start_child_workflow(
                 "RemediationWorkflow",
@@ -800,6 +950,21 @@ class DetectorWorkflow:
                          + plain("; ".join(self.over_limits), 1000))
         if st.breaker_open:
             lines.append(f"**circuit breaker open**: {st.breaker_reason}")
+        for inc in sorted(st.incidents.values(), key=lambda i: i.key):
+            if inc.closed_at is not None:
+                continue
+            held = "released: remediated one by one" if inc.released_by else \
+                "cordoned, not drained"
+            lines.append(f"**domain incident** {plain(inc.label, 317)}="
+                         f"{plain(domain_name(inc.domain), 63)} since "
+                         f"{inc.opened_at:%Y-%m-%d %H:%M:%S} UTC ({held}): "
+                         + plain(", ".join(inc.nodes[:20]), 1000)
+                         + f" — {plain(inc.reason, 300)}")
+        over = [u for u in self.domain_uses if u.budget is not None and u.in_use >= u.budget]
+        if over:
+            lines.append("domains at their budget: " + ", ".join(
+                f"{plain(u.label, 100)}={plain(domain_name(u.domain), 63)} "
+                f"{u.in_use}/{u.budget}" for u in over[:10]))
         if self.waiting:
             lines.append("waiting: " + ", ".join(self.waiting[:20]))
         if obs.errors:

@@ -56,6 +56,13 @@ class Lease(_Message):
     requested_by: str = ""
     pool: str = Field(default="", description="The node's pool when the lease was granted: a "
                                               "node that relabels itself later moves nothing.")
+    domains: dict[str, str] = Field(
+        default_factory=dict,
+        description="The node's fault domain at each level (label: value, '' unlabelled) "
+                    "when the lease was granted: never read again from the node.")
+    gpus: int = Field(default=0, ge=0,
+                      description="The node's GPUs when the lease was granted, as its "
+                                  "observation said: what it takes from a GPU budget.")
     confirmed_at: datetime | None = None
 
     @property

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from policy.config import PolicySettings
 from policy.models import Action
-from workflows.settings import DetectorSettings, JobTemplateNames, parse_limit
+from workflows.settings import DetectorSettings, FaultDomain, JobTemplateNames, parse_limit
 
 Budget = int | str
 
@@ -45,6 +45,13 @@ class LimitsSettings(BaseModel):
         description="Largest budget of each pool ('*': pools not named). A pool limited "
                     "here must keep a budget of its own.")
     max_quarantined: Budget | None = Field(description="Largest quarantine cap; null: none.")
+    max_unavailable_gpus: Budget | None = Field(
+        default=None, description="Largest fleet GPU budget; null: a reconfigure may set any "
+                                  "(the node budgets still hold).")
+    fault_domains: list[FaultDomain] = Field(
+        default_factory=list,
+        description="Fault domain levels a reconfigure must keep (by label), each with its "
+                    "largest budgets, its highest incident threshold and shortest window.")
     max_thermal_cordoned: Budget = Field(description="Most nodes cordoned for heat at once.")
     cordons_may_skip_budget: bool = Field(
         description="Whether cordoned_counts_against_budget may be switched off.")
@@ -103,7 +110,8 @@ class LimitsSettings(BaseModel):
     ledger_lemon_window_min: timedelta = Field(
         default=timedelta(0), description="Shortest window lemon faults are counted over.")
 
-    @field_validator("max_unavailable", "max_quarantined", "max_thermal_cordoned")
+    @field_validator("max_unavailable", "max_quarantined", "max_thermal_cordoned",
+                     "max_unavailable_gpus")
     @classmethod
     def _budget(cls, v: Budget | None) -> Budget | None:
         return None if v is None else parse_limit(v)
@@ -122,6 +130,8 @@ class LimitsSettings(BaseModel):
             pool_label=detector.pool_label,
             pool_max_unavailable=dict(detector.pool_max_unavailable),
             max_quarantined=detector.max_quarantined,
+            max_unavailable_gpus=detector.max_unavailable_gpus,
+            fault_domains=[d.model_copy() for d in detector.fault_domains],
             max_thermal_cordoned=detector.max_thermal_cordoned,
             cordons_may_skip_budget=not detector.cordoned_counts_against_budget,
             dry_run_may_end=not detector.dry_run,
@@ -334,6 +344,42 @@ def _pool_budgets(s: DetectorSettings, lim: LimitsSettings) -> list[LimitViolati
     return out
 
 
+def _fault_domains(s: DetectorSettings, lim: LimitsSettings) -> list[LimitViolation]:
+    """Every level the limits name is kept, its budgets no larger, its incidents no rarer
+    (a higher threshold, or 0: off) and its window no shorter. A level the limits do not
+    name only adds care: any is accepted."""
+    out = []
+    mine = {d.label: d for d in s.fault_domains}
+    for i, limit in enumerate(lim.fault_domains):
+        where = f"fault_domains.{limit.label}"
+        d = mine.get(limit.label)
+        if d is None:
+            out.append(LimitViolation(
+                field=where, requested="absent", limit_field=f"fault_domains[{i}]",
+                limit=limit.label, why="the level's budgets and incidents would be dropped"))
+            continue
+        for name in ("max_unavailable", "max_unavailable_gpus"):
+            requested, ceiling = getattr(d, name), getattr(limit, name)
+            if budget_may_exceed(requested, ceiling):
+                out.append(LimitViolation(
+                    field=f"{where}.{name}", requested=_show(requested),
+                    limit_field=f"fault_domains[{i}].{name}", limit=_show(ceiling),
+                    why="more of one domain out at once"))
+        if limit.incident_threshold and not 0 < d.incident_threshold <= limit.incident_threshold:
+            out.append(LimitViolation(
+                field=f"{where}.incident_threshold", requested=_show(d.incident_threshold),
+                limit_field=f"fault_domains[{i}].incident_threshold",
+                limit=_show(limit.incident_threshold),
+                why="a domain failing as a unit would be drained node by node"))
+        if limit.incident_threshold and d.incident_window < limit.incident_window:
+            out.append(LimitViolation(
+                field=f"{where}.incident_window", requested=_show(d.incident_window),
+                limit_field=f"fault_domains[{i}].incident_window",
+                limit=_show(limit.incident_window),
+                why="a shorter window lets a domain's failure spread under the threshold"))
+    return out
+
+
 def _approval_kept(s: DetectorSettings, lim: LimitsSettings) -> list[LimitViolation]:
     kept = s.remediation.approval.required_for
     dropped = [a for a in lim.approval_required_for if a not in kept]
@@ -360,6 +406,8 @@ CHECKS: dict[str, _Check] = {
                           "another label regroups the nodes under the pool budgets",
                           when=lambda lim: bool(lim.pool_max_unavailable)),
     "max_quarantined": _budget("max_quarantined", "max_quarantined"),
+    "max_unavailable_gpus": _budget("max_unavailable_gpus", "max_unavailable_gpus"),
+    "fault_domains": _fault_domains,
     "max_thermal_cordoned": _budget("max_thermal_cordoned", "max_thermal_cordoned"),
     "cordoned_counts_against_budget": _switch(
         "cordoned_counts_against_budget", "cordons_may_skip_budget", lambda v: not v,

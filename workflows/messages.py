@@ -34,6 +34,7 @@ from workflows.ids import (
     MAX_REASON_CHARS,
     valid_node_name,
 )
+from workflows.incidents import DomainIncident
 from workflows.leases import Lease, LeaseStatus
 from workflows.ledger import LedgerNote
 from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
@@ -285,6 +286,28 @@ class OperatorCommand(_OperatorMessage):
 
     operator: OperatorName = Field(min_length=1)
     reason: Reason = ""
+
+
+DOMAIN_ARG = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_./=]{0,399}")
+"""A domain as an operator names it: a label value, or label=value."""
+
+
+class IncidentCommand(_OperatorMessage):
+    """`gpu-remediate incident resolve|release DOMAIN -r REASON`: who, why, which domain."""
+
+    domain: str = Field(min_length=1, max_length=400,
+                        description="The domain's value, or label=value where several "
+                                    "levels have a domain of that name.")
+    operator: OperatorName = Field(min_length=1)
+    reason: Reason = ""
+
+    @field_validator("domain")
+    @classmethod
+    def _domain(cls, v: str) -> str:
+        if not DOMAIN_ARG.fullmatch(v):
+            raise ValueError("not a domain: a label value or label=value (letters, digits, "
+                             "'-', '_', '.', '/', '=')")
+        return v
 
 
 class SlotRequest(_Message):
@@ -640,6 +663,17 @@ class DetectorState(_Message):
         default=False,
         description="The remediations running when leases began (a detector that did not "
                     "continue from one with leases) have been adopted.")
+    incidents: dict[str, DomainIncident] = Field(
+        default_factory=dict,
+        description="Domain incidents by label=value: the open ones and the last closed "
+                    "(workflows/incidents.py).")
+    flagged_at: dict[str, datetime] = Field(
+        default_factory=dict,
+        description="When each flagged node was first flagged, for the incident windows.")
+    incident_cordons: dict[str, str] = Field(
+        default_factory=dict,
+        description="Nodes the detector cordoned for an incident (node: incident): the "
+                    "record of what it may uncordon.")
 
 
 class DetectorInput(_Message):
@@ -661,6 +695,9 @@ class ObserveInput(_Message):
                     "with the observation (one shard asks), so the record costs no extra "
                     "activity per tick.")
     lease_task_queue: str = Field(default="", max_length=1000)
+    domain_labels: list[str] = Field(
+        default_factory=list, description="The fault domain levels' labels (settings "
+                                          "fault_domains): each node's values are reported.")
     reports: list[NodeReport] = Field(
         default_factory=list,
         description="Recent faults nodes reported about themselves (workflows/reports.py): "
@@ -721,6 +758,19 @@ class FleetObservation(_Message):
         description="What the repair ledger says of flagged nodes (ObserveInput."
                     "ledger_lookback): their last repair and their GPUs' earlier faults, for "
                     "probation and lemons (workflows/probation.py).")
+    domains_of: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="Each node named in verdicts, remediating or held: its domain at each "
+                    "level (label: value, '' without the label).")
+    domain_sizes: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="Nodes per domain, per level label.")
+    domain_gpus: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="GPUs per domain, per level label.")
+    gpus_of: dict[str, int] = Field(
+        default_factory=dict,
+        description="GPUs of each node named in verdicts, remediating or held (its "
+                    "capacity, or what its exporter shows where that is more).")
+    managed_gpus: int = Field(default=0, ge=0, description="GPUs of the managed nodes.")
 
 
 class OrphanRelease(_OperatorMessage):
@@ -735,6 +785,15 @@ def merge_observations(parts: list[FleetObservation]) -> FleetObservation:
     for p in parts:
         for pool, n in p.pool_sizes.items():
             pool_sizes[pool] = pool_sizes.get(pool, 0) + n
+
+    def summed(which: str) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for p in parts:
+            for label, sizes in getattr(p, which).items():
+                mine = out.setdefault(label, {})
+                for domain, n in sizes.items():
+                    mine[domain] = mine.get(domain, 0) + n
+        return out
     return FleetObservation(
         managed_nodes=sum(p.managed_nodes for p in parts),
         readable_nodes=sum(p.readable_nodes for p in parts),
@@ -747,6 +806,10 @@ def merge_observations(parts: list[FleetObservation]) -> FleetObservation:
         held=sorted((h for p in parts for h in p.held), key=lambda h: h.node),
         lease_holders=[s for p in parts for s in p.lease_holders],
         ledger={k: v for p in parts for k, v in p.ledger.items()},
+        domains_of={k: v for p in parts for k, v in p.domains_of.items()},
+        domain_sizes=summed("domain_sizes"), domain_gpus=summed("domain_gpus"),
+        gpus_of={k: v for p in parts for k, v in p.gpus_of.items()},
+        managed_gpus=sum(p.managed_gpus for p in parts),
     )
 
 
@@ -768,6 +831,24 @@ class DetectorView(_Message):
         default_factory=list, description="The budget's record: who holds a lease, and why.")
     quarantined: list[str] = Field(
         default_factory=list, description="Quarantined nodes, from the record.")
+    incidents: list[DomainIncident] = Field(
+        default_factory=list, description="Domain incidents: open, then recently closed.")
+    domains: list[DomainUse] = Field(
+        default_factory=list,
+        description="Each fault domain with nodes out of service or a budget in use.")
+
+
+class DomainUse(_Message):
+    """One fault domain's use of its budget, as the last tick counted it."""
+
+    label: str
+    domain: str = Field(description="The label's value; '' for nodes without the label.")
+    nodes: int
+    in_use: int
+    budget: int | None = None
+    gpus: int = 0
+    gpus_in_use: int = 0
+    gpu_budget: int | None = None
 
 
 class AdmissionReport(_Message):
@@ -778,9 +859,14 @@ class AdmissionReport(_Message):
     paused: bool
     breaker_reason: str = ""
     breaker_nodes: list[str] = Field(default_factory=list)
+    incidents: list[str] = Field(
+        default_factory=list, description="Open domain incidents (label=value).")
+    incident_nodes: dict[str, list[str]] = Field(
+        default_factory=dict, description="The nodes of each open incident.")
 
 
 RemediationInput.model_rebuild()
+DetectorView.model_rebuild()
 RemediationView.model_rebuild()
 
 

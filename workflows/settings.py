@@ -280,6 +280,55 @@ class RemediationSettings(_Model):
         return self
 
 
+class FaultDomain(_Model):
+    """One level of nodes that fail together (an NVLink domain, a rack, a placement group):
+    its own budget, and when a burst inside it is one incident (docs/fault-domains.md)."""
+
+    label: str = Field(
+        min_length=1, max_length=317,
+        description="The node label whose value names the node's domain. Nodes without it "
+                    "are in the 'unlabelled' domain of this level (counted and limited like "
+                    "any other). A label a kubelet can write is refused at start unless "
+                    "trust_node_writable_labels.")
+    max_unavailable: int | str | None = Field(
+        default=None,
+        description="Nodes of one domain out of service at once: a count or a percent of "
+                    "the domain's nodes; null: no node budget at this level.")
+    max_unavailable_gpus: int | str | None = Field(
+        default=None,
+        description="GPUs of one domain out of service at once (a node in remediation counts "
+                    "all its GPUs): a count or a percent of the domain's GPUs; null: none.")
+    incident_threshold: int = Field(
+        default=0, ge=0,
+        description="This many nodes of one domain flagged within incident_window open one "
+                    "DomainIncident: they are cordoned, not drained or repaired node by node, "
+                    "until an operator resolves or releases it or their faults clear. 0: "
+                    "never (each node is remediated alone).")
+    incident_window: timedelta = Field(
+        default=timedelta(minutes=5), gt=timedelta(0), le=timedelta(days=1),
+        description="The window incident_threshold counts flagged nodes over.")
+
+    @field_validator("max_unavailable", "max_unavailable_gpus")
+    @classmethod
+    def _budget(cls, v: int | str | None) -> int | str | None:
+        return None if v is None else parse_limit(v)
+
+    @field_validator("incident_threshold")
+    @classmethod
+    def _threshold(cls, v: int) -> int:
+        if v == 1:
+            raise ValueError("1 would make every flagged node an incident: use 0 (never) or "
+                             "at least 2")
+        return v
+
+
+UNLABELLED = ""
+"""The domain of a node without the level's label: shown as 'unlabelled'."""
+
+
+def domain_name(value: str) -> str:
+    return value or "unlabelled"
+
 
 class DetectorSettings(_Model):
     # Positive (0 made the detector tick without pause) and at most a day.
@@ -354,6 +403,16 @@ class DetectorSettings(_Model):
         description="Per-pool limits (count or percent of the pool) under the fleet-wide one; "
                     "the key '*' applies to pools not named.",
     )
+    max_unavailable_gpus: int | str | None = Field(
+        default=None,
+        description="GPUs out of service at once, fleet-wide (a node in remediation counts "
+                    "all its GPUs, as its observation said when it was admitted): a count or "
+                    "a percent of the managed GPUs; null: only the node budget.")
+    fault_domains: list[FaultDomain] = Field(
+        default_factory=list, max_length=8,
+        description="Nested fault domains (NVLink domain, rack, placement group), each with "
+                    "its own budget and incident rule; admission honours every level, the "
+                    "pool's and the fleet's at once.")
     max_quarantined: int | str | None = Field(
         default="5%",
         description="Quarantined nodes hold no budget slot; at this many (count or percent "
@@ -372,10 +431,28 @@ class DetectorSettings(_Model):
         description="The window the outcome breaker counts new quarantines over.",
     )
 
-    @field_validator("max_unavailable", "max_quarantined", "max_thermal_cordoned")
+    @field_validator("max_unavailable", "max_quarantined", "max_thermal_cordoned",
+                     "max_unavailable_gpus")
     @classmethod
     def _budget(cls, v: int | str | None) -> int | str | None:
         return None if v is None else parse_limit(v)
+
+    @field_validator("fault_domains")
+    @classmethod
+    def _one_level_per_label(cls, v: list[FaultDomain]) -> list[FaultDomain]:
+        seen = [d.label for d in v]
+        twice = sorted({label for label in seen if seen.count(label) > 1})
+        if twice:
+            raise ValueError(f"label {twice[0]!r} is given twice: one level per label")
+        return v
+
+    def gpu_budget_for(self, managed_gpus: int) -> int | None:
+        """The fleet-wide GPU count out of service at once, or None (no GPU budget)."""
+        spec = self.max_unavailable_gpus
+        return None if spec is None else limit_for(spec, managed_gpus)
+
+    def domain_labels(self) -> list[str]:
+        return [d.label for d in self.fault_domains]
 
     @field_validator("pool_max_unavailable")
     @classmethod

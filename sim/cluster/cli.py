@@ -66,7 +66,8 @@ async def _serve(
 def serve(
     host: Annotated[str, typer.Option(help="Loopback address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port; 0 picks a free one and prints it.")] = 6443,
-    scenario: Annotated[str, typer.Option(help="small|training|inference or a YAML path.")] = (
+    scenario: Annotated[str, typer.Option(
+        help="small|training|inference|gpu-operator|gb200 or a YAML path.")] = (
         "small"
     ),
     gpu_sim_url: Annotated[str | None, typer.Option(help="GPU simulator base URL.")] = None,

@@ -106,6 +106,7 @@ def test_the_required_alerts_exist() -> None:
         "GpuRemediateOrphanedRemediation": ("gpu_remediate_orphaned_nodes", "10m"),
         "GpuRemediateRemediationStuck": ("gpu_remediate_node_state", None),
         "GpuRemediateLedgerWritesFailing": ("gpu_remediate_ledger_write_failures_total", "30m"),
+        "GpuRemediateDomainIncident": ("gpu_remediate_domain_incidents_open", None),
     }
     assert set(by_name) == set(expected)
     for name, (fragment, duration) in expected.items():

@@ -151,6 +151,7 @@ from workflows.messages import (
     DetectorInput,
     DrainResult,
     HistoryEntry,
+    IncidentCommand,
     NodeJobInput,
     NodeJobResult,
     NodeReport,
@@ -166,6 +167,7 @@ from workflows.settings import (
     ApprovalSettings,
     DetectorSettings,
     DrainSettings,
+    FaultDomain,
     RemediationSettings,
     ThermalSettings,
 )
@@ -904,6 +906,39 @@ async def v5_detector_mirror(client: Client, name: str) -> None:
         await handle.terminate("recorded")
 
 
+async def v5_detector_incident(client: Client, name: str) -> None:
+    """A domain of four nodes failing together beside an unrelated fault: one incident
+    (its nodes cordoned, not drained), the other node remediated under the domain budgets;
+    `resolve_incident` once two nodes' faults cleared: those uncordoned, the rest go one by
+    one (run 1)."""
+    clique = "nvidia.com/gpu.clique"
+    prefix = name.replace("_", "-")
+    cluster = FakeCluster()
+    nodes = [f"{prefix}-{i}" for i in range(8)]
+    for i, n in enumerate(nodes):
+        cluster.node(n).labels = {clique: f"d{i // 4}"}
+    d0, other = nodes[:4], nodes[5]
+    cluster.verdicts = [xid_verdict(n) for n in [*d0, other]]
+    settings = DetectorSettings(
+        interval=timedelta(milliseconds=500), ticks_per_run=16, max_unavailable=2,
+        max_unavailable_gpus=16, trust_node_writable_labels=True, remediation=FAST,
+        breaker_min_flagged_nodes=3, breaker_max_flagged_nodes=3,
+        fault_domains=[FaultDomain(label=clique, max_unavailable=1, incident_threshold=3)])
+    async with worker_for(client, cluster) as queue:
+        handle = await client.start_workflow(
+            DetectorWorkflow.run, DetectorInput(settings=settings), id=name, task_queue=queue)
+        run1 = await first_run(handle)
+        await until(lambda: all(cluster.node(n).incident for n in d0), 30, "incident cordon")
+        cluster.verdicts = [xid_verdict(n) for n in d0[2:]]
+        await handle.execute_update(DetectorWorkflow.resolve_incident, IncidentCommand(
+            domain="d0", operator="recorder", reason="switch tray replaced"))
+        await until(lambda: d0[2] in cluster.claimed and not cluster.node(d0[0]).cordoned,
+                    30, "cleared nodes uncordoned, the rest one by one")
+        await continued(handle, run1)
+        await save_run(client, f"{name}.run1", name, run1)
+        await handle.terminate("recorded")
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One recording: ``record(client, name)`` writes ``{name}.json`` (or its runs)."""
@@ -934,6 +969,7 @@ SCENARIOS = (
     Scenario("reboot_not_back", v5_reboot_not_back, ("out-of-service-taint",)),
     Scenario("detector_mirror", v5_detector_mirror, ("state-mirror-rewritten",)),
     Scenario("release_cleared", v5_release_cleared, ("release-clear-bounded",)),
+    Scenario("detector_incident", v5_detector_incident, ("fault-domains-and-incidents",)),
     Scenario("detector", v5_detector,
              ("slots-are-leases", "thermal-cordons-outside-budget", "detector-bounded-by-limits",
               "detector-node-reports", "heat-cordon-drains-in-a-slot")),

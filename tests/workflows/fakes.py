@@ -33,6 +33,7 @@ from activities.visibility import (
 from policy.models import Action, Finding, Verdict
 from workflows import transitions
 from workflows.ids import remediation_workflow_id, shard_of
+from workflows.incidents import IncidentCordon, IncidentCordonResult
 from workflows.leases import LeaseAnswer, LeaseCheck, LeaseStatus
 from workflows.ledger import LedgerEntry, LedgerInput, LedgerResult, note_for
 from workflows.limits import LimitsSettings
@@ -106,6 +107,10 @@ class FakeNode:
     # pod restarts, as NVIDIA's does; ``gpu_broken``: they are unhealthy again after it.
     plugin_unhealthy: int = 0
     gpu_broken: bool = False
+    # The node's labels (fault domains: the observation reports each level's value).
+    labels: dict[str, str] = field(default_factory=dict)
+    # Cordoned by the detector for a domain incident (the activity's annotation).
+    incident: str = ""
 
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -467,7 +472,21 @@ class FakeCluster:
                 # The ledger as the real observation reads it (workflows/ledger.note_for).
                 ledger = {v.node: note_for(v, "", cluster.ledger, EPOCH)
                           for v in verdicts} if inp.ledger_lookback else {}
+                labels = inp.domain_labels
+                sizes: dict[str, dict[str, int]] = {label: {} for label in labels}
+                gpus: dict[str, dict[str, int]] = {label: {} for label in labels}
+                for n in mine.values():
+                    for label in labels:
+                        v = n.labels.get(label, "")
+                        sizes[label][v] = sizes[label].get(v, 0) + 1
+                        gpus[label][v] = gpus[label].get(v, 0) + n.gpus
                 return FleetObservation(
+                    domains_of={n.name: {label: n.labels.get(label, "") for label in labels}
+                                for n in mine.values()} if labels else {},
+                    domain_sizes=sizes if labels else {},
+                    domain_gpus=gpus if labels else {},
+                    gpus_of={n.name: n.gpus for n in mine.values()},
+                    managed_gpus=sum(n.gpus for n in mine.values()),
                     managed_nodes=len(mine), readable_nodes=len(mine),
                     verdicts=verdicts, remediating=remediating,
                     orphans=[n for n in cluster.orphans if n in mine],
@@ -564,6 +583,27 @@ class FakeCluster:
                         return LedgerResult(entry=e.id, written=False)
                 cluster.ledger.append(inp.entry)
                 return LedgerResult(entry=inp.entry.id, written=True)
+        @activity.defn(name="cordon_for_incident")
+        def cordon_for_incident(inp: IncidentCordon) -> IncidentCordonResult:
+            out = IncidentCordonResult()
+            with cluster.lock:
+                cluster.calls.append(("cordon_for_incident", inp))
+                for name in inp.cordon:
+                    n = cluster.node(name)
+                    if n.cordoned and not n.incident:
+                        out.already.append(name)
+                    else:
+                        n.cordoned, n.incident = True, inp.key
+                        out.cordoned.append(name)
+                    cluster.mutations.append(f"incident-cordon {name}")
+                    cluster.events.append((name, "DomainIncident", inp.key))
+                for name in inp.uncordon:
+                    n = cluster.node(name)
+                    if n.incident:
+                        n.cordoned, n.incident = False, ""
+                        cluster.mutations.append(f"incident-uncordon {name}")
+                    out.uncordoned.append(name)
+            return out
 
         @activity.defn(name="record_event")
         def record_event(inp: NodeEventInput) -> None:
@@ -576,7 +616,8 @@ class FakeCluster:
                 check_node_returned, poll_node_job, delete_node_job, list_running_remediations,
                 check_thermal, pause_gpu_operands, restore_gpu_operands, check_operands_gone,
                 check_operands_back, check_gpus_free, restart_device_plugin, confirm_lease,
-                read_limits, mark_out_of_service, rewrite_state_mirror, record_repair]
+                read_limits, mark_out_of_service, rewrite_state_mirror, record_repair,
+                cordon_for_incident]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

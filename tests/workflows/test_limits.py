@@ -64,6 +64,12 @@ CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
     "pool_max_unavailable": ({"pool_max_unavailable": {"a": 1}}, {"a": 2}, {"a": 0, "*": 1}),
     "pool_label": ({"pool_label": "rack", "pool_max_unavailable": {"*": 1}}, "zone", "rack"),
     "max_quarantined": ({"max_quarantined": "5%"}, "6%", "4%"),
+    "max_unavailable_gpus": ({"max_unavailable_gpus": 16}, 17, 8),
+    "fault_domains": (
+        {"fault_domains": [{"label": "rack", "max_unavailable": 1, "incident_threshold": 3}]},
+        [{"label": "rack", "max_unavailable": 2, "incident_threshold": 3}],
+        [{"label": "rack", "max_unavailable": 1, "incident_threshold": 2},
+         {"label": "clique", "max_unavailable": 4}]),
     "max_thermal_cordoned": ({"max_thermal_cordoned": 3}, 4, 2),
     "cordoned_counts_against_budget": ({"cordons_may_skip_budget": False}, False, True),
     "dry_run": ({"dry_run_may_end": False}, False, True),
@@ -252,3 +258,25 @@ def test_settings_and_limits_survive_the_wire_unchanged() -> None:
     [read] = convert.from_payloads(convert.to_payloads([limits]), [LimitsSettings])
     assert (sent, read) == (running, limits)
     assert violations(sent, read) == []
+
+
+@pytest.mark.parametrize(("requested", "why"), [
+    ([], "dropped"),
+    ([{"label": "rack", "max_unavailable": 1, "max_unavailable_gpus": 9,
+       "incident_threshold": 3}], "more of one domain out at once"),
+    ([{"label": "rack", "max_unavailable": 1, "max_unavailable_gpus": 8,
+       "incident_threshold": 0}], "node by node"),
+    ([{"label": "rack", "max_unavailable": 1, "max_unavailable_gpus": 8,
+       "incident_threshold": 4}], "node by node"),
+    ([{"label": "rack", "max_unavailable": 1, "max_unavailable_gpus": 8,
+       "incident_threshold": 3, "incident_window": "PT1M"}], "shorter window"),
+])
+def test_a_fault_domain_level_cannot_be_loosened_past_its_limit(
+        requested: list[dict[str, Any]], why: str) -> None:
+    limits = LimitsSettings.model_validate({
+        **LimitsSettings.from_settings(DetectorSettings()).model_dump(),
+        "fault_domains": [{"label": "rack", "max_unavailable": 1, "max_unavailable_gpus": 8,
+                           "incident_threshold": 3}]})
+    found = violations(put(DetectorSettings(), "fault_domains", requested), limits)
+    assert [v.field.split(".")[0] for v in found] == ["fault_domains"], found
+    assert why in found[0].why

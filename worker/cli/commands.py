@@ -50,8 +50,10 @@ from worker.logs import configure_logging
 from worker.temporal_client import connect
 from workflows.detector import DetectorWorkflow
 from workflows.ids import DETECTOR_WORKFLOW_ID, MAX_REASON_CHARS
+from workflows.incidents import DomainIncident
 from workflows.messages import (
     DetectorInput,
+    IncidentCommand,
     ManualRemediation,
     OperatorAck,
     OperatorCommand,
@@ -59,6 +61,7 @@ from workflows.messages import (
     RemediationView,
     node_problem,
 )
+from workflows.settings import domain_name
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -73,6 +76,9 @@ app = typer.Typer(
 detector_app = typer.Typer(help="Start, stop, pause and inspect the detector.",
                            no_args_is_help=True)
 app.add_typer(detector_app, name="detector")
+incident_app = typer.Typer(help="Domain incidents: a fault domain whose nodes failed together.",
+                           no_args_is_help=True)
+app.add_typer(incident_app, name="incident")
 
 
 @app.command("sim", add_help_option=False,
@@ -291,7 +297,8 @@ def worker(config: ConfigOpt = None) -> None:
 
 @app.command()
 def up(
-    scenario: Annotated[str, typer.Option(help="small|training|inference or a YAML file.")] = (
+    scenario: Annotated[str, typer.Option(
+        help="small|training|inference|gpu-operator|gb200 or a YAML file.")] = (
         "small"),
     config: ConfigOpt = None,
     data_dir: Annotated[Path, typer.Option(help="Temporal database, kubeconfig and logs.")] = (
@@ -453,8 +460,69 @@ def detector_status(config: ConfigOpt = None, output: OutputOpt = "table") -> No
         *(("error", e) for e in view.last_errors[:5]),
         *(("refused signal", f"{r.name} from {r.operator or '?'}: {r.why}")
           for r in view.rejected_commands[-5:]),
+        *(("domain incident", f"{r[0]} since {r[1]}: {r[3]}; nodes {r[2]}")
+          for r in incident_rows([i for i in view.incidents if i.closed_at is None])),
+        *(("domain", f"{u.label}={domain_name(u.domain)}: {u.in_use}/"
+                     f"{'-' if u.budget is None else u.budget} nodes of {u.nodes}"
+                     + (f", {u.gpus_in_use}/{u.gpu_budget} GPUs" if u.gpu_budget is not None
+                        else ""))
+          for u in view.domains),
     ]
     print_table(out, ("field", "value"), rows)
+
+
+def incident_rows(incidents: list[DomainIncident]) -> list[tuple[str, ...]]:
+    """One row per incident: the domain, since when, its nodes, what holds them."""
+    rows: list[tuple[str, ...]] = []
+    for i in incidents:
+        state = ("closed: " + i.closed_by) if i.closed_at is not None else (
+            f"released by {i.released_by}" if i.released_by else "open: cordoned, not drained")
+        rows.append((f"{i.label}={domain_name(i.domain)}", f"{i.opened_at:%Y-%m-%d %H:%M:%S}",
+                     ", ".join(i.nodes) or "-", state, i.reason))
+    return rows
+
+
+INCIDENT_COLUMNS = ("domain", "opened", "nodes", "state", "reason")
+DomainArg = Annotated[str, typer.Argument(
+    help="The domain: its label value (e.g. the clique id), or label=value.")]
+
+
+@incident_app.command("list")
+def incident_list(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
+    """Open domain incidents, then the recently closed ones."""
+    view = with_client(config, ops.detector_view, needs="read")
+    if output == "json":
+        print(json.dumps([i.model_dump(mode="json") for i in view.incidents], indent=2))
+        return
+    print_table(out, INCIDENT_COLUMNS, incident_rows(view.incidents))
+
+
+@incident_app.command("resolve")
+def incident_resolve(domain: DomainArg, reason: ReasonOpt = None, operator: OperatorOpt = None,
+                     config: ConfigOpt = None, output: OutputOpt = "table") -> None:
+    """The shared part is fixed: close the incident. Its nodes whose faults cleared are
+    uncordoned; any still flagged are remediated one by one, through every budget.
+
+    Example: `gpu-remediate incident resolve nvl72-rack-07 -r "NVLink switch tray replaced"`
+    """
+    cmd = _checked(IncidentCommand, domain=domain, operator=ops.operator_identity(operator),
+                   reason=_reason(reason))
+    _print_ack(output, with_client(config, lambda c: ops.detector_update(
+        c, "resolve_incident", cmd)))
+
+
+@incident_app.command("release")
+def incident_release(domain: DomainArg, reason: ReasonOpt = None, operator: OperatorOpt = None,
+                     config: ConfigOpt = None, output: OutputOpt = "table") -> None:
+    """Not a shared fault after all: remediate the incident's nodes one by one (each
+    through the domain's, pool's and fleet's budgets). It stays open until they are clear.
+
+    Example: `gpu-remediate incident release nvl72-rack-07 -r "separate XIDs, not the tray"`
+    """
+    cmd = _checked(IncidentCommand, domain=domain, operator=ops.operator_identity(operator),
+                   reason=_reason(reason))
+    _print_ack(output, with_client(config, lambda c: ops.detector_update(
+        c, "release_incident", cmd)))
 
 
 @detector_app.command("reconfigure")
@@ -751,6 +819,16 @@ def _status_rows(views: list[RemediationView | dict[str, str]]) -> list[list[str
     return rows
 
 
+async def _open_incidents(client: Client) -> list[DomainIncident]:
+    """Open domain incidents, shown under the remediations (their nodes wait, cordoned, in
+    none of them): best effort, the detector may not be running."""
+    try:
+        view = await ops.detector_view(client)
+    except ops.OperatorError:
+        return []
+    return [i for i in view.incidents if i.closed_at is None]
+
+
 def _status_table(views: list[RemediationView | dict[str, str]]) -> Table:
     return rich_table(STATUS_COLUMNS, _status_rows(views), title="remediations in flight")
 
@@ -844,6 +922,8 @@ def status(
         return
     if not watch:
         views = with_client(config, ops.remediation_views, needs="read")
+        incidents = (with_client(config, _open_incidents, needs="read") if output != "json"
+                     else [])
         if output == "json":
             print(json.dumps([v if isinstance(v, dict) else v.model_dump(mode="json")
                               for v in views], indent=2))
@@ -853,6 +933,9 @@ def status(
             if not isinstance(v, dict):
                 for line in _quarantine_orders(v):
                     out.print(shown(f"{v.node}: {line}"), soft_wrap=True, highlight=False)
+        for row in incident_rows(incidents):
+            out.print(shown(f"domain incident {row[0]} since {row[1]} ({row[3]}): nodes "
+                            f"{row[2]}"), soft_wrap=True, highlight=False)
         return
 
     async def live(client: Client) -> None:

@@ -174,7 +174,8 @@ async def abort(client: Client, node: str, cmd: OperatorCommand) -> str:
     return f"abort requested for {node}; the remediation releases the node"
 
 
-DetectorVerb = Literal["pause", "resume", "remediate", "release_orphan", "reconfigure"]
+DetectorVerb = Literal["pause", "resume", "remediate", "release_orphan", "reconfigure",
+                       "resolve_incident", "release_incident"]
 
 
 async def detector_update(client: Client, verb: DetectorVerb, arg: Any) -> OperatorAck:

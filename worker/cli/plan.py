@@ -210,7 +210,8 @@ async def make_plan(settings: Settings, config_source: str = "") -> Plan:
     used = found.settings or settings.detector_settings()
     fleet = build_fleet(settings, kube_client(settings))
     obs = await fleet.observe_fleet(ObserveInput(policy=used.policy, pool_label=used.pool_label,
-                                                 ledger_lookback=used.ledger.lookback()))
+                                                 ledger_lookback=used.ledger.lookback(),
+                                                 domain_labels=used.domain_labels()))
     plan = plan_from(settings, obs, datetime.now(UTC), found.view, found.why, found.settings,
                      config_source)
     api = kube_client(settings)

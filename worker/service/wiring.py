@@ -12,6 +12,7 @@ from temporalio.client import Client
 from activities.drain import DrainActivities
 from activities.events import EventActivities, set_event_namespace
 from activities.fleet import FleetActivities
+from activities.incidents import IncidentActivities
 from activities.jobs import JobActivities
 from activities.kube import make_api_client
 from activities.ledger import LedgerActivities
@@ -81,7 +82,7 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
             operands.pause_gpu_operands, operands.check_operands_gone,
             operands.restore_gpu_operands, operands.check_operands_back,
             operands.restart_device_plugin,
-            fleet.report_admission,
+            fleet.report_admission, IncidentActivities(api).cordon_for_incident,
             LimitsActivities(limits_reader(settings)).read_limits,
             LedgerActivities(api, settings.ledger, settings.record_namespace()).record_repair]
 
