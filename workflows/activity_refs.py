@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from workflows.isolation import GpuTaintInput, IsolateGpuInput, IsolateGpuResult
 from workflows.leases import LeaseAnswer, LeaseCheck
 from workflows.limits import LimitsSettings
 from workflows.messages import (
@@ -75,6 +76,18 @@ def set_node_state(inp: StateInput) -> None:
 @activity.defn(name="release_node")
 def release_node(inp: ReleaseInput) -> None:
     raise _reference("release_node")
+
+
+# ------------------------------------------------ one GPU (activities/gpu_isolation.py)
+
+@activity.defn(name="isolate_gpu")
+def isolate_gpu(inp: IsolateGpuInput) -> IsolateGpuResult:
+    raise _reference("isolate_gpu")
+
+
+@activity.defn(name="set_gpu_taint")
+def set_gpu_taint(inp: GpuTaintInput) -> str:
+    raise _reference("set_gpu_taint")
 
 
 # ------------------------------------------------------------ drain (activities/drain.py)
