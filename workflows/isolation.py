@@ -145,7 +145,9 @@ class GpuIsolationView(BaseModel):
     """What `status NODE` shows of an isolated GPU."""
 
     rule: str
+    api_version: str
     device: str
+    gpu: str
     uuid: str
     effect: str
     owner: str

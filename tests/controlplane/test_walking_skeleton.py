@@ -158,7 +158,8 @@ def test_granted_permissions_used_or_accounted_for(pdb_stack: ControlPlaneStack)
         "metadata": {"name": "x"}, "spec": {"template": {"spec": {
             "restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}}),
      "create a Job outside the job namespace"),
-    (lambda core, batch: batch.list_namespaced_job("team-a"), "list Jobs outside the job namespace"),
+    (lambda core, batch: batch.list_namespaced_job("team-a"),
+     "list Jobs outside the job namespace"),
     (lambda core, batch: core.create_namespaced_event("team-a", {
         "metadata": {"name": "x"}, "involvedObject": {"kind": "Node", "name": "n"}}),
      "create an Event outside default"),

@@ -32,6 +32,7 @@ from activities.visibility import (
 from policy.models import Action, Finding, Verdict
 from workflows import transitions
 from workflows.ids import remediation_workflow_id, shard_of
+from workflows.isolation import GpuTaintInput, IsolateGpuInput, IsolateGpuResult, rule_name
 from workflows.leases import LeaseAnswer, LeaseCheck, LeaseStatus
 from workflows.limits import LimitsSettings
 from workflows.messages import (
@@ -161,6 +162,10 @@ class FakeCluster:
     limits: LimitsSettings | None = None
     # An API brownout for a node's claim: this many attempts fail with a 500 first.
     claim_failures: dict[str, int] = field(default_factory=dict)
+    # Per-GPU isolation: DeviceTaintRules by name -> effect; a why_not refuses every rule
+    # (API absent, RBAC) as the real activity does.
+    gpu_rules: dict[str, str] = field(default_factory=dict)
+    isolation_why_not: str = ""
 
     def node(self, name: str) -> FakeNode:
         return self.nodes.setdefault(name, FakeNode(name))
@@ -243,6 +248,11 @@ class FakeCluster:
             with cluster.lock:
                 cluster.calls.append(("release_node", inp))
                 if inp.dry_run:
+                    return
+                if inp.node_untouched:  # a per-GPU remediation: the record only
+                    n = cluster.node(inp.node)
+                    n.history = [*n.history, inp.history]
+                    n.acked.update(inp.acknowledged_xids)
                     return
                 if inp.claim_unconfirmed and not cluster.node(inp.node).tainted:
                     return  # like the real one: the claim never landed, nothing to undo
@@ -539,6 +549,32 @@ class FakeCluster:
                 return LeaseAnswer(live=True)
             return await VisibilityActivities(client, detector_id=detector).confirm_lease(chk)
 
+        @activity.defn(name="isolate_gpu")
+        def isolate_gpu(inp: IsolateGpuInput) -> IsolateGpuResult:
+            with cluster.lock:
+                cluster.calls.append(("isolate_gpu", inp))
+                if cluster.isolation_why_not:
+                    return IsolateGpuResult(isolated=False, why_not=cluster.isolation_why_not)
+                device = f"gpu-{inp.gpu}"
+                name = rule_name(inp.node, device)
+                if not inp.dry_run:
+                    cluster.mutations.append(f"isolate {inp.node} {device}")
+                    cluster.gpu_rules[name] = "NoSchedule"
+                return IsolateGpuResult(isolated=True, rule=name, device=device,
+                                        api_version="v1")
+
+        @activity.defn(name="set_gpu_taint")
+        def set_gpu_taint(inp: GpuTaintInput) -> str:
+            with cluster.lock:
+                cluster.calls.append(("set_gpu_taint", inp))
+                if inp.dry_run:
+                    return "dry-run"
+                if inp.effect is None:
+                    cluster.gpu_rules.pop(inp.rule, None)
+                    return f"removed {inp.rule}"
+                cluster.gpu_rules[inp.rule] = inp.effect
+                return f"{inp.rule}: {inp.effect}"
+
         @activity.defn(name="record_event")
         def record_event(inp: NodeEventInput) -> None:
             with cluster.lock:
@@ -550,7 +586,8 @@ class FakeCluster:
                 check_node_returned, poll_node_job, delete_node_job, list_running_remediations,
                 check_thermal, pause_gpu_operands, restore_gpu_operands, check_operands_gone,
                 check_operands_back, check_gpus_free, restart_device_plugin, confirm_lease,
-                read_limits, mark_out_of_service, rewrite_state_mirror]
+                read_limits, mark_out_of_service, rewrite_state_mirror, isolate_gpu,
+                set_gpu_taint]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:
