@@ -163,7 +163,6 @@ def test_one_rule_is_served_in_both_versions(k: Contract, co: Any) -> None:
         _delete_rule(co, "dra-both")
 
 
-@sim_only
 def test_unknown_selector_fields_are_dropped_silently(k: Contract, co: Any) -> None:
     body = _rule("dra-alpha-fields", "gpu-1", deviceClassName="gpu.nvidia.com")
     created = co.create_cluster_custom_object(GROUP, "v1", "devicetaintrules", body)
