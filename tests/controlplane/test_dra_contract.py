@@ -6,6 +6,7 @@ fails the test."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from workflows.isolation import GpuTaintInput, IsolateGpuInput
 pytestmark = pytest.mark.controlplane
 
 SUITE = ["tests/sim/test_cluster_dra.py"]
+GROUP = "resource.k8s.io"
 SIM_ONLY = "simulator-only test (by design: NVIDIA's DRA driver, the simulated scheduler "\
            "and eviction controller run only there)"
 KNOWN_DIFFERENCES: dict[str, tuple[str, str, str]] = {
@@ -94,3 +96,83 @@ def test_isolation_activities_on_a_real_api_server(controlplane_dra: ControlPlan
                                             out.rule)["spec"]["taint"]["effect"] == "NoExecute"
     assert env.run(acts.set_gpu_taint, GpuTaintInput(
         rule=out.rule, api_version=out.api_version, node=node)).startswith("removed")
+
+
+def _wait(check: Any, what: str, timeout: float = 60.0) -> Any:
+    from tests.polling import wait_for
+    return wait_for(check, timeout=timeout, what=what, every=0.5)
+
+
+def test_the_real_scheduler_keeps_claims_off_the_isolated_gpu(
+        controlplane_dra: ControlPlane) -> None:
+    """The evidence on the real tier: an eight-GPU node's slice, one GPU isolated by
+    isolate_gpu; kube-scheduler 1.37 still allocates seven, not the isolated one, and gives
+    it out again once the rule is removed. (No kubelet here: claims are allocated and pods
+    bound, nothing runs.)"""
+    api = config.new_client_from_config(config_file=str(controlplane_dra.kubeconfig))
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+    node, ns = "dra-sched-node", "dra-sched"
+    core.create_node({"metadata": {"name": node,
+                                   "labels": {"kubernetes.io/hostname": node}}})
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    core.patch_node_status(node, {"status": {
+        "capacity": {"pods": "110", "cpu": "64", "memory": "512Gi"},
+        "allocatable": {"pods": "110", "cpu": "64", "memory": "512Gi"},
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "message": "contract test", "lastHeartbeatTime": now,
+                        "lastTransitionTime": now}]}})
+    core.create_namespace({"metadata": {"name": ns}})
+    custom.create_cluster_custom_object(GROUP, "v1", "deviceclasses", {
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}]}})
+    custom.create_cluster_custom_object(GROUP, "v1", "resourceslices", {
+        "metadata": {"name": f"{node}-gpu.nvidia.com-x"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": f"gpu-{i}", "attributes": {
+                     "uuid": {"string": f"GPU-{gpu_uuid(node, i)}"}}} for i in range(8)]}})
+    sick = f"GPU-{gpu_uuid(node, 3)}"
+    acts, env = GpuIsolationActivities(api), ActivityEnvironment()
+    out = env.run(acts.isolate_gpu, IsolateGpuInput(node=node, uuid=sick, gpu="3",
+                                                    value="xid-48", reason="XID 48"))
+    assert out.isolated and out.device == "gpu-3"
+
+    def run(name: str, count: int, uuid: str = "") -> None:
+        exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com", "count": count}
+        if uuid:
+            exactly["selectors"] = [{"cel": {
+                "expression": f'device.attributes["gpu.nvidia.com"].uuid == "{uuid}"'}}]
+        custom.create_namespaced_custom_object(GROUP, "v1", ns, "resourceclaims", {
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}})
+        core.create_namespaced_pod(ns, {"metadata": {"name": name}, "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{"name": "main", "image": "registry.sim.local/cuda",
+                            "resources": {"claims": [{"name": "gpus"}]}}],
+            "resourceClaims": [{"name": "gpus", "resourceClaimName": name}]}})
+
+    def allocated(name: str) -> set[str] | None:
+        claim = custom.get_namespaced_custom_object(GROUP, "v1", ns, "resourceclaims", name)
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices")
+                   or {}).get("results")
+        return {r["device"] for r in results} if results else None
+
+    def refused(name: str) -> str | None:
+        pod = core.read_namespaced_pod(name, ns)
+        for c in pod.status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False":
+                return str(c.message)
+        return None
+
+    run("seven", 7)
+    seven = _wait(lambda: allocated("seven"), "seven GPUs allocated")
+    assert len(seven) == 7 and "gpu-3" not in seven
+    assert core.read_namespaced_pod("seven", ns).spec.node_name == node
+    run("isolated", 1, sick)
+    assert "cannot allocate all claims" in _wait(lambda: refused("isolated"),
+                                                 "the isolated GPU refused")
+    env.run(acts.set_gpu_taint, GpuTaintInput(rule=out.rule, api_version=out.api_version,
+                                              node=node))
+    assert _wait(lambda: allocated("isolated"), "the GPU given out after the release",
+                 timeout=120) == {"gpu-3"}
