@@ -493,6 +493,9 @@ def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     out.print("would start:")
     print_table(out, ("node", "action", "why"),
                 [(s.node, s.action, s.reason) for s in result.start])
+    for s in result.start:
+        if s.scope:
+            out.print(shown(f"  {s.node}: {s.scope}"), soft_wrap=True, highlight=False)
     for w in result.waiting:
         out.print(f"waits: {shown(w)}", soft_wrap=True, highlight=False)
     for o in result.orphans:
