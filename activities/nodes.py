@@ -390,6 +390,7 @@ class NodeActivities:
         record: NodeRecord | None = None
         if not inp.dry_run:
             record = self._release_record(inp)
+        if not inp.dry_run and not inp.node_untouched:
 
             def build(node: Any) -> dict[str, Any] | None:
                 kept.clear()  # computed again from each fresh read

@@ -6,12 +6,21 @@ serves are the nodes the GPU simulator exports metrics for.
 
 from __future__ import annotations
 
+import uuid
 from importlib import resources
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+_GPU_UUID_NS = uuid.UUID("5f0c6a2e-8d0b-4c1e-9a57-6b1f3c2d9e41")
+
+
+def gpu_uuid(node: str, index: int) -> uuid.UUID:
+    """The UUID of a node's GPU: the GPU simulator exports it, the cluster simulator's DRA
+    driver publishes it, so the two simulators name the same GPU the same way."""
+    return uuid.uuid5(_GPU_UUID_NS, f"{node}/{index}")
 
 
 class Pool(BaseModel):

@@ -162,6 +162,27 @@ def test_status_of_a_quarantined_node_exits_0(monkeypatch: pytest.MonkeyPatch) -
     assert result.exit_code == 0 and json.loads(result.output)["state"] == "quarantined"
 
 
+def test_status_of_a_node_with_an_isolated_gpu_names_rule_owner_and_reason(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    iso = {"rule": "gpu-remediate.gpu-3.gpu-node-07", "api_version": "v1", "device": "gpu-3",
+           "gpu": "3", "uuid": "GPU-5d1a3c2e-8d0b-4c1e-9a57-6b1f3c2d9e41",
+           "effect": "NoExecute", "owner": "remediation-gpu-node-07",
+           "reason": "XID 48 on GPU 3"}
+    isolated = view("gpu-node-07", NodeState.HEALTHY, step="gpu-quarantined",
+                    gpu_isolation=iso)
+    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None: isolated)
+    monkeypatch.setattr(cli, "_print_ui_link", lambda config, node: None)
+    result = invoke("status", "gpu-node-07")
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    for part in ("DeviceTaintRule gpu-remediate.gpu-3.gpu-node-07", "device gpu-3",
+                 "NoExecute", "owner remediation-gpu-node-07", "XID 48 on GPU 3",
+                 "release gpu-node-07 -r REASON"):
+        assert part in text, part
+    assert json.loads(invoke("status", "gpu-node-07", "-o", "json").output)[
+        "gpu_isolation"]["rule"] == iso["rule"]
+
+
 def test_plain_tables_keep_columns_countable_and_escape_control_characters() -> None:
     text = plain_table(("node", "why"), [("n1", ""), ("n2", f"bad{ESC}[2Jthing")])
     rows = [line.split() for line in text.splitlines()]

@@ -118,3 +118,23 @@ def test_the_plan_command_prints_what_a_reset_would_miss(
     assert result.exit_code == 0, result.output
     assert "missing: GPU Operator operand 'dcgm' missing: no DaemonSet in namespace " \
            "gpu-operator selects nodes by nvidia.com/gpu.deploy.dcgm" in result.output
+
+
+def test_with_gpu_isolation_the_plan_says_which_gpu_or_why_the_whole_node(
+        tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("temporal: {address: '127.0.0.1:1'}\n"
+                    "detector: {max_unavailable: 2, breaker_max_flagged_percent: 100}\n"
+                    "remediation: {gpu_isolation: dra}\n")
+    uuid = "GPU-5d1a3c2e-8d0b-4c1e-9a57-6b1f3c2d9e41"
+    obs = FleetObservation(managed_nodes=10, readable_nodes=10, verdicts=[
+        Verdict(node="n1", action=Action.RESET, findings=[Finding(
+            gpu="3", uuid=uuid, signal="DCGM_FI_DEV_XID_ERRORS", value=48, rule="xid-48",
+            action=Action.RESET)]),
+        Verdict(node="n2", action=Action.REBOOT, findings=[Finding(
+            gpu="0", uuid=uuid, signal="DCGM_FI_DEV_XID_ERRORS", value=79, rule="xid-79",
+            action=Action.REBOOT)])])
+    scopes = {s.node: s.scope for s in plan_from(load_settings(path), obs, NOW).start}
+    assert scopes == {"n1": f"GPU 3 ({uuid}) only: a DeviceTaintRule, NoExecute",
+                      "n2": "whole node: action reboot is a whole-node repair"}
+    assert {s.scope for s in plan_from(settings(tmp_path), observation(), NOW).start} == {""}

@@ -15,6 +15,7 @@ from __future__ import annotations
 from temporalio import activity
 
 from workflows.incidents import IncidentCordon, IncidentCordonResult
+from workflows.isolation import GpuTaintInput, IsolateGpuInput, IsolateGpuResult
 from workflows.leases import LeaseAnswer, LeaseCheck
 from workflows.ledger import LedgerInput, LedgerResult
 from workflows.limits import LimitsSettings
@@ -84,6 +85,18 @@ def release_node(inp: ReleaseInput) -> None:
 @activity.defn(name="record_repair")
 def record_repair(inp: LedgerInput) -> LedgerResult:
     raise _reference("record_repair")
+
+
+# ------------------------------------------------ one GPU (activities/gpu_isolation.py)
+
+@activity.defn(name="isolate_gpu")
+def isolate_gpu(inp: IsolateGpuInput) -> IsolateGpuResult:
+    raise _reference("isolate_gpu")
+
+
+@activity.defn(name="set_gpu_taint")
+def set_gpu_taint(inp: GpuTaintInput) -> str:
+    raise _reference("set_gpu_taint")
 
 
 # ------------------------------------------------------------ drain (activities/drain.py)

@@ -95,6 +95,11 @@ class LimitsSettings(BaseModel):
     external_repair_allowed: bool = Field(
         description="Whether reset_method or reboot_method may be external (then the "
                     "`repaired` update of any client stands for the repair).")
+    gpu_isolation_allowed: bool = Field(
+        default=False,
+        description="Whether remediation.gpu_isolation may be dra (a node with one sick GPU "
+                    "then stays in service for its other GPUs). Absent from an older "
+                    "release's limits: not allowed.")
     max_repair_attempts: int = Field(ge=1)
     repeat_offender_count_max: int = Field(ge=1)
     repeat_offender_window_min: timedelta
@@ -156,6 +161,7 @@ class LimitsSettings(BaseModel):
             drain_not_ready_terminating_timeout_min=r.drain.not_ready_terminating_timeout,
             job_templates=r.job_templates,
             external_repair_allowed="external" in (r.reset_method, r.reboot_method),
+            gpu_isolation_allowed=r.gpu_isolation == "dra",
             max_repair_attempts=r.max_repair_attempts,
             repeat_offender_count_max=r.repeat_offender_count,
             repeat_offender_window_min=r.repeat_offender_window,
@@ -474,6 +480,9 @@ CHECKS: dict[str, _Check] = {
     "remediation.reboot_method": _switch(
         "remediation.reboot_method", "external_repair_allowed", lambda v: v == "external",
         "any client's `repaired` would stand for the reboot"),
+    "remediation.gpu_isolation": _switch(
+        "remediation.gpu_isolation", "gpu_isolation_allowed", lambda v: v == "dra",
+        "a node with a sick GPU would stay in service for its other GPUs, not drained"),
     "remediation.max_repair_attempts": _most(
         "remediation.max_repair_attempts", "max_repair_attempts",
         "a failing node would be repaired more often before quarantine"),

@@ -35,6 +35,7 @@ from workflows.ids import (
     valid_node_name,
 )
 from workflows.incidents import DomainIncident
+from workflows.isolation import GpuIsolationView
 from workflows.leases import Lease, LeaseStatus
 from workflows.ledger import LedgerNote
 from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
@@ -147,6 +148,11 @@ class RemediationView(_Message):
                     "signal cannot return an error, so this is where its rejection shows.",
     )
     runs: int = Field(default=1, description="Runs of this remediation (continue-as-new).")
+    gpu_isolation: GpuIsolationView | None = Field(
+        default=None,
+        description="The GPU this remediation holds out of scheduling with a DeviceTaintRule "
+                    "(remediation.gpu_isolation: dra), its rule, owner and reason; null: "
+                    "none (a whole-node remediation, or the rule was removed).")
     quarantine_ordered_by: OperatorCommand | None = Field(
         default=None,
         description="The operator who ordered this node quarantined, and why: the quarantine "
@@ -433,6 +439,10 @@ class ReleaseInput(_Message):
     )
     uid: str = Field(default="", description="metadata.uid at claim: a node with another "
                                              "UID is another machine, never written to.")
+    node_untouched: bool = Field(
+        default=False,
+        description="A per-GPU remediation never claimed the node: its record and Event are "
+                    "written, the Node object is left as it is.")
     run_id: str = Field(default="", description="The remediation's run: with "
                                                 "claim_unconfirmed, the claim is ours only if "
                                                 "the node carries this run id too (the "

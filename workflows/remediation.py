@@ -36,6 +36,14 @@ with workflow.unsafe.imports_passed_through():
         REQUEST_SLOT_SIGNAL,
         SLOT_GRANTED_SIGNAL,
     )
+    from workflows.isolation import (
+        GpuIsolation,
+        GpuIsolationView,
+        GpuTaintInput,
+        IsolateGpuInput,
+        IsolationDecision,
+        IsolationPlan,
+    )
     from workflows.leases import LeaseCheck
     from workflows.ledger import (
         LedgerEntry,
@@ -86,6 +94,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.search_attributes import REMEDIATION_ACTION, REMEDIATION_STATE
     from workflows.transitions import NodeState, Outcome, Step
 
+GPU_ISOLATION_PATCH = "gpu-isolation-dra"
 NODE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=30),
@@ -308,7 +317,8 @@ class RemediationWorkflow:
 
     @release.validator
     def _check_release(self, cmd: OperatorCommand) -> None:
-        self._require(NodeState.QUARANTINED, "release")
+        if self.view.step != Step.GPU_QUARANTINED:  # a GPU held alone is released alone
+            self._require(NodeState.QUARANTINED, "release")
         if self.release_order is not None:
             raise ApplicationError("a release is already in progress", type=errors.REJECTED)
 
@@ -536,6 +546,16 @@ class RemediationWorkflow:
 
     async def _remediate(self) -> RemediationResult:
         s = self.inp.settings
+        # Read only where the setting is on, so histories recorded with it off (and every
+        # one from before it) replay without a marker.
+        if s.gpu_isolation == GpuIsolation.DRA and workflow.patched(GPU_ISOLATION_PATCH):
+            plan = IsolationDecision(s.gpu_isolation).decide(self.inp.verdict)
+            if isinstance(plan, IsolationPlan):
+                done = await self._isolate_gpu(plan)
+                if done is not None:
+                    return done
+            else:
+                self._plan(f"whole node: {plan}")
         if self.action == Action.THERMAL:
             first = NodeState.CORDONED
         elif self.action in s.approval.required_for:
@@ -1511,6 +1531,96 @@ class RemediationWorkflow:
                     {**acked, **released})
             why = f"release by {order.operator} failed validation: {check.message}"
 
+    # ------------------------------------------------------------ one GPU (DRA)
+
+    async def _isolate_gpu(self, plan: IsolationPlan) -> RemediationResult | None:
+        """Hold one GPU out of scheduling with a DeviceTaintRule; the node is not claimed,
+        cordoned or drained. None: no rule could be made, so the whole-node path follows
+        (a Warning Event says why)."""
+        node, info = self.inp.node, workflow.info()
+        await self._confirm_lease("the GPU isolation")
+        rule_of = next((f.rule for f in self.inp.verdict.findings if f.uuid == plan.uuid), "")
+        self._plan(f"isolate GPU {plan.gpu} ({plan.uuid}) with a DeviceTaintRule, NoSchedule"
+                   + (", then NoExecute" if plan.evict else "") + f": {plan.why}")
+        got = await self._node_call(
+            act.isolate_gpu,
+            IsolateGpuInput(node=node, uuid=plan.uuid, gpu=plan.gpu, value=rule_of,
+                            reason=self.view.reason, workflow_id=info.workflow_id,
+                            dry_run=self.inp.dry_run),
+            summary=f"isolate GPU {plan.gpu} of {node}")
+        if not got.isolated:
+            self._plan(f"whole node: GPU {plan.gpu} cannot be isolated: {got.why_not}")
+            await self._tell("GpuIsolationUnavailable",
+                             f"GPU {plan.gpu} ({plan.uuid}) of {node} cannot be isolated: "
+                             f"{got.why_not}; the whole node is remediated instead")
+            return None
+        self.view.gpu_isolation = GpuIsolationView(
+            rule=got.rule, api_version=got.api_version, device=got.device, gpu=plan.gpu,
+            uuid=plan.uuid, effect="NoSchedule", owner=info.workflow_id,
+            reason=self.view.reason)
+        self._set(NodeState.HEALTHY, Step.GPU_ISOLATED)
+        self._details(f"GPU {plan.gpu} isolated: DeviceTaintRule {got.rule} (NoSchedule)")
+        await self._note_event("GpuIsolated",
+                               f"GPU {plan.gpu} ({plan.uuid}, device {got.device}): "
+                               f"DeviceTaintRule {got.rule} NoSchedule, owner "
+                               f"{info.workflow_id}: {self.view.reason}; {node} stays "
+                               "schedulable for its other GPUs")
+        if plan.evict:
+            await self._gpu_taint("NoExecute")
+            await self._note_event("GpuIsolationEvicts",
+                                   f"DeviceTaintRule {got.rule} NoExecute: the claim using "
+                                   f"GPU {plan.gpu} must go ({plan.why})")
+        # Held as a per-GPU quarantine until an operator's release: a validation pinned to
+        # the GPU is not run yet (docs/operations.md).
+        self._set(NodeState.HEALTHY, Step.GPU_QUARANTINED)
+        self._details(f"GPU {plan.gpu} ({got.device}) held by DeviceTaintRule {got.rule}. "
+                      f"Release it with `gpu-remediate release {node} -r REASON`.")
+        if self.inp.dry_run:
+            return RemediationResult(node=node, outcome=Outcome.QUARANTINED, attempts=0,
+                                     message=f"GPU {plan.gpu} would be isolated by "
+                                             f"DeviceTaintRule {got.rule}")
+        await workflow.wait_condition(lambda: self.release_order is not None)
+        order = self.release_order
+        assert order is not None
+        await self._gpu_taint(None)
+        why = (f"GPU {plan.gpu} ({got.device}) released by {order.operator}: {order.reason}; "
+               f"DeviceTaintRule {got.rule} removed")
+        self.view.gpu_isolation = None
+        self._set(NodeState.HEALTHY, Step.HEALTHY)
+        await self._release_call(Outcome.HEALTHY, why, self._acknowledged_xids(),
+                                 node_untouched=True)
+        self.released = True
+        self._details(f"{Outcome.HEALTHY}: {why}")
+        return RemediationResult(node=node, outcome=Outcome.HEALTHY, attempts=0, message=why)
+
+    async def _gpu_taint(self, effect: Literal["NoSchedule", "NoExecute"] | None) -> None:
+        iso = self.view.gpu_isolation
+        assert iso is not None
+        done = await self._node_call(
+            act.set_gpu_taint,
+            GpuTaintInput(rule=iso.rule, api_version=iso.api_version, node=self.inp.node,
+                          effect=effect, dry_run=self.inp.dry_run),
+            summary=f"DeviceTaintRule {iso.rule}: " + (effect or "remove"),
+            check_cancel=effect is not None)
+        self._details(done)
+        if effect is not None:
+            self.view.gpu_isolation = iso.model_copy(update={"effect": effect})
+
+    async def _abort_gpu_isolation(self) -> None:
+        """An abort of a per-GPU remediation: its rule goes (the node was never touched)."""
+        iso = self.view.gpu_isolation
+        assert iso is not None
+        why = self._abort_reason()
+        self._set(NodeState.HEALTHY, Step.ABORTED)
+        try:
+            await self._gpu_taint(None)
+        except ActivityError as err:
+            workflow.logger.warning("could not remove %s: %s", iso.rule, _cause(err))
+        self.view.gpu_isolation = None
+        await self._release_call(Outcome.ABORTED, f"{why}; DeviceTaintRule {iso.rule} removed",
+                                 self._acknowledged_xids(), node_untouched=True)
+        self.released = True
+
     # ------------------------------------------------------------ building blocks
 
     async def _clear_for_validation(self) -> str:
@@ -1619,7 +1729,8 @@ class RemediationWorkflow:
 
     async def _release_call(self, outcome: Outcome, why: str, acked: dict[str, int], *,
                             claim_unconfirmed: bool = False,
-                            retry: RetryPolicy = NODE_RETRY) -> None:
+                            retry: RetryPolicy = NODE_RETRY,
+                            node_untouched: bool = False) -> None:
         info = workflow.info()
         reasons = {Outcome.HEALTHY: "RemediationSucceeded",
                    Outcome.QUARANTINED: "NodeQuarantined",
@@ -1644,6 +1755,7 @@ class RemediationWorkflow:
                 acknowledged_xids=acked, event_reason=reasons[outcome],
                 event_message=f"{outcome}: {why}", dry_run=self.inp.dry_run,
                 claim_unconfirmed=claim_unconfirmed, uid=self.uid, run_id=info.run_id,
+                node_untouched=node_untouched,
             ),
             timeout=NODE_CALL, heartbeat=False, retry=retry,
             summary=f"{outcome}: release {self.inp.node}", check_cancel=False,
@@ -1688,6 +1800,9 @@ class RemediationWorkflow:
         run normally. A node Job still running deletes itself when its activity sees the
         cancel (activities/jobs.py); nothing new is created after this point."""
         self.aborting = True
+        if self.view.gpu_isolation is not None and not self.released:
+            await self._abort_gpu_isolation()
+            return
         if not self.claim_started or self.released:
             return
         why = self._abort_reason()

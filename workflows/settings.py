@@ -23,6 +23,7 @@ from pydantic import (
 
 from policy.config import PolicySettings
 from policy.models import Action
+from workflows.isolation import GpuIsolation
 
 POOL_LABEL = "node-restriction.kubernetes.io/gpu-remediate-pool"
 """The pool label the docs and deploy configuration ship: the NodeRestriction admission
@@ -236,6 +237,20 @@ class RemediationSettings(_Model):
                     "node: every GPU of the node at once (NVSwitch/HGX baseboards reset "
                     "together).")
     gpu_operator: GpuOperatorSettings = Field(default_factory=GpuOperatorSettings)
+    gpu_isolation: GpuIsolation = Field(
+        default=GpuIsolation.OFF,
+        description="dra: a fault confined to one GPU whose catalog action is a reset, a "
+                    "GPU quarantine or an application-level escalation isolates that GPU "
+                    "with a DRA DeviceTaintRule (Kubernetes 1.36+, NVIDIA's DRA driver for "
+                    "GPUs) and leaves the node schedulable for its other GPUs; where no rule "
+                    "can be created, the whole-node path with a Warning Event saying why. "
+                    "off: every remediation is a whole-node one.")
+
+    @field_validator("gpu_isolation", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        # YAML 1.1 reads a bare `off` as false: that is the documented value, not a mistake.
+        return "off" if v is False else v
     max_repair_attempts: int = Field(
         default=2, ge=1, description="Repair + validation rounds before quarantine."
     )

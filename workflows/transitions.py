@@ -58,6 +58,9 @@ class Step(StrEnum):
     QUARANTINED = "quarantined"
     RELEASE_VALIDATE = "release-validate"
     NODE_GONE = "node-gone"
+    # Per-GPU isolation (workflows/isolation.py): the node stays Healthy and schedulable.
+    GPU_ISOLATED = "gpu-isolated"
+    GPU_QUARANTINED = "gpu-quarantined"
     # The last step of a remediation that gave the node back: its outcome.
     HEALTHY = "healthy"
     RELEASED = "released"

@@ -36,6 +36,7 @@ async def _serve(
     kubeconfig_out: Path | None,
     job_seconds: float,
     node_timing: NodeTiming,
+    kubernetes_version: str,
 ) -> None:
     sim = await start_cluster_simulator(
         host=host,
@@ -44,6 +45,7 @@ async def _serve(
         gpu_sim_url=gpu_sim_url,
         job_seconds=job_seconds,
         node_timing=node_timing,
+        kubernetes_version=kubernetes_version,
     )
     # Plain, flushed lines: scripts read the chosen port from them.
     print(BANNER.format(url=sim.url), flush=True)
@@ -99,6 +101,11 @@ def serve(
     reboot_seed: Annotated[
         int, typer.Option(help="Seed of the draw: reboot command returns first or is killed.")
     ] = 0,
+    kubernetes_version: Annotated[
+        str, typer.Option(help="The release the API server poses as (1.33, 1.36 or 1.37): "
+                               "which resource.k8s.io versions exist (DeviceTaintRule: "
+                               "v1beta2 from 1.36, v1 from 1.37).")
+    ] = "1.33",
 ) -> None:
     """Serve a simulated cluster seeded from a scenario until interrupted."""
     if host not in LOOPBACK:
@@ -116,7 +123,8 @@ def serve(
         raise typer.BadParameter(str(err)) from err
     try:
         asyncio.run(
-            _serve(host, port, scenario, gpu_sim_url, kubeconfig_out, job_seconds, timing)
+            _serve(host, port, scenario, gpu_sim_url, kubeconfig_out, job_seconds, timing,
+                   kubernetes_version)
         )
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--scenario") from err

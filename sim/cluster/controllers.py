@@ -14,6 +14,7 @@ from typing import Protocol
 
 from sim.cluster import clock, disruption
 from sim.cluster import resources as r
+from sim.cluster.dra import DraControllers
 from sim.cluster.gc import GarbageCollector
 from sim.cluster.gpulink import GpuLink
 from sim.cluster.jobs import JobController, JobPrograms, JobTiming
@@ -57,7 +58,7 @@ class DisruptionController:
 
 class ControllerManager:
     def __init__(self, store: Store, nodes: list[str], gpu: GpuLink, timing: JobTiming,
-                 node_timing: NodeTiming | None = None) -> None:
+                 node_timing: NodeTiming | None = None, *, minor: int = r.DEFAULT_MINOR) -> None:
         self.store = store
         self.gpu = gpu
         self.programs = JobPrograms(gpu, timing, None)
@@ -71,6 +72,7 @@ class ControllerManager:
             StatefulSets(store),
             DaemonSets(store),
             JobController(store),
+            *([DraControllers(store, nodes)] if minor >= r.RESOURCESLICES.since_minor else []),
             Scheduler(store),
             self.kubelet,
             DisruptionController(store),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from sim.cluster import dra_schema as dra
 from sim.cluster import resources as r
 from sim.cluster.store import Obj, meta
 
@@ -71,6 +72,8 @@ def on_create(rt: r.ResourceType, obj: Obj) -> Obj:
         obj["status"] = {"phase": "Active"}
     elif rt is r.JOBS:
         _job(obj)
+    elif rt.group == r.RESOURCESLICES.group:
+        dra.on_create(rt, obj)
     elif rt in (r.REPLICASETS, r.STATEFULSETS, r.DAEMONSETS):
         spec = obj.setdefault("spec", {})
         if rt is not r.DAEMONSETS:

@@ -12,14 +12,16 @@ from typing import Any
 from sim.cluster import resources as r
 
 GIT_VERSION = "v1.33.1"
+# The patch release the simulator names for each minor it can pose as.
+_GIT_VERSIONS = {33: GIT_VERSION, 36: "v1.36.0", 37: "v1.37.0"}
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
 
-def version() -> dict[str, Any]:
+def version(minor: int = r.DEFAULT_MINOR) -> dict[str, Any]:
     return {
         "major": "1",
-        "minor": "33",
-        "gitVersion": GIT_VERSION,
+        "minor": str(minor),
+        "gitVersion": _GIT_VERSIONS.get(minor, f"v1.{minor}.0"),
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2025-05-15T00:00:00Z",
@@ -39,19 +41,24 @@ def api_versions(server_address: str) -> dict[str, Any]:
     }
 
 
-def api_groups() -> dict[str, Any]:
-    groups = []
-    for gv in r.group_versions():
+def api_groups(minor: int = r.DEFAULT_MINOR) -> dict[str, Any]:
+    by_group: dict[str, list[dict[str, str]]] = {}
+    for gv in r.group_versions(minor):
         if "/" not in gv:
             continue
         group, version_ = gv.split("/")
-        entry = {"groupVersion": gv, "version": version_}
-        groups.append({"name": group, "versions": [entry], "preferredVersion": entry})
+        by_group.setdefault(group, []).append({"groupVersion": gv, "version": version_})
+    groups = []
+    for group, entries in by_group.items():
+        # A GA version is preferred over a beta one, as the real server orders them.
+        entries.sort(key=lambda e: (not e["version"].startswith("v1") or "beta" in e["version"]
+                                    or "alpha" in e["version"], e["version"]))
+        groups.append({"name": group, "versions": entries, "preferredVersion": entries[0]})
     return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
 
-def resource_list(group_version: str) -> dict[str, Any] | None:
-    rts = r.group_versions().get(group_version)
+def resource_list(group_version: str, minor: int = r.DEFAULT_MINOR) -> dict[str, Any] | None:
+    rts = r.group_versions(minor).get(group_version)
     if rts is None:
         return None
     out: list[dict[str, Any]] = []

@@ -27,7 +27,8 @@ class FaultRule(BaseModel):
     namespace: str | None = None
     name: str | None = None
     rate: float = Field(default=1.0, ge=0, le=1)
-    status: Literal[409, 429, 500, 503, 504] | None = 500
+    # 403: an RBAC refusal, as the authorizer words it for the worker's ServiceAccount.
+    status: Literal[403, 409, 429, 500, 503, 504] | None = 500
     retry_after: int = Field(default=1, ge=0)
     delay_seconds: float = Field(default=0, ge=0)
     drop: bool = False
@@ -94,6 +95,9 @@ class FaultInjector:
         return None
 
 
+_VERB_WORDS = {"*": "create"}
+
+
 def _fault_for(rule: FaultRule, plural: str, group: str, name: str) -> Fault:
     fault = Fault(delay_seconds=rule.delay_seconds, drop=rule.drop)
     if rule.drop or rule.status is None:
@@ -106,6 +110,17 @@ def _fault_for(rule: FaultRule, plural: str, group: str, name: str) -> Fault:
             f'Operation cannot be fulfilled on {qualified} "{name}": {errors.CONFLICT_MODIFIED}',
             {"name": name, **({"group": group} if group else {}), "kind": plural},
         )
+    elif rule.status == 403:
+        scope = "at the cluster scope" if not rule.namespace else \
+            f'in the namespace "{rule.namespace}"'
+        named = f' "{name}"' if name else ""
+        err = errors.ApiError(
+            403, "Forbidden",
+            f'{qualified}{named} is forbidden: '
+            'User "system:serviceaccount:gpu-remediate:gpu-remediate" cannot '
+            f'{_VERB_WORDS.get(rule.verb, rule.verb)} resource "{plural}" in API group '
+            f'"{group}" {scope}',
+            {"name": name, **({"group": group} if group else {}), "kind": plural})
     elif rule.status == 429:
         err = errors.too_many_requests(
             "Too many requests, please try again later.", rule.retry_after

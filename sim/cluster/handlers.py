@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.cluster import defaults, deletion, errors, eviction, patch, selectors, validation
+from sim.cluster import dra_schema as dra
 from sim.cluster import resources as r
 from sim.cluster.store import Obj, Store
 
@@ -165,6 +166,7 @@ def _write(store: Store, t: Target, old: Obj, new: Obj, dry_run: bool, check_rv:
         for k in ("uid", "creationTimestamp", "generation", "deletionTimestamp"):
             if k in old["metadata"]:
                 merged["metadata"].setdefault(k, old["metadata"][k])
+        dra.on_update(t.rt, old, new)
         validation.validate_update(t.rt, old, merged)
     out = store.update(t.rt, new, check_rv=check_rv, status_only=t.sub == "status", dry_run=dry_run)
     if not dry_run:

@@ -24,14 +24,26 @@ class ResourceType:
     returns_deleted_object: bool = False
     read_only: bool = False
     short_names: tuple[str, ...] = ()
+    # Another version of the same resource that holds the objects (the API server keeps one
+    # storage version and converts); "" means this version stores them itself.
+    storage_version: str = ""
+    # The first Kubernetes minor release that serves this version by default (DRA's versions
+    # arrived late); 0: every release the simulator can pose as.
+    since_minor: int = 0
 
     @property
     def api_version(self) -> str:
         return self.version if not self.group else f"{self.group}/{self.version}"
 
     @property
+    def stored_api_version(self) -> str:
+        """The apiVersion stored objects carry (the storage version's)."""
+        return f"{self.group}/{self.storage_version}" if self.storage_version else self.api_version
+
+    @property
     def key(self) -> str:
-        return f"{self.group}/{self.version}/{self.plural}"
+        """Where the objects live: one bucket for every served version of a resource."""
+        return f"{self.group}/{self.storage_version or self.version}/{self.plural}"
 
     @property
     def qualified(self) -> str:
@@ -119,6 +131,27 @@ DAEMONSETS = ResourceType(
     short_names=("ds",),
 )
 
+# Dynamic Resource Allocation (resource.k8s.io). A real 1.33 API server serves none of it by
+# default; 1.34 made ResourceSlice and ResourceClaim GA (v1); DeviceTaintRule (KEP-5055) was
+# v1alpha3 behind feature gates in 1.33-1.35, is v1beta2 in 1.36 and v1 from 1.37, where
+# v1beta2 is still served. Both DeviceTaintRule versions have the same schema, so the
+# simulator stores one object and serves it under either apiVersion.
+RESOURCESLICES = ResourceType(
+    "resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False, since_minor=34
+)
+RESOURCECLAIMS = ResourceType(
+    "resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, has_status=True,
+    since_minor=34,
+)
+DEVICETAINTRULES = ResourceType(
+    "resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False, has_status=True,
+    tracks_generation=True, since_minor=37,
+)
+DEVICETAINTRULES_BETA = ResourceType(
+    "resource.k8s.io", "v1beta2", "devicetaintrules", "DeviceTaintRule", False,
+    has_status=True, tracks_generation=True, storage_version="v1", since_minor=36,
+)
+
 ALL: tuple[ResourceType, ...] = (
     NODES,
     PODS,
@@ -132,22 +165,37 @@ ALL: tuple[ResourceType, ...] = (
     REPLICASETS,
     STATEFULSETS,
     DAEMONSETS,
+    RESOURCESLICES,
+    RESOURCECLAIMS,
+    DEVICETAINTRULES,
+    DEVICETAINTRULES_BETA,
 )
+
+# Kubernetes minor releases the simulator can pose as (`--kubernetes-version`).
+MINORS = (33, 36, 37)
+DEFAULT_MINOR = 33
 
 # Subresources served besides `status` (which every has_status resource gets).
 EXTRA_SUBRESOURCES: dict[str, tuple[str, ...]] = {PODS.key: ("eviction", "log")}
 
 
-def find(group: str, version: str, plural: str) -> ResourceType | None:
-    for rt in ALL:
+def served(minor: int = DEFAULT_MINOR) -> tuple[ResourceType, ...]:
+    """What an API server of Kubernetes 1.<minor> serves of ALL."""
+    return tuple(rt for rt in ALL if rt.since_minor <= minor)
+
+
+def find(
+    group: str, version: str, plural: str, minor: int = DEFAULT_MINOR
+) -> ResourceType | None:
+    for rt in served(minor):
         if (rt.group, rt.version, rt.plural) == (group, version, plural):
             return rt
     return None
 
 
-def group_versions() -> dict[str, list[ResourceType]]:
+def group_versions(minor: int = DEFAULT_MINOR) -> dict[str, list[ResourceType]]:
     """Resources by `group/version` (core is `v1`), for discovery documents."""
     out: dict[str, list[ResourceType]] = {}
-    for rt in ALL:
+    for rt in served(minor):
         out.setdefault(rt.api_version, []).append(rt)
     return out

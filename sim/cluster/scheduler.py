@@ -3,7 +3,8 @@
 A Pending pod with no nodeName is bound to a node that is Ready, schedulable
 (or tolerates the unschedulable taint), whose NoSchedule/NoExecute taints it
 tolerates, that matches its nodeSelector and required node affinity, and that
-has enough free `nvidia.com/gpu` and pod slots. Pods that fit nowhere get a
+has enough free `nvidia.com/gpu` and pod slots, and (DRA) whose devices can satisfy
+its ResourceClaims, device taints honoured (sim/cluster/dra.py). Pods that fit nowhere get a
 PodScheduled=False/Unschedulable condition with a scheduler-style message.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from sim.cluster import clock
+from sim.cluster import clock, dra
 from sim.cluster import resources as r
 from sim.cluster.podutil import (
     allocatable_gpus,
@@ -88,12 +89,17 @@ class Scheduler:
             if node and not is_terminal(p):
                 used[node] += gpu_request(p)
                 count[node] += 1
+        inventory = (dra.Inventory.load(self.store)
+                     if any((p.get("spec") or {}).get("resourceClaims") for p in pending)
+                     else None)
         for pod in sorted(pending, key=lambda p: p["metadata"].get("creationTimestamp", "")):
-            self._schedule(pod, nodes, used, count, now)
+            self._schedule(pod, nodes, used, count, now, inventory)
 
     def _schedule(
-        self, pod: Obj, nodes: list[Obj], used: Counter[str], count: Counter[str], now: float
+        self, pod: Obj, nodes: list[Obj], used: Counter[str], count: Counter[str], now: float,
+        inventory: dra.Inventory | None = None,
     ) -> None:
+        claims = bool((pod.get("spec") or {}).get("resourceClaims"))
         want = gpu_request(pod)
         tols = (pod.get("spec") or {}).get("tolerations") or []
         reasons: Counter[str] = Counter()
@@ -134,11 +140,19 @@ class Scheduler:
             if count[name] >= max_pods:
                 reasons["Too many pods"] += 1
                 continue
+            if claims and inventory is not None:
+                _, why = inventory.allocate(pod, name)
+                if why:
+                    reasons[why] += 1
+                    continue
             fits.append((-free, name))
         ts = clock.rfc3339(now)
         if fits:
             # LeastAllocated scoring: the node with the most free GPUs wins.
             chosen = min(fits)[1]
+            if claims and inventory is not None:
+                # The claims are allocated (and reserved for the pod) before it is bound.
+                inventory.commit(inventory.allocate(pod, chosen)[0])
             pod["spec"]["nodeName"] = chosen
             set_condition(
                 pod,

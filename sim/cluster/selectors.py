@@ -130,6 +130,8 @@ FIELDS: dict[str, dict[str, Getter]] = {
         "regarding.kind": _path("regarding", "kind"),
     },
     "jobs": {"status.successful": _path("status", "succeeded")},
+    "resourceslices": {"spec.nodeName": _path("spec", "nodeName"),
+                       "spec.driver": _path("spec", "driver")},
 }
 
 

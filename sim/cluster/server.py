@@ -21,7 +21,7 @@ from sim.cluster.faults import FaultConfig, FaultInjector
 from sim.cluster.handlers import Target
 from sim.cluster.machines import COMMANDS, NodeCommand
 from sim.cluster.store import Store, WriteLog, WriteRecord
-from sim.cluster.watch import serve_watch
+from sim.cluster.watch import as_version, serve_watch
 
 if TYPE_CHECKING:
     from sim.cluster.kubelet import Kubelet
@@ -46,7 +46,7 @@ def _error(err: errors.ApiError) -> web.Response:
     return _json(err.body(), err.code, err.headers)
 
 
-def parse_target(path: str) -> Target | str | None:
+def parse_target(path: str, minor: int = r.DEFAULT_MINOR) -> Target | str | None:
     """A resource Target, a group/version string for discovery, or None for 404."""
     segs = [s for s in path.split("/") if s]
     if segs[:2] == ["api", "v1"]:
@@ -59,10 +59,10 @@ def parse_target(path: str) -> Target | str | None:
         return version if not group else f"{group}/{version}"
     namespace = ""
     if rest[0] == "namespaces" and len(rest) >= 3:
-        inner = r.find(group, version, rest[2])
+        inner = r.find(group, version, rest[2], minor)
         if inner is not None and inner.namespaced:
             namespace, rest = rest[1], rest[2:]
-    rt = r.find(group, version, rest[0])
+    rt = r.find(group, version, rest[0], minor)
     if rt is None or len(rest) > 3:
         return None
     name = rest[1] if len(rest) > 1 else ""
@@ -92,9 +92,11 @@ def _verb(method: str, t: Target, query: dict[str, str]) -> str:
 class ClusterApi:
     def __init__(
         self, store: Store, writes: WriteLog, faults: FaultInjector,
-        kubelet: Kubelet | None = None,
+        kubelet: Kubelet | None = None, *, minor: int = r.DEFAULT_MINOR,
     ) -> None:
         self.store = store
+        # The Kubernetes release the server poses as: it decides which APIs exist.
+        self.minor = minor
         self.writes = writes
         self.faults = faults
         self.kubelet = kubelet
@@ -162,14 +164,14 @@ class ClusterApi:
         if path in ("/healthz", "/readyz", "/livez"):
             return web.Response(text="ok")
         if path == "/version":
-            return _json(discovery.version())
+            return _json(discovery.version(self.minor))
         if path == "/api":
             return _json(discovery.api_versions(f"{request.host}"))
         if path == "/apis":
-            return _json(discovery.api_groups())
-        target = parse_target(path)
+            return _json(discovery.api_groups(self.minor))
+        target = parse_target(path, self.minor)
         if isinstance(target, str):
-            listing = discovery.resource_list(target)
+            listing = discovery.resource_list(target, self.minor)
             return _json(listing) if listing else _error(errors.path_not_found())
         if target is None:
             return _error(errors.path_not_found())
@@ -194,6 +196,9 @@ class ClusterApi:
                 response = _json(fault.error, fault.code, fault.headers)
         if response is None:
             response = await self._handle(request, t, verb, raw, query)
+            if (isinstance(response, web.Response) and response.status < 300
+                    and t.rt.storage_version):
+                response = _as_requested_version(response, t.rt)
         if request.method in MUTATING:
             self._log(request, t, verb, raw, response.status, query, response)
         return response
@@ -318,6 +323,20 @@ class ClusterApi:
                 summary=summary,
             )
         )
+
+
+def _as_requested_version(response: web.Response, rt: r.ResourceType) -> web.Response:
+    """Objects stored under another version come back as the version that was asked for."""
+    if not response.text:
+        return response
+    try:
+        body = json.loads(response.text)
+    except ValueError:
+        return response
+    if isinstance(body, dict):
+        as_version(body, rt)
+    response.text = json.dumps(body)
+    return response
 
 
 def _int_query(query: Any, name: str) -> int | None:

@@ -95,7 +95,7 @@ class Store:
         bucket = self._objects.setdefault(rt.key, {})
         if key in bucket:
             raise errors.already_exists(rt, m["name"])
-        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        obj["apiVersion"], obj["kind"] = rt.stored_api_version, rt.kind
         m["uid"] = uid or str(uuid.uuid4())
         m["creationTimestamp"] = clock.rfc3339()
         m.pop("deletionTimestamp", None)
@@ -172,7 +172,7 @@ class Store:
                     m.pop(k, None)
             if rt.tracks_generation and new.get("spec") != old.get("spec"):
                 m["generation"] = om.get("generation", 1) + 1
-        new["apiVersion"], new["kind"] = rt.api_version, rt.kind
+        new["apiVersion"], new["kind"] = rt.stored_api_version, rt.kind
         if _same_content(old, new):
             # A no-op write does not bump resourceVersion, like the real server.
             return copy.deepcopy(old)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from sim.cluster import dra_schema as dra
 from sim.cluster import errors
 from sim.cluster import resources as r
 from sim.cluster.errors import FieldError
@@ -201,6 +202,8 @@ def validate(rt: r.ResourceType, obj: Obj) -> None:
         errs += _pdb(spec)
     elif rt is r.CONFIGMAPS:
         errs += _configmap(obj)
+    elif rt.group == r.RESOURCESLICES.group:
+        errs += dra.validate(rt, obj)
     if errs:
         raise errors.invalid(rt, (obj.get("metadata") or {}).get("name", ""), errs)
 
@@ -219,6 +222,8 @@ def _mutable_pod_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 def validate_update(rt: r.ResourceType, old: Obj, new: Obj) -> None:
     validate(rt, new)
+    if rt.group == r.RESOURCESLICES.group and (errs := dra.validate_update(rt, old, new)):
+        raise errors.invalid(rt, old["metadata"]["name"], errs)
     if rt is r.PODS:
         before, after = old.get("spec") or {}, new.get("spec") or {}
         if _mutable_pod_spec(before) != _mutable_pod_spec(after):

@@ -16,10 +16,19 @@ from typing import Any
 from aiohttp import web
 
 from sim.cluster import errors
+from sim.cluster import resources as r
 from sim.cluster.handlers import Target, filter_objects
 from sim.cluster.store import Obj, Store, WatchEvent
 
 DEFAULT_TIMEOUT = 1800.0
+
+
+def as_version(obj: Obj, rt: r.ResourceType) -> Obj:
+    """An object as the version the client asked for (DeviceTaintRule is served as v1 and
+    v1beta2 from one stored object, whose schemas agree)."""
+    if isinstance(obj, dict) and obj.get("kind") == rt.kind:
+        obj["apiVersion"] = rt.api_version
+    return obj
 
 
 def _line(kind: str, obj: Obj) -> bytes:
@@ -72,7 +81,7 @@ async def serve_watch(
         for kind, obj in backlog:
             if kind == "ADDED":
                 visible.add(obj["metadata"]["uid"])
-            await resp.write(_line(kind, obj))
+            await resp.write(_line(kind, as_version(obj, t.rt)))
         while (left := deadline - time.monotonic()) > 0:
             try:
                 ev = await asyncio.wait_for(watcher.queue.get(), timeout=left)
@@ -82,7 +91,7 @@ async def serve_watch(
                 continue
             last_rv = ev.rv
             for kind, obj in _translate(ev, selected, visible):
-                await resp.write(_line(kind, obj))
+                await resp.write(_line(kind, as_version(obj, t.rt)))
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:

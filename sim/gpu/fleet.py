@@ -8,14 +8,13 @@ whole tuple, so a reader sees either the old or the new list, never a half-edite
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from sim.gpu.device import Gpu, PodRef, Sample, fb_total_mib, has_nvlink
 from sim.gpu.faults import Fault, failing_problem, validate
-from sim.scenario import Scenario
+from sim.scenario import Scenario, gpu_uuid
 
 __all__ = ["Fleet", "Gpu", "Node", "NodeSpec", "PodRef", "Sample", "UnknownGpu", "UnknownNode"]
 
@@ -24,7 +23,6 @@ EXPORTER_MODES: tuple[str, ...] = get_args(ExporterMode)
 HostnameLabel = Literal["Hostname", "hostname"]
 XidSeries = Literal["absent-until-error", "zero"]
 
-_UUID_NS = uuid.UUID("5f0c6a2e-8d0b-4c1e-9a57-6b1f3c2d9e41")
 # PCI bus numbers of the eight GPUs on an HGX H100 baseboard, in index order.
 _HGX_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 _MAX_DELAY_S = 600.0
@@ -147,7 +145,7 @@ class Fleet:
 
     @staticmethod
     def _new_gpu(spec: NodeSpec, index: int, now: float) -> Gpu:
-        u = uuid.uuid5(_UUID_NS, f"{spec.name}/{index}")
+        u = gpu_uuid(spec.name, index)
         seed = u.int & 0xFFFFFFFF
         return Gpu(
             node=spec.name,

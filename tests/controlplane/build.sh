@@ -9,10 +9,14 @@
 #   tests/controlplane/build.sh --print-path  print the path; exit 1 if it is not built
 #   tests/controlplane/build.sh --force       rebuild even if cached
 #
-# Environment: GO (the go command), GOMAXPROCS, NICE (default 19).
+# Environment: GO (the go command), GOMAXPROCS, NICE (default 19), MODULE (a subdirectory
+# with another go.mod: another Kubernetes version).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# MODULE=k8s137: the module in that subdirectory (the tier's second Kubernetes version,
+# which serves DeviceTaintRule); unset: this directory's (the tier's first).
+here="$here${MODULE:+/$MODULE}"
 cd "$here"
 
 mapfile -t sources < <(printf '%s\n' ./*.go | LC_ALL=C sort)

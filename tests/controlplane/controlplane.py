@@ -25,41 +25,51 @@ from typing import Any, TextIO
 HERE = Path(__file__).parent
 BUILD = HERE / "build.sh"
 ENV = "GPU_REMEDIATE_CONTROLPLANE"
+# The tier's second Kubernetes version (tests/controlplane/k8s137, its own go.mod): one that
+# serves DeviceTaintRule, for the DRA contract tests. Its binary comes from DRA_ENV, else
+# from ENV when that says cached or build.
+DRA_MODULE = "k8s137"
+DRA_ENV = "GPU_REMEDIATE_CONTROLPLANE_DRA"
 
 
 class ControlPlaneError(Exception):
     pass
 
 
-def cached_binary() -> Path | None:
+def _env(module: str) -> dict[str, str]:
+    return {**os.environ, "MODULE": module} if module else dict(os.environ)
+
+
+def cached_binary(module: str = "") -> Path | None:
     result = subprocess.run(["bash", str(BUILD), "--print-path"], capture_output=True,
-                            text=True, check=False)
+                            text=True, check=False, env=_env(module))
     path = Path(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
     return path if result.returncode == 0 and path is not None else None
 
 
-def build() -> Path:
+def build(module: str = "") -> Path:
     result = subprocess.run(["bash", str(BUILD)], stdout=subprocess.PIPE, text=True,
-                            check=False)
+                            check=False, env=_env(module))
     if result.returncode != 0:
         raise ControlPlaneError(f"{BUILD} failed with exit code {result.returncode}")
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def resolve(choice: str | None) -> tuple[Path | None, str]:
-    """The binary to use for `choice`, or None with the reason the tier is skipped."""
+def resolve(choice: str | None, module: str = "") -> tuple[Path | None, str]:
+    """The binary to use for `choice`, or None with the reason the tier is skipped.
+    ``module``: build.sh's MODULE (another Kubernetes version); "" the tier's first."""
     choice = (choice or "").strip()
     if choice in ("", "0", "no", "off"):
         return None, (f"the real control plane tier is off: set {ENV}=cached|build|PATH or "
                       "pass --controlplane=cached|build|PATH (see docs/controlplane.md)")
     if choice in ("1", "auto", "cached", "yes"):
-        path = cached_binary()
+        path = cached_binary(module)
         if path is None:
             return None, ("no cached control plane binary for the current sources: build it "
                           f"with {BUILD.relative_to(HERE.parent.parent)} (docs/controlplane.md)")
         return path, ""
     if choice == "build":
-        return build(), ""
+        return build(module), ""
     path = Path(choice).expanduser()
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise ControlPlaneError(f"{ENV}/--controlplane: {path} is not an executable file")

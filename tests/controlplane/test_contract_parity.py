@@ -52,13 +52,14 @@ KNOWN_DIFFERENCES: dict[str, tuple[str, str, str]] = {
 }
 
 
-def run_suite(out: Path, kubeconfig: Path | None) -> dict[str, tuple[str, str]]:
+def run_suite(out: Path, kubeconfig: Path | None,
+              suite: list[str] | None = None) -> dict[str, tuple[str, str]]:
     """Run the contract suite; test id -> (outcome, message)."""
     env = {k: v for k, v in os.environ.items() if k != "GPU_REMEDIATE_CONTRACT_KUBECONFIG"}
     if kubeconfig is not None:
         env["GPU_REMEDIATE_CONTRACT_KUBECONFIG"] = str(kubeconfig)
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    "-o", "junit_family=xunit1", f"--junitxml={out}", *SUITE],
+                    "-o", "junit_family=xunit1", f"--junitxml={out}", *(suite or SUITE)],
                    cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     results: dict[str, tuple[str, str]] = {}
     for case in ET.parse(out).getroot().iter("testcase"):

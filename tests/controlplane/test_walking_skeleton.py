@@ -135,6 +135,14 @@ def test_granted_permissions_used_or_accounted_for(pdb_stack: ControlPlaneStack)
         ("", "configmaps", "delete"),
         # No GPU reset runs in this scenario (covered against the cluster simulator).
         ("apps", "daemonsets", "list"),
+        # Per-GPU isolation (remediation.gpu_isolation: dra) is off in this scenario and
+        # the tier's 1.33 serves no DeviceTaintRule (tests/activities/test_gpu_isolation.py
+        # covers the calls against the simulator posing as 1.36 and 1.37).
+        ("resource.k8s.io", "devicetaintrules", "create"),
+        ("resource.k8s.io", "devicetaintrules", "get"),
+        ("resource.k8s.io", "devicetaintrules", "patch"),
+        ("resource.k8s.io", "devicetaintrules", "delete"),
+        ("resource.k8s.io", "resourceslices", "list"),
     }
     unused = granted - used - not_exercised_here
     report = {"used": sorted(map(list, used)), "granted_unused": sorted(map(list, unused))}

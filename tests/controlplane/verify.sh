@@ -20,7 +20,7 @@ stamp="$here/VERIFIED"
 cd "$repo"
 
 INPUTS=(tests/controlplane sim/cluster tests/sim/testkit.py tests/polling.py tests/sim/test_cluster_api.py
-        tests/sim/test_cluster_tables.py
+        tests/sim/test_cluster_tables.py tests/sim/test_cluster_dra.py
         tests/sim/test_cluster_eviction.py activities deploy/base/rbac.yaml)
 
 inputs_hash() {
@@ -53,11 +53,14 @@ esac
 
 before=$(inputs_hash)
 binary=$("$here/build.sh" | tail -n1)
+# The second version (DeviceTaintRule; tests/controlplane/k8s137): both stay tested.
+binary_dra=$(MODULE=k8s137 "$here/build.sh" | tail -n1)
 py=${PYTHON:-$repo/.venv/bin/python}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 start=$(date +%s)
-GPU_REMEDIATE_CONTROLPLANE="$binary" "$py" -m pytest -q -p no:cacheprovider tests/controlplane \
+GPU_REMEDIATE_CONTROLPLANE="$binary" GPU_REMEDIATE_CONTROLPLANE_DRA="$binary_dra" \
+  "$py" -m pytest -q -p no:cacheprovider tests/controlplane \
   | tee "$log"
 summary=$(grep -E '^[0-9]+ (passed|failed)' "$log" | tail -n1 || true)
 if grep -qE '(failed|error|skipped)' <<<"$summary" || [[ -z "$summary" ]]; then
@@ -69,6 +72,7 @@ if [[ "$(inputs_hash)" != "$before" ]]; then
   exit 1
 fi
 k8s=$("$binary" --version 2>/dev/null | head -n1 || true)
+k8s="$k8s, $("$binary_dra" --version 2>/dev/null | head -n1 || true)"
 cat > "$stamp" <<EOF
 inputs $before
 kubernetes ${k8s:-unknown}

@@ -78,6 +78,8 @@ the ids it is there for):
 - v5_reboot.json                     XID 79 under a lease: reboot timed from its request,
                                      validation on the standalone DCGM host engine
 - v5_reset.json                      XID 48 on one GPU: operands off, reset by the GPU's UUID
+- v5_gpu_isolated.json               gpu_isolation dra, XID 48 on one GPU: a DeviceTaintRule
+                                     (NoSchedule, NoExecute), no claim; `release`, healthy
 - v5_abort_in_operands_pause.json    cancelled while the operands are turned off: restored,
                                      the XIDs shown acknowledged
 - v5_abort_in_quarantine_write.json  cancelled while the quarantine is written: the abort is
@@ -675,6 +677,20 @@ async def v5_reset(client: Client, name: str) -> None:
         await save(name, handle)
 
 
+async def v5_gpu_isolated(client: Client, name: str) -> None:
+    """remediation.gpu_isolation: dra, XID 48 on one GPU: a DeviceTaintRule (NoSchedule,
+    then NoExecute) instead of a claim; held until `release`, the rule removed, healthy."""
+    async with worker_for(client, FakeCluster()) as queue:
+        handle = await start(client, queue, name,
+                             settings=FAST.model_copy(update={"gpu_isolation": "dra"}),
+                             verdict=reset_verdict(name.replace("_", "-")))
+        await step_is(handle, "gpu-quarantined")
+        await handle.execute_update(RemediationWorkflow.release,
+                                    OperatorCommand(operator="recorder", reason="replaced"))
+        await handle.result()
+        await save(name, handle)
+
+
 async def held(client: Client, name: str, hold: Hold, verdict: Verdict) -> None:
     """Start on a worker whose ``hold`` activity waits, cancel it there, let it finish."""
     unkind = Unkind(FakeCluster(), hold)
@@ -970,6 +986,7 @@ SCENARIOS = (
     Scenario("detector_mirror", v5_detector_mirror, ("state-mirror-rewritten",)),
     Scenario("release_cleared", v5_release_cleared, ("release-clear-bounded",)),
     Scenario("detector_incident", v5_detector_incident, ("fault-domains-and-incidents",)),
+    Scenario("gpu_isolated", v5_gpu_isolated, ("gpu-isolation-dra",)),
     Scenario("detector", v5_detector,
              ("slots-are-leases", "thermal-cordons-outside-budget", "detector-bounded-by-limits",
               "detector-node-reports", "heat-cordon-drains-in-a-slot")),

@@ -34,6 +34,7 @@ from policy.models import Action, Finding, Verdict
 from workflows import transitions
 from workflows.ids import remediation_workflow_id, shard_of
 from workflows.incidents import IncidentCordon, IncidentCordonResult
+from workflows.isolation import GpuTaintInput, IsolateGpuInput, IsolateGpuResult, rule_name
 from workflows.leases import LeaseAnswer, LeaseCheck, LeaseStatus
 from workflows.ledger import LedgerEntry, LedgerInput, LedgerResult, note_for
 from workflows.limits import LimitsSettings
@@ -173,6 +174,10 @@ class FakeCluster:
     # The repair ledger (record_repair), and why its writes fail ("": they succeed).
     ledger: list[LedgerEntry] = field(default_factory=list)
     ledger_fails: str = ""
+    # Per-GPU isolation: DeviceTaintRules by name -> effect; a why_not refuses every rule
+    # (API absent, RBAC) as the real activity does.
+    gpu_rules: dict[str, str] = field(default_factory=dict)
+    isolation_why_not: str = ""
 
     def node(self, name: str) -> FakeNode:
         return self.nodes.setdefault(name, FakeNode(name))
@@ -255,6 +260,11 @@ class FakeCluster:
             with cluster.lock:
                 cluster.calls.append(("release_node", inp))
                 if inp.dry_run:
+                    return
+                if inp.node_untouched:  # a per-GPU remediation: the record only
+                    n = cluster.node(inp.node)
+                    n.history = [*n.history, inp.history]
+                    n.acked.update(inp.acknowledged_xids)
                     return
                 if inp.claim_unconfirmed and not cluster.node(inp.node).tainted:
                     return  # like the real one: the claim never landed, nothing to undo
@@ -583,6 +593,7 @@ class FakeCluster:
                         return LedgerResult(entry=e.id, written=False)
                 cluster.ledger.append(inp.entry)
                 return LedgerResult(entry=inp.entry.id, written=True)
+
         @activity.defn(name="cordon_for_incident")
         def cordon_for_incident(inp: IncidentCordon) -> IncidentCordonResult:
             out = IncidentCordonResult()
@@ -605,6 +616,32 @@ class FakeCluster:
                     out.uncordoned.append(name)
             return out
 
+        @activity.defn(name="isolate_gpu")
+        def isolate_gpu(inp: IsolateGpuInput) -> IsolateGpuResult:
+            with cluster.lock:
+                cluster.calls.append(("isolate_gpu", inp))
+                if cluster.isolation_why_not:
+                    return IsolateGpuResult(isolated=False, why_not=cluster.isolation_why_not)
+                device = f"gpu-{inp.gpu}"
+                name = rule_name(inp.node, device)
+                if not inp.dry_run:
+                    cluster.mutations.append(f"isolate {inp.node} {device}")
+                    cluster.gpu_rules[name] = "NoSchedule"
+                return IsolateGpuResult(isolated=True, rule=name, device=device,
+                                        api_version="v1")
+
+        @activity.defn(name="set_gpu_taint")
+        def set_gpu_taint(inp: GpuTaintInput) -> str:
+            with cluster.lock:
+                cluster.calls.append(("set_gpu_taint", inp))
+                if inp.dry_run:
+                    return "dry-run"
+                if inp.effect is None:
+                    cluster.gpu_rules.pop(inp.rule, None)
+                    return f"removed {inp.rule}"
+                cluster.gpu_rules[inp.rule] = inp.effect
+                return f"{inp.rule}: {inp.effect}"
+
         @activity.defn(name="record_event")
         def record_event(inp: NodeEventInput) -> None:
             with cluster.lock:
@@ -617,7 +654,7 @@ class FakeCluster:
                 check_thermal, pause_gpu_operands, restore_gpu_operands, check_operands_gone,
                 check_operands_back, check_gpus_free, restart_device_plugin, confirm_lease,
                 read_limits, mark_out_of_service, rewrite_state_mirror, record_repair,
-                cordon_for_incident]
+                cordon_for_incident, isolate_gpu, set_gpu_taint]
 
 
 def xid_verdict(node: str, xid: int = 79, action: Action = Action.REBOOT) -> Verdict:

@@ -112,6 +112,7 @@ CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
                                   JobTemplateNames()),
     "remediation.reset_method": ({"external_repair_allowed": False}, "external", "gpu-reset"),
     "remediation.reboot_method": ({"external_repair_allowed": False}, "external", "reboot"),
+    "remediation.gpu_isolation": ({"gpu_isolation_allowed": False}, "dra", "off"),
     "remediation.max_repair_attempts": ({"max_repair_attempts": 2}, 10, 1),
     "remediation.repeat_offender_count": ({"repeat_offender_count_max": 3}, 30, 2),
     "remediation.repeat_offender_window": ({"repeat_offender_window_min": timedelta(days=7)},

@@ -53,7 +53,8 @@ BEFORE = {
 }
 # Fields added since (with defaults): left out of the comparison, absent from what an earlier
 # worker wrote.
-ADDED = {"view": {"quarantine_ordered_by", "quarantine_policy_reason"}}
+ADDED = {"view": {"quarantine_ordered_by", "quarantine_policy_reason", "gpu_isolation"},
+         "release": {"node_untouched"}}
 
 
 def samples() -> dict[str, BaseModel]:

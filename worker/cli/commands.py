@@ -592,6 +592,9 @@ def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     out.print("would start:")
     print_table(out, ("node", "action", "why"),
                 [(s.node, s.action, s.reason) for s in result.start])
+    for s in result.start:
+        if s.scope:
+            out.print(shown(f"  {s.node}: {s.scope}"), soft_wrap=True, highlight=False)
     for w in result.waiting:
         out.print(f"waits: {shown(w)}", soft_wrap=True, highlight=False)
     for o in result.orphans:
@@ -912,6 +915,13 @@ def status(
         _print_status([view])
         for line in _quarantine_orders(view):
             out.print(shown(line), soft_wrap=True, highlight=False)
+        if view.gpu_isolation is not None:
+            iso = view.gpu_isolation
+            out.print(shown(f"GPU {iso.gpu} ({iso.uuid}) isolated: DeviceTaintRule {iso.rule} "
+                            f"({iso.api_version}, device {iso.device}, {iso.effect}), owner "
+                            f"{iso.owner}: {iso.reason}. The node stays schedulable; "
+                            f"`gpu-remediate release {node} -r REASON` removes the rule."),
+                      soft_wrap=True, highlight=False)
         _print_ui_link(config, node)
         for t in view.transitions:
             out.print(f"  {t.at:%Y-%m-%d %H:%M:%S}  {t.state.value:<18} {t.step.value}")

@@ -22,6 +22,7 @@ from activities.prerequisites import missing_prerequisites
 from policy.models import Verdict
 from worker.config import Settings
 from workflows.admission import Admission
+from workflows.isolation import GpuIsolation, IsolationDecision, IsolationPlan
 from workflows.messages import DetectorState, DetectorView, FleetObservation, ObserveInput
 from workflows.settings import DetectorSettings, limit_for
 
@@ -35,6 +36,9 @@ class PlannedStart(BaseModel):
     action: str
     reason: str
     verdict: Verdict
+    scope: str = Field(default="", description="With remediation.gpu_isolation dra: the GPU "
+                                               "it would isolate, or why the whole node "
+                                               "(the workflow's own IsolationDecision).")
 
 
 class Plan(BaseModel):
@@ -104,12 +108,19 @@ def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
                 differences=settings_differences(configured, effective)
                 if effective is not None else [],
                 quarantine_cap=quarantine_cap(used, obs.managed_nodes, adm.quarantined))
+    isolation = IsolationDecision(used.remediation.gpu_isolation)
     for c in adm.queue:
         why = adm.blocked(c)
         if why is None:
             adm.admit(c)
+            scope = ""
+            if used.remediation.gpu_isolation == GpuIsolation.DRA:
+                one = isolation.decide(c.verdict)
+                scope = (f"GPU {one.gpu} ({one.uuid}) only: a DeviceTaintRule"
+                         + (", NoExecute" if one.evict else ", NoSchedule")
+                         if isinstance(one, IsolationPlan) else f"whole node: {one}")
             plan.start.append(PlannedStart(node=c.node, action=c.verdict.action.value,
-                                           reason=c.why, verdict=c.verdict))
+                                           reason=c.why, verdict=c.verdict, scope=scope))
         else:
             plan.waiting.append(f"{c.node} ({c.verdict.action.value}: {why})")
     return plan

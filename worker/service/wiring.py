@@ -12,6 +12,7 @@ from temporalio.client import Client
 from activities.drain import DrainActivities
 from activities.events import EventActivities, set_event_namespace
 from activities.fleet import FleetActivities
+from activities.gpu_isolation import GpuIsolationActivities
 from activities.incidents import IncidentActivities
 from activities.jobs import JobActivities
 from activities.kube import make_api_client
@@ -72,6 +73,7 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     fleet = build_fleet(settings, api)
     back = NodeReturnActivities(api, fleet)
     operands = OperandActivities(api)
+    isolation = GpuIsolationActivities(api)
     return [nodes.claim_node, nodes.set_node_state, nodes.release_node, drain.drain_node,
             nodes.rewrite_state_mirror,
             jobs.run_node_job, jobs.poll_node_job, jobs.delete_node_job,
@@ -82,6 +84,7 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
             operands.pause_gpu_operands, operands.check_operands_gone,
             operands.restore_gpu_operands, operands.check_operands_back,
             operands.restart_device_plugin,
+            isolation.isolate_gpu, isolation.set_gpu_taint,
             fleet.report_admission, IncidentActivities(api).cordon_for_incident,
             LimitsActivities(limits_reader(settings)).read_limits,
             LedgerActivities(api, settings.ledger, settings.record_namespace()).record_repair]

@@ -79,6 +79,8 @@ class LocalStack:
     overrides: dict[str, Any] = field(default_factory=dict)
     job_seconds: float = 2.0
     reboot_seconds: float = 3.0
+    # The Kubernetes release the cluster simulator poses as (DRA's APIs: 1.36, 1.37).
+    kubernetes_version: str = "1.33"
     extra_temporal_args: list[str] = field(default_factory=list)
     # The worker's own credentials, when they differ from the admin kubeconfig.
     worker_kubeconfig: Path | None = None
@@ -164,7 +166,8 @@ class LocalStack:
             "sim", "cluster", "serve", "--port", str(self.ports.cluster),
             "--scenario", self.scenario, "--gpu-sim-url", self.gpu_url,
             "--kubeconfig-out", str(self.kubeconfig),
-            "--job-seconds", str(self.job_seconds), "--reboot-seconds", str(self.reboot_seconds)))
+            "--job-seconds", str(self.job_seconds), "--reboot-seconds", str(self.reboot_seconds),
+            "--kubernetes-version", self.kubernetes_version))
         self._wait(cluster, lambda: self.kubeconfig.exists() and httpx.get(
             f"http://127.0.0.1:{self.ports.cluster}/version", timeout=1).status_code == 200)
 

@@ -1,0 +1,135 @@
+"""isolate_gpu / set_gpu_taint against the cluster simulator posing as 1.33, 1.36 and 1.37."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from temporalio.testing import ActivityEnvironment
+
+from activities.gpu_isolation import GROUP, GpuIsolationActivities
+from sim.cluster import ThreadedClusterSim
+from sim.scenario import gpu_uuid
+from tests.activities.conftest import Cluster
+from workflows.isolation import GpuTaintInput, IsolateGpuInput, rule_name
+
+NODE = "gpu-node-01"
+UUID3 = f"GPU-{gpu_uuid(NODE, 3)}"
+
+
+def _open(tmp_path: Path, version: str) -> Iterator[Cluster]:
+    sim = ThreadedClusterSim(scenario="small", job_seconds=0.2, kubernetes_version=version)
+    sim.start()
+    k = Cluster(sim, sim.kubeconfig(tmp_path / "kubeconfig"))
+    try:
+        yield k
+    finally:
+        k.api.close()
+        sim.stop()
+
+
+@pytest.fixture
+def k137(tmp_path: Path) -> Iterator[Cluster]:
+    yield from _open(tmp_path, "1.37")
+
+
+def _isolate(k: Cluster, node: str = NODE, uuid: str = UUID3, **kw: Any) -> Any:
+    acts = GpuIsolationActivities(k.api)
+    return ActivityEnvironment().run(acts.isolate_gpu, IsolateGpuInput(
+        node=node, uuid=uuid, gpu="3", value="xid-48-drain-and-reset",
+        reason="XID 48 on GPU 3", workflow_id=f"remediation-{node}", **kw))
+
+
+def _rule(k: Cluster, name: str, version: str = "v1") -> dict[str, Any]:
+    return dict(client.CustomObjectsApi(k.api).get_cluster_custom_object(
+        GROUP, version, "devicetaintrules", name))
+
+
+def _rules(k: Cluster) -> list[dict[str, Any]]:
+    return list(client.CustomObjectsApi(k.api).list_cluster_custom_object(
+        GROUP, "v1", "devicetaintrules")["items"])
+
+
+def test_one_rule_selects_exactly_the_gpu_found_by_uuid(k137: Cluster) -> None:
+    out = _isolate(k137)
+    assert out.isolated and out.device == "gpu-3" and out.api_version == "v1"
+    assert out.rule == rule_name(NODE, "gpu-3")
+    rule = _rule(k137, out.rule)
+    assert rule["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": NODE,
+                                              "device": "gpu-3"}
+    assert rule["spec"]["taint"]["effect"] == "NoSchedule"
+    assert rule["spec"]["taint"]["key"] == "gpu-remediate.io/isolated"
+    assert rule["metadata"]["annotations"]["gpu-remediate.io/workflow-id"] == \
+        f"remediation-{NODE}"
+    # The node itself is untouched: schedulable, no taint.
+    node = k137.node(NODE)
+    assert not node.spec.unschedulable and not node.spec.taints
+    # A retry of the same step adopts our own rule rather than fail.
+    assert _isolate(k137).isolated
+    assert len(_rules(k137)) == 1
+
+
+def test_effect_moves_to_noexecute_then_the_rule_goes(k137: Cluster) -> None:
+    out = _isolate(k137)
+    acts = GpuIsolationActivities(k137.api)
+    env = ActivityEnvironment()
+    env.run(acts.set_gpu_taint, GpuTaintInput(rule=out.rule, api_version=out.api_version,
+                                              node=NODE, effect="NoExecute"))
+    assert _rule(k137, out.rule)["spec"]["taint"]["effect"] == "NoExecute"
+    said = env.run(acts.set_gpu_taint, GpuTaintInput(rule=out.rule, node=NODE,
+                                                     api_version=out.api_version))
+    assert said.startswith("removed")
+    assert _rules(k137) == []
+    assert "already gone" in env.run(acts.set_gpu_taint, GpuTaintInput(
+        rule=out.rule, node=NODE, api_version=out.api_version))
+
+
+def test_dry_run_finds_the_device_and_writes_nothing(k137: Cluster) -> None:
+    k137.clear_writes()
+    out = _isolate(k137, dry_run=True)
+    assert out.isolated and out.device == "gpu-3"
+    assert k137.writes() == []
+
+
+def test_a_136_server_gets_the_v1beta2_rule(tmp_path: Path) -> None:
+    for k in _open(tmp_path, "1.36"):
+        out = _isolate(k)
+        assert out.isolated and out.api_version == "v1beta2"
+        assert _rule(k, out.rule, "v1beta2")["spec"]["deviceSelector"]["device"] == "gpu-3"
+
+
+def test_a_133_server_falls_back_saying_the_api_is_absent(tmp_path: Path) -> None:
+    for k in _open(tmp_path, "1.33"):
+        out = _isolate(k)
+        assert not out.isolated
+        assert "serves no DeviceTaintRule" in out.why_not
+
+
+def test_rbac_refusal_falls_back_saying_so(k137: Cluster) -> None:
+    k137.faults({"verb": "create", "resource": "devicetaintrules", "status": 403})
+    out = _isolate(k137)
+    assert not out.isolated
+    assert "not allowed to create DeviceTaintRules" in out.why_not
+    assert "forbidden" in out.why_not
+
+
+def test_unknown_uuid_falls_back(k137: Cluster) -> None:
+    out = _isolate(k137, uuid="GPU-00000000-0000-0000-0000-000000000000")
+    assert not out.isolated and "no device" in out.why_not
+
+
+def test_a_slice_for_another_pool_is_not_believed(k137: Cluster) -> None:
+    """A node's DRA plugin writes its slices: node 02 claiming node 01's GPU in its own
+    slice (or a slice naming 01's pool) never gets a rule for node 02, nor for 01."""
+    custom = client.CustomObjectsApi(k137.api)
+    custom.create_cluster_custom_object(GROUP, "v1", "resourceslices", {
+        "metadata": {"name": "hostile"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "gpu-node-02",
+                 "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-3", "attributes": {"uuid": {"string": UUID3}}}]},
+    })
+    out = _isolate(k137, node="gpu-node-02")
+    assert not out.isolated and "no device" in out.why_not
