@@ -84,7 +84,9 @@ def sim(ctx: typer.Context) -> None:
 
 @app.command()
 def simulate(
-    config: ConfigOpt = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="The config to simulate (its detector, policy and remediation "
+                               "sections). Default: the built-in defaults.")] = None,
     nodes: Annotated[int, typer.Option(min=1, help="GPU nodes in the fleet.")] = 2000,
     gpus_per_node: Annotated[int, typer.Option(min=1, max=64, help="GPUs per node.")] = 8,
     domains: Annotated[int, typer.Option(

@@ -173,6 +173,7 @@ class Figures:
     lost_s: float = 0.0
     reports: list[AdmissionReport] = field(default_factory=list)
     max_in_use: int = 0
+    max_waiting: int = 0
     budgets: set[int] = field(default_factory=set)
     breaker_trips: int = 0
     breaker_open: bool = False
@@ -450,6 +451,7 @@ class SimFleet:
         @activity.defn(name="report_admission")
         async def report_admission(report: AdmissionReport) -> None:
             f.max_in_use = max(f.max_in_use, report.in_use)
+            f.max_waiting = max(f.max_waiting, report.waiting)
             f.budgets.add(report.budget)
             if report.breaker_open and not f.breaker_open:
                 f.breaker_trips += 1

@@ -93,6 +93,8 @@ class SimResult(BaseModel):
                                     "the managed nodes).")
     max_out_of_service: int = Field(description="The most slots in use at any admission: "
                                                 "exactly what the budget counts (leases).")
+    max_waiting: int = Field(description="The most nodes waiting for admission at one tick "
+                                         "(the budget full, the breaker open, a pool full).")
     max_out_of_service_by_state: int = Field(
         description="The most nodes at once in a state that takes them out of service "
                     "(awaiting approval, draining, repairing, validating), from the fleet.")
@@ -280,7 +282,8 @@ def _result(fleet: SimFleet, view: DetectorView, settings: DetectorSettings, *, 
         gpu_hours_lost=round(sum(by.values()), 1), gpu_hours_lost_by=by,
         mttr_by_action={a: _mttr(v) for a, v in sorted(f.mttr.items())},
         budget=max(f.budgets, default=view.budget), max_out_of_service=f.max_in_use,
-        max_out_of_service_by_state=f.max_by_state, max_quarantined=f.max_quarantined,
+        max_waiting=f.max_waiting, max_out_of_service_by_state=f.max_by_state,
+        max_quarantined=f.max_quarantined,
         quarantines=f.quarantines, breaker_trips=f.breaker_trips,
         breaker_open_at_end=view.breaker_open,
         incidents=len(incidents) if isinstance(incidents, list | dict) else int(incidents or 0),
@@ -299,6 +302,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("budget", "budget (slots)"),
     ("max_out_of_service", "max out of service (as the budget counts)"),
     ("max_out_of_service_by_state", "max out of service (node states)"),
+    ("max_waiting", "max waiting for admission"),
     ("max_quarantined", "max quarantined at once"),
     ("quarantines", "quarantines"),
     ("breaker_trips", "breaker trips"),
