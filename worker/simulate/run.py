@@ -25,6 +25,13 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.api.testservice.v1 import UnlockTimeSkippingRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import (
@@ -222,8 +229,15 @@ async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int,
         "observe_task_queue": queue,
         "observe_shard_size": max(settings.observe_shard_size, nodes)})
     faults = draw_faults(model, nodes=nodes, gpus=gpus, days=days, seed=seed)
+    # The SDK core logs to stdout, which is the JSON's: its warnings (about the test
+    # server's capabilities, tasks of closed workflows) go nowhere.
+    runtime = Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
+        filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"),
+        forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core")))))
+    logging.getLogger("temporalio.core").setLevel(logging.CRITICAL)
     env = await WorkflowEnvironment.start_time_skipping(
-        data_converter=pydantic_data_converter, test_server_existing_path=test_server())
+        data_converter=pydantic_data_converter, test_server_existing_path=test_server(),
+        runtime=runtime)
     try:
         client = env.client
         await client.operator_service.add_search_attributes(AddSearchAttributesRequest(
@@ -239,7 +253,7 @@ async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int,
         # alone.
         plain = await Client.connect(client.service_client.config.target_host,
                                      namespace=client.namespace,
-                                     data_converter=pydantic_data_converter)
+                                     data_converter=pydantic_data_converter, runtime=runtime)
         pulse = _Pulse()
         async with Worker(plain, task_queue=queue, interceptors=[pulse],
                           workflows=[DetectorWorkflow, RemediationWorkflow,
