@@ -54,11 +54,11 @@ from workflows.settings import DetectorSettings
 
 MAX_NODES = 100_000
 MAX_DAYS = 365
-# Memory, measured (docs/simulate.md): the test server keeps every history in memory, so a
-# run grows with its detector ticks and its remediations; the fleet itself is small.
+# Memory (docs/simulate.md: the test server grew ~20 KB a tick at 10,000 nodes): it keeps every
+# history in memory, so a run grows with its ticks and remediations; the fleet is small.
 STALL_S = 3.0
 BASE_BYTES = 600 * 2**20
-BYTES_PER_TICK = 12_000
+BYTES_PER_TICK = 20_000
 BYTES_PER_FAULT = 120_000
 BYTES_PER_NODE = 300
 
