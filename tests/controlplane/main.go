@@ -223,7 +223,7 @@ func run(dataDir string, port int, kubeconfigPath, controllers string, withSched
 	}); err != nil {
 		return fmt.Errorf("controller-manager flags: %w", err)
 	}
-	kcmConfig, err := kcm.Config(kcmapp.KnownControllers(), kcmapp.ControllersDisabledByDefault(), kcmapp.ControllerAliases())
+	kcmConfig, err := controllerManagerConfig(ctx, kcm)
 	if err != nil {
 		return fmt.Errorf("controller-manager config: %w", err)
 	}

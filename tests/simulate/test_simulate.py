@@ -1,0 +1,126 @@
+"""`gpu-remediate simulate`: the production workflows on the time-skipping server against an
+in-memory fleet. Small fleets, a few simulated days, a detector tick every five minutes: each
+run takes seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from worker.cli.commands import app
+from worker.config import Settings
+from worker.simulate import fleet as sim_fleet
+from worker.simulate.faults import FaultModel
+from worker.simulate.run import SimulationTooLarge, check_size, simulate
+from workflows import activity_refs
+from workflows.settings import DetectorSettings
+
+# A fault-heavy model: tens of faults a day on a fleet of tens of nodes, every outcome.
+BUSY = FaultModel(rates_per_gpu_day={"gpu": 0.05, "hbm3": 0.03, "switch_cable": 0.02,
+                                     "thermal": 0.01, "software": 0.01},
+                  outcomes={"success": 0.7, "relapse": 0.15, "hang": 0.1, "node_lost": 0.05})
+XID_ONLY = FaultModel(rates_per_gpu_day={"gpu": 0.05, "gsp": 0.02},
+                      outcomes={"success": 1.0})
+
+
+def settings(max_unavailable: int | str = 2, **kw: object) -> DetectorSettings:
+    return Settings().detector_settings().model_copy(update={
+        "interval": timedelta(minutes=5), "max_unavailable": max_unavailable, **kw})
+
+
+def run(s: DetectorSettings, model: FaultModel, *, nodes: int = 30, days: float = 2,
+        seed: int = 1) -> dict:
+    result = asyncio.run(simulate(s, model, nodes=nodes, gpus=8, domains=1, days=days,
+                                  seed=seed))
+    return result.model_dump(mode="json")
+
+
+def test_the_simulator_serves_every_activity_the_workflows_call() -> None:
+    """The production workflows call activities by name: the in-memory fleet answers every
+    one, and defines no other (no second implementation of a decision)."""
+    wanted = {v.__temporal_activity_definition.name  # type: ignore[attr-defined]
+              for v in vars(activity_refs).values()
+              if hasattr(v, "__temporal_activity_definition")}
+    fleet = sim_fleet.SimFleet(nodes=1, gpus=8, domains=1, faults=[], model=FaultModel(),
+                               settings=settings(), start=None)  # type: ignore[arg-type]
+    served = {a.__temporal_activity_definition.name for a in fleet.activities()}
+    assert served == wanted
+
+
+def test_same_seed_same_json_and_the_faults_go_through_the_policy() -> None:
+    one = run(settings(), BUSY, nodes=20, days=1.25)
+    two = run(settings(), BUSY, nodes=20, days=1.25)
+    assert one == two
+    assert one["faults_total"] >= 5
+    # XID 79 is the policy's reboot, XID 74 and the HBM3 remap its reset, heat its cordon.
+    assert set(one["mttr_by_action"]) <= {"reboot", "reset", "thermal", "quarantine"}
+    assert one["remediations_started"] >= 3
+    assert one["detector_ticks"] == pytest.approx(1.25 * 24 * 12, abs=3)
+
+
+@pytest.mark.parametrize(("seed", "model", "budget"), [
+    (1, BUSY, 1), (2, BUSY, 2), (3, XID_ONLY, "10%")])
+def test_out_of_service_never_exceeds_the_budget(seed: int, model: FaultModel,
+                                                 budget: int | str) -> None:
+    r = run(settings(budget), model, nodes=30, days=1.5, seed=seed)
+    assert r["budget"] == (3 if budget == "10%" else budget)
+    # Pressed: more faults than the budget could take at once.
+    assert r["faults_total"] > r["budget"]
+    assert r["max_out_of_service"] <= r["budget"]
+    # The fleet's own count of nodes in out-of-service states says the same.
+    assert r["max_out_of_service_by_state"] <= r["budget"]
+    assert r["max_out_of_service"] >= 1
+    if budget == 1:
+        # The budget was full at some tick: nodes waited for a slot.
+        assert r["max_waiting"] >= 1
+
+
+def test_compare_runs_both_configs_on_the_same_faults(tmp_path: Path) -> None:
+    one = tmp_path / "one.yaml"
+    five = tmp_path / "five.yaml"
+    one.write_text("detector: {interval: 300, max_unavailable: 1}\n", encoding="utf-8")
+    five.write_text("detector: {interval: 300, max_unavailable: 5}\n", encoding="utf-8")
+    faults = tmp_path / "faults.yaml"
+    faults.write_text(json.dumps({"rates_per_gpu_day": {"gpu": 0.02},
+                                  "outcomes": {"success": 1.0}}), encoding="utf-8")
+    result = CliRunner().invoke(app, [
+        "simulate", "-c", str(one), "--compare", str(five), "--nodes", "20", "--days", "1",
+        "--faults", str(faults), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    both = json.loads(result.stdout)
+    assert set(both) == {"config", "compare"}
+    a, b = both["config"], both["compare"]
+    assert (a["config"], b["config"]) == (str(one), str(five))
+    assert (a["budget"], b["budget"]) == (1, 5)
+    assert a["faults_by_cause"] == b["faults_by_cause"]
+    assert a["faults_total"] > 0
+
+    table = CliRunner().invoke(app, [
+        "simulate", "-c", str(one), "--compare", str(five), "--nodes", "20", "--days", "1",
+        "--faults", str(faults)])
+    assert table.exit_code == 0, table.output
+    assert "max out of service (as the budget counts)" in table.stdout
+    assert str(five) in table.stdout
+
+
+def test_a_run_too_large_for_memory_is_refused_before_it_starts() -> None:
+    s = Settings().detector_settings()  # a tick every 30 s
+    with pytest.raises(SimulationTooLarge, match=r"--nodes 10000 --days 300: needs about"):
+        check_size(FaultModel(), s, nodes=10_000, gpus=8, days=300, memory=8 * 2**30)
+    assert check_size(FaultModel(), s, nodes=30, gpus=8, days=2, memory=8 * 2**30) > 0
+    result = CliRunner().invoke(app, ["simulate", "--nodes", "10000000", "--days", "30"])
+    assert result.exit_code == 2
+    assert "--nodes 10000000" in result.output
+
+
+def test_a_bad_fault_model_is_a_usage_error_naming_the_field(tmp_path: Path) -> None:
+    faults = tmp_path / "faults.yaml"
+    faults.write_text("rates_per_gpu_day: {gpu: -1}\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["simulate", "--faults", str(faults)])
+    assert result.exit_code == 2
+    assert "rates_per_gpu_day.gpu" in result.output
