@@ -17,7 +17,7 @@ import bisect
 import math
 import random
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import activity
@@ -29,7 +29,10 @@ from policy.rules import evaluate_node
 from worker.simulate.faults import CAUSES, FaultModel
 from workflows import errors
 from workflows.ids import DETECTOR_WORKFLOW_ID, shard_of
+from workflows.incidents import IncidentCordon, IncidentCordonResult
+from workflows.isolation import GpuTaintInput, IsolateGpuInput, IsolateGpuResult
 from workflows.leases import LeaseAnswer, LeaseCheck, LeaseStatus
+from workflows.ledger import LedgerEntry, LedgerInput, LedgerResult, notes_for
 from workflows.limits import LimitsSettings
 from workflows.messages import (
     AdmissionReport,
@@ -199,6 +202,9 @@ class SimFleet:
         self.relapses: list[tuple[float, int, Fault]] = []  # (at, seq, fault), sorted
         self.nodes: dict[int, SimNode] = {}
         self.gone: set[int] = set()
+        # The repair ledger the remediations write (record_repair), read back by the
+        # observation for probation and lemons, as the production observation does.
+        self.ledger: list[LedgerEntry] = []
         self.figures = Figures(faults_by_cause={name: 0 for name in CAUSES})
         self._shard_sizes: dict[int, list[int]] = {}
         self._fault_actions: dict[tuple[str, bool], Action] = {}
@@ -436,6 +442,11 @@ class SimFleet:
                 obs.pool_sizes = sizes
             if inp.lease_workflows:
                 obs.lease_holders = [await lease_status(w) for w in inp.lease_workflows]
+            if inp.ledger_lookback and verdicts and fleet.ledger:
+                notes = notes_for(verdicts, {v.node: "" for v in verdicts}, fleet.ledger,
+                                  fleet.start + timedelta(seconds=now) - inp.ledger_lookback)
+                obs.ledger = {k: x for k, x in notes.items()
+                              if x.last_repair is not None or x.serial_faults}
             return obs
 
         async def lease_status(wid: str) -> LeaseStatus:
@@ -670,7 +681,33 @@ class SimFleet:
             return await VisibilityActivities(activity.client(),
                                               detector_id=DETECTOR_WORKFLOW_ID).confirm_lease(chk)
 
-        return [observe_fleet, report_admission, claim_node, set_node_state, release_node,
+        @activity.defn(name="record_repair")
+        async def record_repair(inp: LedgerInput) -> LedgerResult:
+            if any(e.id == inp.entry.id for e in fleet.ledger):
+                return LedgerResult(entry=inp.entry.id, written=False)
+            fleet.ledger.append(inp.entry)
+            return LedgerResult(entry=inp.entry.id, written=True)
+
+        @activity.defn(name="cordon_for_incident")
+        async def cordon_for_incident(inp: IncidentCordon) -> IncidentCordonResult:
+            # A cordon takes no workload away in the simulation; the incident is the
+            # detector's record, counted from its view.
+            return IncidentCordonResult(cordoned=sorted(inp.cordon),
+                                        uncordoned=sorted(inp.uncordon))
+
+        @activity.defn(name="isolate_gpu")
+        async def isolate_gpu(inp: IsolateGpuInput) -> IsolateGpuResult:
+            # The simulated fleet serves no DRA: the whole-node path, as on a cluster
+            # without resource.k8s.io.
+            return IsolateGpuResult(isolated=False,
+                                    why_not="the simulated fleet serves no DeviceTaintRule")
+
+        @activity.defn(name="set_gpu_taint")
+        async def set_gpu_taint(inp: GpuTaintInput) -> str:
+            return "no DeviceTaintRule in the simulated fleet"
+
+        return [record_repair, cordon_for_incident, isolate_gpu, set_gpu_taint,
+                observe_fleet, report_admission, claim_node, set_node_state, release_node,
                 drain_node, poll_node_job, run_node_job, delete_node_job, check_node_returned,
                 mark_out_of_service, read_node_health, check_thermal, watch_thermal,
                 check_gpus_free, restart_device_plugin, pause_gpu_operands,
