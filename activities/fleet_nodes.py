@@ -167,6 +167,11 @@ def _our_workflow(name: str, ann: dict[str, str]) -> str:
     return wid if wid == remediation_workflow_id(name) else ""
 
 
+def _capacity(n: client.V1Node) -> dict[str, str]:
+    status = getattr(n, "status", None)
+    return dict(getattr(status, "capacity", None) or {})
+
+
 def _gpu_node(n: client.V1Node) -> GpuNode:
     labels, ann = meta_dict(n, "labels"), meta_dict(n, "annotations")
     assert n.metadata is not None and n.metadata.name
@@ -182,8 +187,7 @@ def _gpu_node(n: client.V1Node) -> GpuNode:
                    neighbour_hold(labels, ann, _taint_keys(n)),
                    bool(getattr(getattr(n, "spec", None), "unschedulable", False)),
                    _tainted(n), getattr(n.metadata, "uid", None) or "", ann,
-                   capacity_gpus=quantity(((n.status.capacity or {}) if n.status else {})
-                                          .get(GPU_RESOURCE)))
+                   capacity_gpus=quantity(_capacity(n).get(GPU_RESOURCE)))
 
 
 class NodeListing:

@@ -170,7 +170,7 @@ def test_status_of_a_node_with_an_isolated_gpu_names_rule_owner_and_reason(
            "reason": "XID 48 on GPU 3"}
     isolated = view("gpu-node-07", NodeState.HEALTHY, step="gpu-quarantined",
                     gpu_isolation=iso)
-    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None: isolated)
+    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="read": isolated)
     monkeypatch.setattr(cli, "_print_ui_link", lambda config, node: None)
     result = invoke("status", "gpu-node-07")
     assert result.exit_code == 0

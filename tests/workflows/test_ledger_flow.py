@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from policy.models import Action
 from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
 from tests.workflows.test_operator_actions import (
+    BLOCKED,
     _quarantined_from_draining,
     cmd,
     node_name,
@@ -73,7 +74,8 @@ async def test_quarantine_and_release_are_two_entries_across_continue_as_new_and
         local_env):
     """The quarantine's entry is written before its hold run; the worker stops; a new one
     takes the release: its entry accounts only for the time after the quarantine's."""
-    cluster, node = FakeCluster(), node_name("ledger-hold")
+    # A drain that stays blocked: the quarantine lands mid-drain however slow the machine.
+    cluster, node = FakeCluster(drain_results=[BLOCKED]), node_name("ledger-hold")
     async with worker_for(local_env.client, cluster) as queue:
         handle = await _quarantined_from_draining(local_env.client, cluster, queue, node)
         await until(lambda: len(cluster.ledger) == 1, 10, "the quarantine's ledger entry")

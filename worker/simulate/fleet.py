@@ -23,6 +23,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.node_return import NODE_NOT_BACK
 from policy.config import PolicySettings
 from policy.models import SEVERITY, Action, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_node
@@ -578,7 +579,7 @@ class SimFleet:
                 + fleet.model.repair_minutes.reboot * 60
             if fleet.hangs(n, f"reboot-{inp.reboot_requested_at.isoformat()}") \
                     or fleet.server_seconds() < back:
-                raise ApplicationError(f"{inp.node}: boot ID unchanged", type="NodeNotBack")
+                raise ApplicationError(f"{inp.node}: boot ID unchanged", type=NODE_NOT_BACK)
             n.boot += 1
             fleet._repaired(n, Action.REBOOT, now)
             return ReturnResult(boot_id=f"boot-{n.boot}", allocatable_gpus=n.gpus,
