@@ -23,7 +23,7 @@ pytestmark = pytest.mark.controlplane
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = ["tests/sim/test_cluster_api.py", "tests/sim/test_cluster_eviction.py",
-         "tests/sim/test_cluster_tables.py"]
+         "tests/sim/test_cluster_tables.py", "tests/sim/test_cluster_authn.py"]
 
 # test id -> (simulator outcome, real outcome, why). Keep docs/controlplane.md in step.
 KNOWN_DIFFERENCES: dict[str, tuple[str, str, str]] = {
@@ -32,6 +32,8 @@ KNOWN_DIFFERENCES: dict[str, tuple[str, str, str]] = {
         "passed", "skipped", "server-side apply exists on a real API server (by design)"),
     "test_cluster_api.py::test_unknown_path_returns_404_status": (
         "passed", "skipped", "simulator-only test (by design)"),
+    "test_cluster_authn.py::test_an_expired_token_is_not_authenticated": (
+        "passed", "skipped", "simulator-only test (by design): it moves the simulator's clock"),
     "test_cluster_eviction.py::test_pdb_percent_min_available_rounds_up": (
         "passed", "skipped", "suite marks it simulator-only: its ReplicaSet pods need kubelets"),
     "test_cluster_eviction.py::test_pdb_max_unavailable_uses_controller_scale": (

@@ -21,7 +21,8 @@ cd "$repo"
 
 INPUTS=(tests/controlplane sim/cluster tests/sim/testkit.py tests/polling.py tests/sim/test_cluster_api.py
         tests/sim/test_cluster_tables.py tests/sim/test_cluster_dra.py
-        tests/sim/test_cluster_eviction.py activities deploy/base/rbac.yaml)
+        tests/sim/test_cluster_eviction.py tests/sim/test_cluster_authn.py
+        worker/service/reports.py activities deploy/base/rbac.yaml)
 
 inputs_hash() {
   # Tracked files only (plus new files not ignored), contents as in the working tree.

@@ -14,11 +14,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from kubernetes import client
 
 from sim.cluster.authn import TokenAuthority
 from tests.polling import wait_for
 from tests.sim.testkit import Contract, real_cluster
+from worker.config import NodeReportSettings
+from worker.service.reports import REPORT_PATH, NodeReports, token_review
+from workflows.messages import NodeReport
 
 sim_only = pytest.mark.skipif(bool(real_cluster()), reason="needs the simulator")
 
@@ -138,3 +142,45 @@ def test_an_expired_token_is_not_authenticated(k: Contract,
     # Another simulator's key never verifies this one's token.
     other = TokenAuthority(k.sim.sim.store, now=lambda: now[0] - 601)
     assert other.review({"spec": {"token": token}})["status"]["authenticated"] is False
+
+
+async def test_the_report_endpoint_accepts_a_watcher_only_for_its_pods_node(
+        k: Contract, placed: tuple[str, str, Any]) -> None:
+    """The worker's endpoint (worker/service/reports.py) over this cluster's own TokenReview:
+    the pod-bound token of the watcher's ServiceAccount reports for its pod's node and no
+    other; a token bound to nothing, or of another ServiceAccount, reports for none."""
+    ns, node, pod = placed
+    other = k.node()
+    watcher = f"system:serviceaccount:{ns}:default"
+    signals: list[NodeReport] = []
+
+    async def signal(report: NodeReport) -> None:
+        signals.append(report)
+
+    reports = NodeReports(
+        NodeReportSettings(audience=AUDIENCE, service_accounts=[watcher]),
+        token_review(k.api, AUDIENCE), signal)
+    bound, unbound = request_token(k, ns, pod), request_token(k, ns, None)
+    line = "NVRM: Xid (PCI:0000:18:00): 79, pid=0, GPU has fallen off the bus."
+
+    async with TestClient(TestServer(reports.app())) as http:
+        async def post(token: str, for_node: str) -> tuple[int, str]:
+            answer = await http.post(REPORT_PATH, headers={"Authorization": f"Bearer {token}"},
+                                     json={"node": for_node, "gpu": "0", "xid": 79,
+                                           "line": line})
+            return answer.status, (await answer.json()).get("reason", "")
+
+        assert await post(bound, other) == (403, "other_node")
+        assert await post(unbound, node) == (403, "not_node_bound")
+        assert await post(bound, node) == (202, "")
+    assert [(s.node, s.xid) for s in signals] == [(node, 79)]
+
+    strangers = NodeReports(
+        NodeReportSettings(audience=AUDIENCE,
+                           service_accounts=["system:serviceaccount:elsewhere:watch"]),
+        token_review(k.api, AUDIENCE), signal)
+    async with TestClient(TestServer(strangers.app())) as http:
+        answer = await http.post(REPORT_PATH, headers={"Authorization": f"Bearer {bound}"},
+                                 json={"node": node, "gpu": "0", "xid": 79, "line": line})
+        assert (answer.status, (await answer.json())["reason"]) == (403, "not_watcher")
+    assert len(signals) == 1
