@@ -6,7 +6,10 @@ kubelets), the worker holding only deploy/base/rbac.yaml's permissions:
   with this module's ``five_stack``;
 - the PDB-blocked drain: tests/e2e/test_fleet_scenarios.py's ``pdb_scenario`` (the real
   disruption controller computes the PDB's status), with a shorter readiness delay and first
-  drain report so it takes a minute, not two.
+  drain report so it takes a minute, not two;
+- the brownout: tests/e2e/test_brownout.py's scenario, where every Node write of the worker
+  is refused by the real API server (a ValidatingAdmissionPolicy answering 403, as an RBAC
+  change or a failing Node webhook does) while two nodes fail under a budget of one.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client, config
 
 from sim.gpu.client import GpuSimClient
-from tests.controlplane.stack import REPO, ControlPlaneStack
+from tests.controlplane.stack import REPO, SA_USER, ControlPlaneStack
 from tests.e2e.kit import Cluster
+from tests.e2e.test_brownout import claims_held_through_a_brownout
 from tests.e2e.test_budget_under_load import (  # the scenario itself, run with five_stack below
     test_five_failures_at_once_never_exceed_a_budget_of_two,
 )
@@ -92,3 +97,53 @@ def test_a_gpu_reset_turns_the_gpu_operator_off_and_back_on_a_real_control_plane
                for o in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery"))
     n = k8s.node(node)
     assert n.status.allocatable["nvidia.com/gpu"] == "8" and not n.spec.unschedulable
+
+
+@pytest.fixture(scope="module")
+def brownout_stack(controlplane_binary: Path,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlaneStack]:
+    with _stack(controlplane_binary, tmp_path_factory.mktemp("cpbrownout"),
+                REPO / "tests" / "e2e" / "budget.yaml",
+                **{"detector.max_unavailable": 1,
+                   "detector.breaker_max_flagged_percent": 100}) as stack:
+        yield stack
+
+
+BROWNOUT = "gpu-remediate-test-brownout"
+
+
+def test_claims_held_through_a_refused_node_write_never_land_together(
+        brownout_stack: ControlPlaneStack) -> None:
+    """The brownout on kube-apiserver itself: a ValidatingAdmissionPolicy refuses every Node
+    update by the worker's ServiceAccount with 403 Forbidden. One lease is held through it,
+    no write lands, and once the policy is gone the nodes are repaired one at a time."""
+    api = config.new_client_from_config(config_file=str(brownout_stack.kubeconfig))
+    adm: Any = client.AdmissionregistrationV1Api(api)
+
+    def start() -> None:
+        adm.create_validating_admission_policy({
+            "metadata": {"name": BROWNOUT},
+            "spec": {"failurePolicy": "Fail",
+                     "matchConstraints": {"resourceRules": [{
+                         "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                         "resources": ["nodes"]}]},
+                     "validations": [{
+                         "expression": f"request.userInfo.username != '{SA_USER}'",
+                         "message": "node writes refused (test brownout)",
+                         "reason": "Forbidden"}]}})
+        adm.create_validating_admission_policy_binding({
+            "metadata": {"name": BROWNOUT},
+            "spec": {"policyName": BROWNOUT, "validationActions": ["Deny"]}})
+
+    def stop() -> None:
+        adm.delete_validating_admission_policy_binding(BROWNOUT)
+        adm.delete_validating_admission_policy(BROWNOUT)
+
+    with api:
+        claims_held_through_a_brownout(brownout_stack, start, stop)
+        denied = [e for e in brownout_stack.audit_events()
+                  if e.get("user", {}).get("username") == SA_USER
+                  and e.get("objectRef", {}).get("resource") == "nodes"
+                  and e.get("verb") == "patch"
+                  and e.get("responseStatus", {}).get("code") == 403]
+        assert denied, "the worker's node writes were refused by the API server"

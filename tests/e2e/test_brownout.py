@@ -8,7 +8,7 @@ sampled continuously from the cluster, and both are repaired one after the other
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -36,32 +36,43 @@ def _out(k8s: Cluster) -> set[str]:
 
 def test_claims_held_through_a_brownout_never_land_together(
         brownout_stack: LocalStack) -> None:
-    k8s, gpu = Cluster(brownout_stack), GpuSimClient(brownout_stack.gpu_url)
+    k8s = Cluster(brownout_stack)
+    claims_held_through_a_brownout(
+        brownout_stack,
+        start=lambda: k8s.set_faults([{"verb": "patch", "resource": "nodes", "status": 500}]),
+        stop=k8s.clear_faults)
+
+
+def claims_held_through_a_brownout(stack: LocalStack, start: Callable[[], object],
+                                   stop: Callable[[], object]) -> None:
+    """Two nodes fail under max_unavailable=1 while ``start``..``stop`` makes every Node
+    write of the worker fail: one lease, no write lands, then one node out at a time."""
+    k8s, gpu = Cluster(stack), GpuSimClient(stack.gpu_url)
     sick = ["gpu-node-01", "gpu-node-02"]
-    k8s.set_faults([{"verb": "patch", "resource": "nodes", "status": 500}])
+    start()
     try:
         for node in sick:
             gpu.inject_fault(node, "0", "xid", 79)
         # The brownout: the detector admits one (its lease), the other waits for the slot.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            view = detector_view(brownout_stack)
+            view = detector_view(stack)
             if len(view.in_flight) == 1 and any("budget full" in w for w in view.waiting):
                 break
             time.sleep(0.5)
         else:
-            pytest.fail(f"no admission under the brownout: {view}\n{worker_log(brownout_stack)}")
+            pytest.fail(f"no admission under the brownout: {view}\n{worker_log(stack)}")
         held = view.in_flight[0]
         seen_max = 0
         end = time.monotonic() + 30
         while time.monotonic() < end:  # many ticks; the claim keeps failing
-            view = detector_view(brownout_stack)
+            view = detector_view(stack)
             assert view.in_flight == [held], view
             seen_max = max(seen_max, len(_out(k8s)))
             time.sleep(0.5)
         assert seen_max == 0, "no write landed during the brownout"
     finally:
-        k8s.clear_faults()
+        stop()
     max_out, seen = 0, set()
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
@@ -72,6 +83,6 @@ def test_claims_held_through_a_brownout_never_land_together(
             break
         time.sleep(0.1)
     else:
-        pytest.fail(f"not both repaired: seen {seen}\n{worker_log(brownout_stack)}")
+        pytest.fail(f"not both repaired: seen {seen}\n{worker_log(stack)}")
     assert max_out == 1, f"{max_out} nodes out of service at once with max_unavailable=1"
     assert seen == set(sick)
