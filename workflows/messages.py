@@ -344,11 +344,20 @@ class RejectedCommand(_Message):
     why: str
 
 
+class ExternalWait(_Message):
+    """An external repair's wait handed over at continue-as-new."""
+
+    kind: Literal["gpu-reset", "reboot"]
+    attempt: int = Field(ge=1)
+    until: datetime | None = Field(default=None, description="When the external window "
+                                                            "ends; None: no external_timeout.")
+
+
 class RemediationResume(_Message):
     """What a remediation carries across continue-as-new: the loop it was in and the
     little state that loop needs. Everything else is on the node or in the view."""
 
-    phase: Literal["drain", "thermal", "quarantine", "approval"]
+    phase: Literal["drain", "thermal", "quarantine", "approval", "external"]
     view: RemediationView
     action: Action
     started: datetime
@@ -374,6 +383,11 @@ class RemediationResume(_Message):
     ledger_from: datetime | None = Field(
         default=None, description="The end of the last repair-ledger entry this remediation "
                                   "wrote (the next accounts for the time after it).")
+    external: ExternalWait | None = Field(
+        default=None, description="Phase external: the repair whose report is awaited.")
+    repaired_order: OperatorCommand | None = Field(
+        default=None, description="Phase external: a `repaired` accepted as the run handed "
+                                  "over.")
 
 
 class OperatorAck(_Message):

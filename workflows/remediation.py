@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         ClaimInput,
         ClaimResult,
         DrainInput,
+        ExternalWait,
         GpusFree,
         GpusFreeInput,
         HistoryEntry,
@@ -137,6 +138,9 @@ LEASE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
 # Every outcome goes to the repair ledger (runs recorded before it: as they ran). A write
 # that keeps failing is told and counted, never the remediation's failure.
 LEDGER_PATCH = "repair-ledger"
+EXTERNAL_WAIT_PATCH = "external-wait-bounded"
+"""The wait for an external repair continues as new past history_events_per_run (a storm
+of refused signals), carrying its window and any `repaired` already accepted."""
 LEDGER_CALL = timedelta(seconds=30)
 LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
                            maximum_interval=timedelta(seconds=10), maximum_attempts=5,
@@ -628,6 +632,9 @@ class RemediationWorkflow:
             return await self._quarantine(r.quarantine_why, r.acknowledged, applied=True)
         if r.phase == "approval":
             return await self._decided(await self._await_approval(r.approval_until))
+        if r.phase == "external" and r.external is not None:
+            self.repaired_order = r.repaired_order
+            return await self._repair_and_validate(r.external)
         if r.phase == "thermal":
             done = await self._thermal()
             if done is not None:
@@ -639,9 +646,10 @@ class RemediationWorkflow:
         return self.quarantine_order is not None or self.policy_quarantine is not None
 
     async def _continue_as_new_if_due(
-            self, phase: Literal["drain", "thermal", "quarantine", "approval"], *,
+            self, phase: Literal["drain", "thermal", "quarantine", "approval", "external"], *,
             now: bool = False, why: str = "", acked: dict[str, int] | None = None,
-            approval_until: datetime | None = None) -> None:
+            approval_until: datetime | None = None,
+            external: ExternalWait | None = None) -> None:
         """At a loop boundary: hand over to a fresh run when the history is long (or the
         server suggests it), or ``now`` for the quarantine hold, so a run waiting for days
         or months replays only the loop it waits in."""
@@ -667,7 +675,8 @@ class RemediationWorkflow:
             drain_force=self.drain_force, report_after=self.report_after,
             hot_since=self.hot_since, boot_id=self.boot_id, uid=self.uid,
             out_of_service=self.out_of_service, approval_until=approval_until,
-            ledger_from=self.ledger_from)}))
+            ledger_from=self.ledger_from, external=external,
+            repaired_order=self.repaired_order if external is not None else None)}))
 
     def _quarantine_reason(self) -> str:
         if self.quarantine_order is not None:
@@ -993,14 +1002,23 @@ class RemediationWorkflow:
             await workflow.sleep(d.retry_interval, summary="before the next eviction round")
             await self._continue_as_new_if_due("drain")
 
-    async def _repair_and_validate(self) -> RemediationResult:
+    async def _repair_and_validate(self, resumed: ExternalWait | None = None,
+                                   ) -> RemediationResult:
+        """Repair and validate, up to max_repair_attempts; ``resumed``: an external
+        repair's wait continued from an earlier run, picked up at its attempt."""
         s = self.inp.settings
         kind: Literal["gpu-reset", "reboot"] = (
             "reboot" if self.action == Action.REBOOT else "gpu-reset")
         acked = self._acknowledged_xids()
-        for attempt in range(1, s.max_repair_attempts + 1):
+        first = 1
+        if resumed is not None:
+            kind, first = resumed.kind, resumed.attempt
+        for attempt in range(first, s.max_repair_attempts + 1):
             self.view.attempt = attempt
-            repair = await self._repair(kind, attempt)
+            if resumed is not None and attempt == first:
+                repair = await self._resume_external(resumed)
+            else:
+                repair = await self._repair(kind, attempt)
             if not repair.succeeded:
                 if kind == "gpu-reset":
                     self._plan("GPU reset failed: escalate to reboot")
@@ -1053,12 +1071,55 @@ class RemediationWorkflow:
         if not kept:
             self.repaired_order = None
         try:
-            await workflow.wait_condition(
-                lambda: self.repaired_order is not None or self.quarantine_order is not None,
-                timeout=s.external_timeout, timeout_summary=f"external {kind}")
+            await self._await_external(kind, attempt, until=None)
         except TimeoutError:
             return NodeJobResult(succeeded=False, job_name="",
                                  message=f"no repair reported within {s.external_timeout}")
+        return self._external_done(kind)
+
+    async def _await_external(self, kind: Literal["gpu-reset", "reboot"], attempt: int, *,
+                              until: datetime | None) -> None:
+        """Wait for `repaired` (or a quarantine order) until the external window ends
+        (``until``, for a wait continued from an earlier run); TimeoutError past it. A storm
+        of refused signals grows the history while nothing is reported: past
+        history_events_per_run the wait continues in a new run, with the same window."""
+        s = self.inp.settings
+        bounded = until is not None or workflow.patched(EXTERNAL_WAIT_PATCH)
+        limit = s.history_events_per_run
+
+        def reported() -> bool:
+            return self.repaired_order is not None or self.quarantine_order is not None
+
+        def outgrown() -> bool:
+            return bounded and workflow.info().get_current_history_length() >= limit
+
+        if not bounded:
+            await workflow.wait_condition(reported, timeout=s.external_timeout,
+                                          timeout_summary=f"external {kind}")
+            return
+        end = until or (workflow.now() + s.external_timeout
+                        if s.external_timeout is not None else None)
+        while True:
+            await workflow.wait_condition(
+                lambda: reported() or outgrown(),
+                timeout=None if end is None else max(end - workflow.now(), timedelta(0)),
+                timeout_summary=f"external {kind}")
+            if reported():
+                return
+            await self._continue_as_new_if_due(
+                "external", now=True, external=ExternalWait(kind=kind, attempt=attempt,
+                                                            until=end))
+
+    async def _resume_external(self, w: ExternalWait) -> NodeJobResult:
+        """The external wait handed over by the previous run: same window, no new Event."""
+        try:
+            await self._await_external(w.kind, w.attempt, until=w.until)
+        except TimeoutError:
+            return NodeJobResult(succeeded=False, job_name="", message=(
+                f"no repair reported within {self.inp.settings.external_timeout}"))
+        return self._external_done(w.kind)
+
+    def _external_done(self, kind: Literal["gpu-reset", "reboot"]) -> NodeJobResult:
         if self.repaired_order is None:
             return NodeJobResult(succeeded=True, job_name="", message="quarantine ordered")
         who = self.repaired_order

@@ -725,6 +725,26 @@ async def v5_external_repaired_signal(client: Client, name: str) -> None:
     await external_repair(client, name, lambda h: h.signal("repaired", SIGNAL_OP))
 
 
+async def v5_external_storm(client: Client, name: str) -> None:
+    """External reboot under a storm of refused signals: the wait continues as new (run 1),
+    the next run picks it up and takes `repaired` (the final run)."""
+    settings = FAST.model_copy(update={"reboot_method": "external",
+                                       "external_timeout": timedelta(hours=6),
+                                       "history_events_per_run": 200})
+    async with worker_for(client, FakeCluster()) as queue:
+        handle = await start(client, queue, name, settings=settings)
+        run1 = await first_run(handle)
+        await step_is(handle, "external")
+        for _ in range(220):
+            await handle.signal("repaired-now", SIGNAL_OP)
+        await continued(handle, run1)
+        await step_is(handle, "external")
+        await handle.execute_update(RemediationWorkflow.repaired, OP)
+        await handle.result()
+        await save_run(client, f"{name}.run1", name, run1)
+        await save(name, handle)
+
+
 async def v5_repeat_offender_gated(client: Client, name: str) -> None:
     """A reboot that needs no approval, made a quarantine by the repeat-offender rule, waits
     for the approval a quarantine needs: approved, drained, quarantined (run 1)."""
@@ -975,6 +995,7 @@ SCENARIOS = (
              ("abort-carried-past-continue-as-new",)),
     Scenario("external_repaired_signal", v5_external_repaired_signal,
              ("repaired-accepted-is-kept", "operator-command-rules")),
+    Scenario("external_storm", v5_external_storm, ("external-wait-bounded",)),
     Scenario("repeat_offender_gated", v5_repeat_offender_gated,
              ("repeat-offender-quarantine-gated-as-quarantine",)),
     Scenario("heat_watch_quarantined", v5_heat_watch_quarantined,

@@ -366,6 +366,42 @@ async def test_a_signal_storm_during_approval_continues_as_new_and_loses_no_deci
     assert len(history.events) < 2 * settings.history_events_per_run
 
 
+async def test_a_signal_storm_during_an_external_repair_continues_as_new_and_keeps_the_report(
+        local_env):
+    """A stray client sends refused signals by the hundred while a remediation waits for an
+    external reboot: the wait continues in a new run before its history passes
+    history_events_per_run, in the same window, with no second hand-off Event; the
+    operator's `repaired` then takes effect and validation follows."""
+    cluster, node = FakeCluster(), node_name("ext-storm")
+    settings = RemediationSettings(
+        drain=FAST_DRAIN, reboot_method="external", external_timeout=timedelta(hours=6),
+        history_events_per_run=200)
+    async with worker_for(local_env.client, cluster) as queue:
+        handle = await start(local_env.client, queue, node, settings)
+        await reach(handle, NodeState.REPAIRING)
+        assert (await view(handle)).step == "external"
+        first = (await handle.describe()).run_id
+        for _ in range(260):
+            await handle.signal("repaired-now", cmd("mallory", "storm"))
+
+        async def continued() -> bool:
+            return (await handle.describe()).run_id != first
+        await until(continued, timeout=60, what="the external wait in a new run")
+        await reach(handle, NodeState.REPAIRING)
+        assert (await view(handle)).step == "external"
+        ack = await handle.execute_update(RemediationWorkflow.repaired,
+                                          cmd("erin", "BMC power-cycled it"))
+        assert ack.accepted, ack
+        result = await asyncio.wait_for(handle.result(), 60)
+    assert result.outcome == "healthy", result
+    assert cluster.jobs_run() == ["validate"], "an external reboot runs no reboot Job"
+    handed_off = [c[1] for c in cluster.calls if c[0] == "set_node_state"
+                  and c[1].event_reason == "ExternalRepairRequested"]
+    assert len(handed_off) == 1, "one hand-off, not one per run"
+    history = await local_env.client.get_workflow_handle(handle.id, run_id=first).fetch_history()
+    assert len(history.events) < 2 * settings.history_events_per_run
+
+
 async def test_quarantine_ordered_during_validation_is_not_dropped(local_env):
     gate = threading.Event()
     cluster = FakeCluster(job_gates={"validate": gate})
