@@ -4,14 +4,26 @@ test server, with in-memory activities."""
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from temporalio import workflow
 from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.worker import Worker
 
 from policy.models import Action, Finding, Verdict
 from tests.workflows.fakes import FakeCluster, until, worker_for
+from workflows.ids import CONFIRM_LEASE_UPDATE, REQUEST_SLOT_SIGNAL, SLOT_GRANTED_SIGNAL
 from workflows.isolation import rule_name
-from workflows.messages import OperatorCommand, RemediationInput, RemediationView
+from workflows.leases import LeaseAnswer, LeaseCheck
+from workflows.messages import (
+    OperatorCommand,
+    RemediationInput,
+    RemediationResult,
+    RemediationView,
+    SlotGrant,
+    SlotRequest,
+)
 from workflows.remediation import RemediationWorkflow
 from workflows.settings import RemediationSettings
 from workflows.transitions import NodeState, Step
@@ -111,3 +123,78 @@ async def test_an_abort_removes_the_rule(time_skipping_env):
     assert cluster.gpu_rules == {}
     assert cluster.nodes["n4"].history[-1].outcome.startswith("aborted")
     assert not any(c[0] == "claim_node" for c in cluster.calls)
+
+
+@workflow.defn(name="LeaseKeeper", sandboxed=False)
+class LeaseKeeper:
+    """The detector's side of a GPU-scoped lease, and nothing else: it starts the
+    remediation as its child, records its requests for a slot, and confirms only the
+    lease's own token."""
+
+    def __init__(self) -> None:
+        self.requests: list[SlotRequest] = []
+        self.token = ""
+
+    @workflow.run
+    async def run(self, inp: RemediationInput) -> RemediationResult:
+        self.token = inp.lease_token
+        return await workflow.execute_child_workflow(
+            RemediationWorkflow.run, inp, id=f"remediation-{inp.node}-{workflow.uuid4()}")
+
+    @workflow.signal(name=REQUEST_SLOT_SIGNAL)
+    def request_slot(self, req: SlotRequest) -> None:
+        self.requests.append(req)
+
+    @workflow.update(name=CONFIRM_LEASE_UPDATE)
+    def confirm_lease(self, chk: LeaseCheck) -> LeaseAnswer:
+        return LeaseAnswer(live=chk.token == self.token, why="" if chk.token == self.token
+                           else "wrong lease token")
+
+    @workflow.query
+    def asked(self) -> list[SlotRequest]:
+        return self.requests
+
+
+async def test_a_gpu_lease_waits_for_a_node_slot_before_the_whole_node_path(time_skipping_env):
+    """Admitted to isolate one GPU (a GPU-scoped lease: no node slot), the remediation finds
+    no DeviceTaintRule can be made: it touches nothing on the node until the detector grants
+    a node slot with the lease's token; a stray grant is refused and recorded."""
+    cluster = FakeCluster(isolation_why_not="forbidden: cannot create devicetaintrules")
+    client = time_skipping_env.client
+    queue = f"tq-{uuid.uuid4()}"
+    with ThreadPoolExecutor(8) as pool:
+        async with Worker(client, task_queue=queue,
+                          workflows=[RemediationWorkflow, LeaseKeeper],
+                          activities=cluster.activities(), activity_executor=pool):
+            keeper = await client.start_workflow(
+                LeaseKeeper.run,
+                RemediationInput(node="n5", verdict=one_gpu("n5"), settings=DRA,
+                                 holds_slot=False, lease_scope="gpu", lease_token="the-lease"),
+                id=f"keeper-{uuid.uuid4()}", task_queue=queue)
+            async def asked() -> bool:
+                return bool(await keeper.query(LeaseKeeper.asked))
+            await until(asked, what="a slot request")
+            child_id = (await keeper.describe()).raw_description.pending_children[0].workflow_id
+            child = client.get_workflow_handle(child_id)
+            request = (await keeper.query(LeaseKeeper.asked))[0]
+            assert (request.node, request.token) == ("n5", "the-lease")
+            view = await _view(child)
+            assert (view.state, view.step) == (NodeState.HEALTHY, Step.WAITING_FOR_A_DRAIN_SLOT)
+            assert view.lease_scope == "gpu"
+            await child.signal(SLOT_GRANTED_SIGNAL, SlotGrant(token="guessed"))
+            async def refused() -> bool:
+                return len((await _view(child)).rejected_commands) == 1
+            await until(refused, what="the stray grant refused")
+            assert (await _view(child)).step == Step.WAITING_FOR_A_DRAIN_SLOT
+            # Nothing node-wide before the grant: no claim (cordon), drain or Job.
+            assert not any(c[0] in ("claim_node", "drain_node", "run_node_job")
+                           for c in cluster.calls)
+            assert cluster.mutations == []
+            assert [e[1] for e in cluster.events] == ["GpuIsolationUnavailable",
+                                                      "OperatorSignalRejected"]
+            await child.signal(SLOT_GRANTED_SIGNAL, SlotGrant(token="the-lease"))
+            result = await keeper.result()
+            assert (await _view(child)).lease_scope == "node"
+    assert result.outcome == "healthy", result
+    assert cluster.jobs_run() == ["gpu-reset", "validate"]
+    assert cluster.nodes["n5"].states_seen[0] == "draining"
