@@ -45,7 +45,7 @@ GENERIC_CALLS: dict[str, set[tuple[str, str, str]]] = {
     "create": {(GROUP, RULES, "create"), (GROUP, RULES, "get")},
     "patch": {(GROUP, RULES, "patch")},
     "delete": {(GROUP, RULES, "delete")},
-    "list": {(GROUP, SLICES, "list")},
+    "list": {(GROUP, SLICES, "list"), (GROUP, RULES, "list")},
 }
 """What tests/deploy/test_rbac.py cannot read off a generic call's path."""
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -199,6 +199,41 @@ class GpuIsolationActivities:
             return IsolateGpuResult(isolated=False, api_version=version, device=device,
                                     why_not=f"DeviceTaintRule {name} exists and is not ours")
         return IsolateGpuResult(isolated=True, rule=name, device=device, api_version=version)
+
+    def remove_rules_of(self, node: str, owner: str) -> tuple[list[str], str]:
+        """Delete the DeviceTaintRules a remediation that is gone left for ``node``: ours by
+        label, ``owner``'s by annotation, selecting that node's own pool (a rule of any
+        other node, owner or manager is never touched). The names removed, and what stood
+        in the way ('' if nothing)."""
+        version = self._served(RULES, RULE_VERSIONS)
+        if version is None:
+            return [], ""
+        try:
+            listed = cast(dict[str, Any], self.custom.list_cluster_custom_object(
+                GROUP, version, RULES, label_selector=f"{MANAGED_BY}={MANAGER}",
+                _request_timeout=REQUEST_TIMEOUT))
+        except ApiException as err:
+            if err.status in (401, 403):
+                return [], f"not allowed to list DeviceTaintRules: {status_message(err)}"
+            raise_typed(err, "list DeviceTaintRules")
+        removed: list[str] = []
+        for rule in listed.get("items") or []:
+            meta = rule.get("metadata") or {}
+            ann = meta.get("annotations") or {}
+            sel = (rule.get("spec") or {}).get("deviceSelector") or {}
+            name = meta.get("name")
+            if not name or (meta.get("labels") or {}).get(MANAGED_BY) != MANAGER or \
+                    ann.get(NODE_ANNOTATION) != node or ann.get(OWNER_ANNOTATION) != owner or \
+                    sel.get("driver") != DRA_DRIVER or sel.get("pool") != node:
+                continue
+            try:
+                self.custom.delete_cluster_custom_object(GROUP, version, RULES, name,
+                                                         _request_timeout=REQUEST_TIMEOUT)
+            except ApiException as err:
+                if err.status != 404:
+                    raise_typed(err, f"delete DeviceTaintRule {name}")
+            removed.append(name)
+        return removed, ""
 
     @activity.defn
     def set_gpu_taint(self, inp: GpuTaintInput) -> str:
