@@ -154,8 +154,12 @@ class Admission:
                                and not lease.isolating)
         self.isolated = sorted(n for n, lease in leases.items() if lease.isolating)
         # Requests for a drain slot stand while the lease is a heat cordon's.
+        # So do those of an adopted lease (its scope unknown, it holds a node slot from
+        # adoption): a GPU-scoped remediation found running by a restarted detector asks,
+        # and is granted at once what it holds already.
         st.slot_requests = {n: t for n, t in st.slot_requests.items()
-                            if n in leases and not leases[n].slot and not leases[n].orphan}
+                            if n in leases and not leases[n].orphan
+                            and (not leases[n].slot or (self.gpu_scope and leases[n].adopted))}
         self.busy = {n: ("orphan" if lease.orphan else
                          "starting" if lease.state == NodeState.HEALTHY else lease.state.value)
                      for n, lease in leases.items()}
@@ -487,6 +491,8 @@ class Admission:
         outside the budget); for an escalation, the slot granted."""
         if self.outside_budget(c):
             self.cordoned.append(c.node)
+        elif c.escalation and c.node in self.in_use and self.gpu_scope:
+            pass  # its lease holds the slot already (before GPU leases: counted twice)
         elif self.scope_of(c) == "gpu":
             self.isolated.append(c.node)
         else:

@@ -160,3 +160,22 @@ def test_a_lease_recorded_before_scopes_reads_as_the_nodes() -> None:
                                 "workflow_id": "remediation-n"})
     assert old.scope == "node" and old.holds_slot(cordoned_counts=False)
     assert widened(old, 8).scope == "node"
+
+
+def test_an_adopted_lease_that_asks_for_the_node_is_granted_what_it_holds() -> None:
+    """A detector started again adopts a GPU-scoped remediation as a node lease (its scope
+    unknown: a node slot, failing closed); when that remediation asks for the node, it is
+    granted at once, not left waiting for a slot it already holds."""
+    s = calm(max_unavailable=1, remediation=DRA)
+    adopted = lease("a-0", state=NodeState.HEALTHY).model_copy(
+        update={"adopted": True, "token": ""})
+    state = DetectorState(leases={"a-0": adopted}, slot_requests={"a-0": NOW})
+    adm = Admission(s, state, fleet(racks(a=2), flagged=[]), NOW)
+    assert adm.in_use == ["a-0"] and [c.node for c in adm.queue] == ["a-0"]
+    assert adm.blocked(adm.queue[0]) is None
+    adm.admit(adm.queue[0])
+    assert adm.in_use == ["a-0"] and state.slot_requests == {}
+    # Without GPU-scoped leases (a run recorded before them) the request is dropped as before.
+    state = DetectorState(leases={"a-0": adopted}, slot_requests={"a-0": NOW})
+    adm = Admission(s, state, fleet(racks(a=2), flagged=[]), NOW, gpu_scope=False)
+    assert adm.queue == [] and state.slot_requests == {}
