@@ -198,3 +198,51 @@ async def test_a_gpu_lease_waits_for_a_node_slot_before_the_whole_node_path(time
     assert result.outcome == "healthy", result
     assert cluster.jobs_run() == ["gpu-reset", "validate"]
     assert cluster.nodes["n5"].states_seen[0] == "draining"
+
+
+async def test_the_detector_admits_a_gpu_lease_beside_a_node_and_widens_it_in_a_free_slot(
+        local_env):
+    """The detector, budget one node, gpu_isolation dra: XID 48 on one GPU and XID 79 on
+    another node are both admitted (the GPU's lease takes no node slot). No rule can be made,
+    so the GPU's remediation asks for the node: it is claimed only after the other node was
+    given back, so two nodes are never out at once."""
+    from datetime import timedelta
+
+    from tests.workflows.fakes import xid_verdict
+    from workflows.detector import DetectorWorkflow
+    from workflows.ids import remediation_workflow_id
+    from workflows.messages import DetectorInput
+    from workflows.settings import DetectorSettings, DrainSettings
+
+    cluster = FakeCluster(isolation_why_not="forbidden: cannot create devicetaintrules")
+    tag = uuid.uuid4().hex[:6]
+    gpu_node, whole = f"g-{tag}", f"w-{tag}"
+    cluster.verdicts = [one_gpu(gpu_node), xid_verdict(whole)]
+    for n in (gpu_node, whole, f"x-{tag}"):
+        cluster.node(n)
+    fast = DRA.model_copy(update={"heartbeat_timeout": timedelta(seconds=2),
+                                  "drain": DrainSettings(retry_interval=timedelta(
+                                      milliseconds=200))})
+    settings = DetectorSettings(interval=timedelta(milliseconds=300), max_unavailable=1,
+                                breaker_max_flagged_percent=100.0, remediation=fast)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await local_env.client.start_workflow(
+            DetectorWorkflow.run, DetectorInput(settings=settings),
+            id=f"detector-{tag}", task_queue=queue)
+        cluster.detector_id = detector.id
+        try:
+            await until(lambda: whole in cluster.claimed and any(
+                c[0] == "isolate_gpu" for c in cluster.calls), 30, "both admitted")
+            cluster.verdicts = []
+            result = await local_env.client.get_workflow_handle(
+                remediation_workflow_id(gpu_node)).result()
+            assert result["outcome"] == "healthy", result
+        finally:
+            await detector.terminate("test over")
+    order = [(c[0], c[1].node) for c in cluster.calls
+             if c[0] in ("claim_node", "release_node", "isolate_gpu")]
+    # Admitted beside the node under a budget of one (its lease held no node slot)...
+    assert order.index(("isolate_gpu", gpu_node)) < order.index(("release_node", whole)), order
+    # ...and given the node only once the other was back.
+    assert order.index(("claim_node", gpu_node)) > order.index(("release_node", whole)), order
+    assert cluster.jobs_run().count("gpu-reset") == 1  # the GPU node, as a whole node
