@@ -100,6 +100,12 @@ the ids it is there for):
                                      out_of_service_taint: marked out of service, quarantined
 - v5_detector_mirror.run1.json       a node mid-drain relabelled quarantined: the detector
                                      rewrites its label from the record
+- v5_detector_gpu_lease.run1.json   gpu_isolation dra, budget one node: XID 48 on one GPU (a
+                                     GPU-scoped lease, no node slot) beside an XID 79, both
+                                     admitted; no rule can be made, the GPU's remediation
+                                     asks for the node, granted once the other is back
+- remediation-v5-detector-gpu-lease-gpu.json  that GPU's remediation: GpuIsolationUnavailable,
+                                     request_slot, slot_granted, the whole-node reset
 
 Recorded by ``--missing`` for the repair ledger (the v5 scenarios, run again):
 
