@@ -38,6 +38,7 @@ from activities.node_keys import (
 )
 from activities.nodes import NodeActivities
 from activities.operands import A_OPERANDS_PAUSED, OperandActivities, parse_record
+from activities.record import RecordStore
 from workflows import errors as error_types
 from workflows.ids import remediation_workflow_id
 from workflows.messages import HistoryEntry, OrphanRelease, ReleaseInput
@@ -53,6 +54,7 @@ class OrphanActivities:
     core: client.CoreV1Api
     nodes: NodeActivities
     jobs_namespace: str
+    records: RecordStore
 
     async def find_orphans(self, labelled: list[GpuNode]) -> list[str]:
         """Labelled nodes whose remediation is not running (terminated, failed, gone).
@@ -99,7 +101,7 @@ class OrphanActivities:
         if not await self._gone(node):
             return [], ""
         removed, blocked = await asyncio.to_thread(
-            GpuIsolationActivities(self.core.api_client).remove_rules_of, node,
+            GpuIsolationActivities(self.core.api_client, self.records.ns).remove_rules_of, node,
             remediation_workflow_id(node))
         return [f"DeviceTaintRule {name} removed" for name in removed], blocked
 

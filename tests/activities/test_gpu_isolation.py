@@ -182,6 +182,9 @@ async def test_release_orphan_removes_a_dead_remediations_rule_on_that_node_only
     assert left == {other.rule, "admin-gpu-0", "gpu-remediate.gpu-5." + NODE}
     said = " ".join(e.message or "" for e in k137.events(NODE, "OrphanReleased"))
     assert f"DeviceTaintRule {mine.rule} removed" in said and "dana" in said, said
+    from activities.record import RecordStore
+    record = RecordStore(client.CoreV1Api(k137.api), "default").read(NODE).record
+    assert record is not None and record.gpu_quarantines == {}
     node = k137.node(NODE)
     assert not node.spec.unschedulable and not node.spec.taints
 
@@ -206,3 +209,30 @@ async def test_release_orphan_refuses_when_it_cannot_look_for_the_rules(
             node=NODE, operator="dana", reason="workflow was terminated"))
     k137.faults()
     assert mine.rule in {r["metadata"]["name"] for r in _rules(k137)}
+
+
+def test_the_nodes_record_keeps_the_isolated_gpu_until_its_rule_goes(k137: Cluster) -> None:
+    """The quarantine lives where the node cannot write (its record, a ConfigMap), beside
+    the rule: a worker started again or a re-created Node object still shows it."""
+    from activities.record import RecordStore
+
+    records = RecordStore(client.CoreV1Api(k137.api), "default")
+    acts = GpuIsolationActivities(k137.api, "default")
+    out = ActivityEnvironment().run(acts.isolate_gpu, IsolateGpuInput(
+        node=NODE, uuid=UUID3, gpu="3", value="xid-48-drain-and-reset",
+        reason="XID 48 on GPU 3", workflow_id=f"remediation-{NODE}"))
+    held = records.read(NODE).record
+    assert held is not None and set(held.gpu_quarantines) == {UUID3}
+    note = held.gpu_quarantines[UUID3]
+    assert (note.rule, note.device, note.workflow_id, note.reason) == (
+        out.rule, "gpu-3", f"remediation-{NODE}", "XID 48 on GPU 3")
+    ActivityEnvironment().run(acts.set_gpu_taint, GpuTaintInput(
+        rule=out.rule, api_version=out.api_version, node=NODE, effect=None))
+    after = records.read(NODE).record
+    assert after is not None and after.gpu_quarantines == {}
+
+
+def test_a_record_that_cannot_be_written_never_undoes_an_isolation(k137: Cluster) -> None:
+    k137.faults({"verb": "create", "resource": "configmaps", "status": 500})
+    out = _isolate(k137)
+    assert out.isolated and out.rule in {r["metadata"]["name"] for r in _rules(k137)}
