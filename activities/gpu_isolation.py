@@ -15,6 +15,7 @@ selects that pool, so whatever a node publishes it can only have its own GPUs ta
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 from kubernetes import client
@@ -22,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
 from activities.kube import REQUEST_TIMEOUT, raise_typed, status_message
+from activities.record import GpuQuarantineNote, NodeRecord, RecordStore, now_utc
 from workflows.isolation import (
     DEVICE_NAME,
     DRA_DRIVER,
@@ -45,7 +47,7 @@ GENERIC_CALLS: dict[str, set[tuple[str, str, str]]] = {
     "create": {(GROUP, RULES, "create"), (GROUP, RULES, "get")},
     "patch": {(GROUP, RULES, "patch")},
     "delete": {(GROUP, RULES, "delete")},
-    "list": {(GROUP, SLICES, "list")},
+    "list": {(GROUP, SLICES, "list"), (GROUP, RULES, "list")},
 }
 """What tests/deploy/test_rbac.py cannot read off a generic call's path."""
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -55,6 +57,7 @@ UUID_ANNOTATION = "gpu-remediate.io/gpu-uuid"
 OWNER_ANNOTATION = "gpu-remediate.io/workflow-id"
 REASON_ANNOTATION = "gpu-remediate.io/reason"
 _LABEL_VALUE_MAX = 63
+log = logging.getLogger(__name__)
 
 
 def _label_value(text: str) -> str:
@@ -63,9 +66,35 @@ def _label_value(text: str) -> str:
 
 
 class GpuIsolationActivities:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, record_namespace: str | None = None) -> None:
         self.apis = client.ApisApi(api)
         self.custom = client.CustomObjectsApi(api)
+        self.records = RecordStore(client.CoreV1Api(api), record_namespace)
+
+    # -- the node's record ------------------------------------------------------------
+
+    def _note(self, node: str, uuid: str, held: GpuQuarantineNote | None,
+              rule: str = "") -> None:
+        """Write (``held``) or clear (the entries of ``rule``, or of ``uuid``) the GPU's
+        quarantine in the node's record. Best effort: the rule itself is what holds the
+        GPU, and a record that cannot be written (unreadable, no namespace) must not undo
+        an isolation or keep a rule from going; it is logged."""
+        def change(rec: NodeRecord | None) -> NodeRecord | None:
+            if held is not None:
+                base = rec or NodeRecord(node=node)
+                return base.model_copy(update={
+                    "gpu_quarantines": {**base.gpu_quarantines, uuid: held}})
+            if rec is None:
+                return None
+            kept = {k: q for k, q in rec.gpu_quarantines.items()
+                    if k != uuid and (not rule or q.rule != rule)}
+            if kept == rec.gpu_quarantines:
+                return None
+            return rec.model_copy(update={"gpu_quarantines": kept})
+        try:
+            self.records.update(node, change, now_utc())
+        except Exception as err:  # best effort, said why
+            log.warning("the record of %s could not note GPU %s: %s", node, uuid or rule, err)
 
     # -- discovery --------------------------------------------------------------------
 
@@ -180,7 +209,13 @@ class GpuIsolationActivities:
             raise_typed(err, f"create DeviceTaintRule {name}")
         activity.logger.info("isolated %s %s (%s) with DeviceTaintRule %s", inp.node, device,
                              inp.uuid, name)
+        self._note_held(inp, name, device)
         return IsolateGpuResult(isolated=True, rule=name, device=device, api_version=version)
+
+    def _note_held(self, inp: IsolateGpuInput, name: str, device: str) -> None:
+        self._note(inp.node, inp.uuid, GpuQuarantineNote(
+            rule=name, device=device, since=now_utc(), workflow_id=inp.workflow_id,
+            reason=inp.reason))
 
     def _adopt(self, inp: IsolateGpuInput, name: str, device: str,
                version: str) -> IsolateGpuResult:
@@ -198,7 +233,44 @@ class GpuIsolationActivities:
         if not ours:
             return IsolateGpuResult(isolated=False, api_version=version, device=device,
                                     why_not=f"DeviceTaintRule {name} exists and is not ours")
+        self._note_held(inp, name, device)
         return IsolateGpuResult(isolated=True, rule=name, device=device, api_version=version)
+
+    def remove_rules_of(self, node: str, owner: str) -> tuple[list[str], str]:
+        """Delete the DeviceTaintRules a remediation that is gone left for ``node``: ours by
+        label, ``owner``'s by annotation, selecting that node's own pool (a rule of any
+        other node, owner or manager is never touched). The names removed, and what stood
+        in the way ('' if nothing)."""
+        version = self._served(RULES, RULE_VERSIONS)
+        if version is None:
+            return [], ""
+        try:
+            listed = cast(dict[str, Any], self.custom.list_cluster_custom_object(
+                GROUP, version, RULES, label_selector=f"{MANAGED_BY}={MANAGER}",
+                _request_timeout=REQUEST_TIMEOUT))
+        except ApiException as err:
+            if err.status in (401, 403):
+                return [], f"not allowed to list DeviceTaintRules: {status_message(err)}"
+            raise_typed(err, "list DeviceTaintRules")
+        removed: list[str] = []
+        for rule in listed.get("items") or []:
+            meta = rule.get("metadata") or {}
+            ann = meta.get("annotations") or {}
+            sel = (rule.get("spec") or {}).get("deviceSelector") or {}
+            name = meta.get("name")
+            if not name or (meta.get("labels") or {}).get(MANAGED_BY) != MANAGER or \
+                    ann.get(NODE_ANNOTATION) != node or ann.get(OWNER_ANNOTATION) != owner or \
+                    sel.get("driver") != DRA_DRIVER or sel.get("pool") != node:
+                continue
+            try:
+                self.custom.delete_cluster_custom_object(GROUP, version, RULES, name,
+                                                         _request_timeout=REQUEST_TIMEOUT)
+            except ApiException as err:
+                if err.status != 404:
+                    raise_typed(err, f"delete DeviceTaintRule {name}")
+            removed.append(name)
+            self._note(node, "", None, rule=name)
+        return removed, ""
 
     @activity.defn
     def set_gpu_taint(self, inp: GpuTaintInput) -> str:
@@ -211,6 +283,7 @@ class GpuIsolationActivities:
             if inp.effect is None:
                 self.custom.delete_cluster_custom_object(GROUP, version, RULES, inp.rule,
                                                          _request_timeout=REQUEST_TIMEOUT)
+                self._note(inp.node, "", None, rule=inp.rule)
                 return f"removed DeviceTaintRule {inp.rule}"
             # A merge patch keeps timeAdded; the server renews it for the new effect.
             self.custom.patch_cluster_custom_object(
@@ -219,6 +292,7 @@ class GpuIsolationActivities:
             return f"DeviceTaintRule {inp.rule}: effect {inp.effect}"
         except ApiException as err:
             if err.status == 404 and inp.effect is None:
+                self._note(inp.node, "", None, rule=inp.rule)
                 return f"DeviceTaintRule {inp.rule} was already gone"
             raise_typed(err, f"{'delete' if inp.effect is None else 'patch'} DeviceTaintRule "
                              f"{inp.rule}")

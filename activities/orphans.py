@@ -24,6 +24,7 @@ from activities import annotations as node_annotations
 from activities import metrics
 from activities.events import record_node_event
 from activities.fleet_nodes import GpuNode, _our_workflow, _state, _tainted
+from activities.gpu_isolation import GpuIsolationActivities
 from activities.kube import REQUEST_TIMEOUT, meta_dict, raise_typed
 from activities.node_keys import (
     A_ACTION,
@@ -37,6 +38,7 @@ from activities.node_keys import (
 )
 from activities.nodes import NodeActivities
 from activities.operands import A_OPERANDS_PAUSED, OperandActivities, parse_record
+from activities.record import RecordStore
 from workflows import errors as error_types
 from workflows.ids import remediation_workflow_id
 from workflows.messages import HistoryEntry, OrphanRelease, ReleaseInput
@@ -52,6 +54,7 @@ class OrphanActivities:
     core: client.CoreV1Api
     nodes: NodeActivities
     jobs_namespace: str
+    records: RecordStore
 
     async def find_orphans(self, labelled: list[GpuNode]) -> list[str]:
         """Labelled nodes whose remediation is not running (terminated, failed, gone).
@@ -60,30 +63,47 @@ class OrphanActivities:
         annotation and a Warning Event so an operator can release it.
         """
         try:
-            client = activity.client()
+            activity.client()
         except RuntimeError:
             return []  # not running in a worker (offline tools)
         orphans = []
         for node in labelled:
-            # The one ID a remediation of this node runs under, never the ID the node's
-            # annotation names (a node can write it: naming the detector, which always
-            # runs, would hold a budget slot forever).
-            wid = remediation_workflow_id(node.name)
-            try:
-                desc = await client.get_workflow_handle(wid).describe()
-                running = (desc.status == WorkflowExecutionStatus.RUNNING
-                           and desc.workflow_type == "RemediationWorkflow")
-            except RPCError as err:
-                if err.status != RPCStatusCode.NOT_FOUND:
-                    continue  # cannot tell: never call a node an orphan on no data
-                running = False
-            if running:
+            if not await self._gone(node.name):
                 continue
             orphans.append(node.name)
             if not node.orphan_marked:
-                await asyncio.to_thread(self._mark_orphan, node.name, wid)
+                await asyncio.to_thread(self._mark_orphan, node.name,
+                                        remediation_workflow_id(node.name))
         metrics.ORPHANS.set(len(orphans))
         return sorted(orphans)
+
+    async def _gone(self, node: str) -> bool:
+        """The node's remediation is not running (terminated, failed, never started).
+        False where that cannot be told: never call a node an orphan on no data."""
+        try:
+            client = activity.client()
+        except RuntimeError:
+            return False  # not running in a worker (offline tools)
+        # The one ID a remediation of this node runs under, never the ID the node's
+        # annotation names (a node can write it: naming the detector, which always runs,
+        # would hold a budget slot forever).
+        try:
+            desc = await client.get_workflow_handle(remediation_workflow_id(node)).describe()
+        except RPCError as err:
+            return err.status == RPCStatusCode.NOT_FOUND
+        return not (desc.status == WorkflowExecutionStatus.RUNNING
+                    and desc.workflow_type == "RemediationWorkflow")
+
+    async def _remove_gpu_rules(self, node: str) -> tuple[list[str], str]:
+        """The DeviceTaintRules a per-GPU remediation of ``node`` that is gone left (it
+        isolated a GPU and never touched the node), removed: what was done, in words, and
+        what kept them from being looked for ('' if nothing)."""
+        if not await self._gone(node):
+            return [], ""
+        removed, blocked = await asyncio.to_thread(
+            GpuIsolationActivities(self.core.api_client, self.records.ns).remove_rules_of, node,
+            remediation_workflow_id(node))
+        return [f"DeviceTaintRule {name} removed" for name in removed], blocked
 
     @activity.defn
     async def release_orphan(self, req: OrphanRelease) -> None:
@@ -96,12 +116,28 @@ class OrphanActivities:
         labels, ann = meta_dict(n, "labels"), meta_dict(n, "annotations")
         node = GpuNode(req.node, _state(labels.get(STATE_LABEL), _tainted(n))[0],
                        _our_workflow(req.node, ann), {}, labels)
+        # A per-GPU remediation leaves its DeviceTaintRule, not a label: removed first.
+        rules, blocked = await self._remove_gpu_rules(req.node)
         if node.state == NodeState.HEALTHY or req.node not in await self.find_orphans([node]):
+            if blocked:
+                # Releasing the lease now could leave a GPU isolated with nobody holding it.
+                raise ApplicationError(f"{req.node}: {blocked}; its remediation's "
+                                       "DeviceTaintRule may remain, nothing released",
+                                       non_retryable=True)
+            if rules:
+                # The node itself was never touched: nothing else to give back.
+                why = (f"orphan released by {req.operator}"
+                       + (f": {req.reason}" if req.reason else "") + f" ({'; '.join(rules)})")
+                await asyncio.to_thread(record_node_event, self.core, req.node,
+                                        reason="OrphanReleased", message=why)
+                return
             raise ApplicationError(f"{req.node} is not an orphan any more",
                                    type=error_types.NOT_ORPHAN, non_retryable=True)
         # What the dead remediation left besides its markers: GPU Operator operands it
         # turned off for a reset, and its node Jobs (a validation holding every GPU).
-        cleaned = await asyncio.to_thread(self._clean_up, req.node, ann)
+        cleaned = rules + await asyncio.to_thread(self._clean_up, req.node, ann)
+        if blocked:
+            cleaned.append(f"its DeviceTaintRules could not be looked for ({blocked})")
         now = datetime.now(UTC)
         # Node-written: a naive or absurd time must not keep the release from finishing.
         started = node_annotations.parse_timestamp(A_SINCE, ann.get(A_SINCE), now=now).value or now

@@ -103,6 +103,16 @@ STATE_MISMATCH = Counter(
     ["kind"])
 
 
+class GpuQuarantineNote(BaseModel):
+    """One GPU held out of scheduling by a DeviceTaintRule of ours (per-GPU isolation)."""
+
+    rule: str
+    device: str = ""
+    since: datetime
+    workflow_id: str = ""
+    reason: str = ""
+
+
 class NodeRecord(BaseModel):
     """One node's record, as stored under ``record.json``."""
 
@@ -123,6 +133,11 @@ class NodeRecord(BaseModel):
     previous_uid: str = Field(default="", description="The UID before a re-creation that "
                                                       "kept the record (same GPUs).")
     updated: datetime | None = None
+    gpu_quarantines: dict[str, GpuQuarantineNote] = Field(
+        default_factory=dict,
+        description="GPU UUID -> the DeviceTaintRule holding it, while one does: kept here, "
+                    "where the node cannot write, across worker restarts and a re-created "
+                    "Node object.")
 
     def bounded(self, now: datetime) -> NodeRecord:
         """This record within the size bounds (see the module docstring)."""
@@ -142,7 +157,12 @@ class NodeRecord(BaseModel):
             "counts": dict(list(t.counts.items())[:MAX_SIGHTINGS_PER_GPU])})
             for k, t in list(self.sightings.items())[:MAX_GPUS]}
         repairs = {k[:MAX_KEY]: v for k, v in list(self.repairs.items())[:MAX_GPUS]}
+        held = {k[:MAX_KEY]: q.model_copy(update={
+            "rule": q.rule[:NAME_MAX], "device": q.device[:MAX_KEY],
+            "workflow_id": q.workflow_id[:NAME_MAX + 40], "reason": q.reason[:MAX_TEXT]})
+            for k, q in list(self.gpu_quarantines.items())[:MAX_GPUS]}
         return self.model_copy(update={
+            "gpu_quarantines": held,
             "node": self.node[:NAME_MAX], "uid": self.uid[:MAX_KEY],
             "previous_uid": self.previous_uid[:MAX_KEY],
             "gpus": first(list(dict.fromkeys(self.gpus))), "history": history,

@@ -355,6 +355,52 @@ def test_status_shows_open_incidents_under_the_remediations(
             "(open: cordoned, not drained): nodes gpu-node-01, gpu-node-02") in result.output
 
 
+def test_status_as_json_carries_the_remediations_and_the_open_incidents(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    views = [view("gpu-node-08", NodeState.DRAINING)]
+    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="write":
+                        [_incident()] if work is cli._open_incidents else views)
+    result = invoke("status", "-o", "json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert [v["node"] for v in found["remediations"]] == ["gpu-node-08"]
+    assert found["incidents"] == [{
+        "domain": "nvidia.com/gpu.clique=nvl72-rack-07", "label": "nvidia.com/gpu.clique",
+        "value": "nvl72-rack-07", "nodes": ["gpu-node-01", "gpu-node-02"],
+        "opened": "2026-12-01T08:00:00+00:00", "state": "open: cordoned, not drained",
+        "reason": "4 nodes of nvidia.com/gpu.clique=nvl72-rack-07 flagged within 0:05:00"}]
+    # No detector answering: no incidents, the same shape.
+    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="write":
+                        [] if work is cli._open_incidents else views)
+    assert json.loads(invoke("status", "-o", "json").output)["incidents"] == []
+
+
+def test_a_gpu_scoped_lease_shows_in_detector_status_and_status_node(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from workflows.leases import Lease
+    from workflows.messages import DetectorView
+
+    at = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+    dv = DetectorView(paused=False, breaker_open=False, breaker_reason="", budget=1,
+                      in_flight=["gpu-node-02"], waiting=[], last_tick=None, last_errors=[],
+                      ticks_total=1, started_total=2, leases=[
+                          Lease(node="gpu-node-07", token="t", granted_at=at,
+                                workflow_id="remediation-gpu-node-07", scope="gpu", gpus=1,
+                                slot=False),
+                          Lease(node="gpu-node-02", token="u", granted_at=at,
+                                workflow_id="remediation-gpu-node-02", gpus=8)])
+    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="write": dv)
+    text = " ".join(invoke("detector", "status").output.split())
+    assert "1/1 in use" in text
+    assert "gpu-node-07: 1 GPU, no node slot" in text and "gpu-node-02: 8 GPU" not in text
+    held = view("gpu-node-07", NodeState.HEALTHY, step="waiting-for-a-drain-slot",
+                lease_scope="gpu")
+    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="read": held)
+    monkeypatch.setattr(cli, "_print_ui_link", lambda config, node: None)
+    text = " ".join(invoke("status", "gpu-node-07").output.split())
+    assert "lease: one GPU, no node slot" in text
+
+
 def test_incident_list_as_json_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
     from workflows.messages import DetectorView
 

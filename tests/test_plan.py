@@ -123,8 +123,9 @@ def test_the_plan_command_prints_what_a_reset_would_miss(
 def test_with_gpu_isolation_the_plan_says_which_gpu_or_why_the_whole_node(
         tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
+    # A budget of one node: the isolated GPU's lease takes no node slot, so both start.
     path.write_text("temporal: {address: '127.0.0.1:1'}\n"
-                    "detector: {max_unavailable: 2, breaker_max_flagged_percent: 100}\n"
+                    "detector: {max_unavailable: 1, breaker_max_flagged_percent: 100}\n"
                     "remediation: {gpu_isolation: dra}\n")
     uuid = "GPU-5d1a3c2e-8d0b-4c1e-9a57-6b1f3c2d9e41"
     obs = FleetObservation(managed_nodes=10, readable_nodes=10, verdicts=[
@@ -134,7 +135,10 @@ def test_with_gpu_isolation_the_plan_says_which_gpu_or_why_the_whole_node(
         Verdict(node="n2", action=Action.REBOOT, findings=[Finding(
             gpu="0", uuid=uuid, signal="DCGM_FI_DEV_XID_ERRORS", value=79, rule="xid-79",
             action=Action.REBOOT)])])
-    scopes = {s.node: s.scope for s in plan_from(load_settings(path), obs, NOW).start}
-    assert scopes == {"n1": f"GPU 3 ({uuid}) only: a DeviceTaintRule, NoExecute",
-                      "n2": "whole node: action reboot is a whole-node repair"}
+    plan = plan_from(load_settings(path), obs, NOW)
+    scopes = {s.node: s.scope for s in plan.start}
+    assert scopes == {"n1": f"GPU 3 ({uuid}) only: a DeviceTaintRule, NoExecute; lease: one "
+                            "GPU, no node slot",
+                      "n2": "whole node: action reboot is a whole-node repair; lease: the node"}
+    assert plan.waiting == []
     assert {s.scope for s in plan_from(settings(tmp_path), observation(), NOW).start} == {""}

@@ -6,6 +6,11 @@ Slots are counted from the detector's leases (workflows/leases.py): the record t
 controller owns, never a label a node can write. (Detector runs recorded before leases
 counted the nodes' state labels plus starts not yet visible as labels; ``leases=False``
 replays them as they ran.)
+
+A verdict confined to one GPU that the remediation will isolate (workflows/isolation.py,
+under the running settings) is admitted with a GPU-scoped lease: it takes no node slot at
+any level and one GPU from every GPU budget. Its remediation, if it cannot isolate the GPU,
+asks for a node slot and waits (``widen`` candidates, granted through every budget).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from datetime import datetime, timedelta
 from policy.models import SEVERITY, Action, Finding, Verdict
 from workflows.ids import DETECTOR_REQUESTER
 from workflows.incidents import IncidentWatch
-from workflows.leases import Lease
+from workflows.isolation import IsolationDecision, IsolationPlan
+from workflows.leases import Lease, LeaseScope
 from workflows.messages import (
     DetectorState,
     DomainUse,
@@ -43,10 +49,20 @@ class Candidate:
     why: str
     # A node cordoned for heat outside the budget that asks for a drain slot.
     escalation: bool = False
+    # A remediation with a GPU-scoped lease that could not isolate its GPU and asks for
+    # the node (an escalation too: its lease is widened, no new remediation starts).
+    widen: bool = False
 
     @property
     def node(self) -> str:
         return self.verdict.node
+
+    @property
+    def label(self) -> str:
+        """What it waits for, in the waiting list."""
+        if self.widen:
+            return "whole node after GPU isolation failed"
+        return "drain for heat" if self.escalation else self.verdict.action.value
 
 
 def escalation_verdict(node: str) -> Verdict:
@@ -54,6 +70,14 @@ def escalation_verdict(node: str) -> Verdict:
     return Verdict(node=node, action=Action.QUARANTINE, findings=[Finding(
         gpu="all", signal="thermal", value=0, rule="thermal-escalation",
         action=Action.QUARANTINE)])
+
+
+def widen_verdict(node: str) -> Verdict:
+    """What a GPU-scoped remediation's request for the whole node is shown as while it
+    waits."""
+    return Verdict(node=node, action=Action.RESET, findings=[Finding(
+        gpu="all", signal="gpu-isolation", value=0, rule="gpu-isolation-unavailable",
+        action=Action.RESET)])
 
 
 def manual_verdict(m: ManualRemediation) -> Verdict:
@@ -83,9 +107,14 @@ class Admission:
     # Fault domain levels, GPU budgets and domain incidents (false: a detector run recorded
     # before them, which had none).
     domains: bool = True
+    # GPU-scoped leases for verdicts the remediation isolates on one GPU (false: a detector
+    # run recorded before them, which gave every lease the node).
+    gpu_scope: bool = True
     watch: IncidentWatch | None = field(init=False, default=None)
     _largest: int | None = field(init=False, default=None)
     in_use: list[str] = field(init=False)
+    # Nodes with a GPU-scoped lease: in service, one GPU (each) out.
+    isolated: list[str] = field(init=False, default_factory=list)
     cordoned: list[str] = field(init=False)
     busy: dict[str, str] = field(init=False)
     queue: list[Candidate] = field(init=False)
@@ -121,10 +150,16 @@ class Admission:
                               if lease.holds_slot(counts_cordoned)}
                              | {h.node for h in self.held.values() if h.out_of_service})
         self.cordoned = sorted(n for n, lease in leases.items()
-                               if not lease.slot and not lease.quarantined)
+                               if not lease.slot and not lease.quarantined
+                               and not lease.isolating)
+        self.isolated = sorted(n for n, lease in leases.items() if lease.isolating)
         # Requests for a drain slot stand while the lease is a heat cordon's.
+        # So do those of an adopted lease (its scope unknown, it holds a node slot from
+        # adoption): a GPU-scoped remediation found running by a restarted detector asks,
+        # and is granted at once what it holds already.
         st.slot_requests = {n: t for n, t in st.slot_requests.items()
-                            if n in leases and not leases[n].slot and not leases[n].orphan}
+                            if n in leases and not leases[n].orphan
+                            and (not leases[n].slot or (self.gpu_scope and leases[n].adopted))}
         self.busy = {n: ("orphan" if lease.orphan else
                          "starting" if lease.state == NodeState.HEALTHY else lease.state.value)
                      for n, lease in leases.items()}
@@ -201,9 +236,9 @@ class Admission:
 
         st.manual = [m for m in st.manual if m.node not in self.busy]
         # A hot node that must be drained (it stayed hot, or a fault appeared) comes first:
-        # it is cordoned already and waits only for a slot.
-        self.queue = [Candidate(escalation_verdict(n), "thermal escalation",
-                                "cordoned for heat; must be drained", escalation=True)
+        # it is cordoned already and waits only for a slot. So does a remediation whose GPU
+        # could not be isolated: it has touched nothing yet.
+        self.queue = [self._escalation(n)
                       for n, _ in sorted(st.slot_requests.items(), key=lambda kv: kv[1])
                       if n not in self._granted]
         self.queue += [Candidate(manual_verdict(m), m.operator, m.reason) for m in st.manual]
@@ -214,6 +249,24 @@ class Admission:
             if v.node not in manual_nodes:
                 self.queue.append(Candidate(v, DETECTOR_REQUESTER,
                                             self.changed.get(v.node) or v.summary))
+
+    def _escalation(self, node: str) -> Candidate:
+        lease = self._lease(node)
+        if lease is not None and lease.isolating:
+            return Candidate(widen_verdict(node), "gpu isolation fallback",
+                             "its GPU could not be isolated; the whole node must be "
+                             "remediated", escalation=True, widen=True)
+        return Candidate(escalation_verdict(node), "thermal escalation",
+                         "cordoned for heat; must be drained", escalation=True)
+
+    def scope_of(self, c: Candidate) -> LeaseScope:
+        """The lease a start gets: ``gpu`` where its remediation, under the running
+        settings, isolates the verdict's GPU instead of taking the node (the same pure
+        decision it runs); ``node`` otherwise. An escalation asks for the node."""
+        if not self.gpu_scope or c.escalation:
+            return "node"
+        one = IsolationDecision(self.settings.remediation.gpu_isolation).decide(c.verdict)
+        return "gpu" if isinstance(one, IsolationPlan) else "node"
 
     def _judged(self, v: Verdict) -> Verdict:
         """The verdict after probation and lemons; why it changed goes to ``changed``."""
@@ -303,6 +356,11 @@ class Admission:
         lease = self._lease(node)
         if lease is not None and lease.gpus:
             return lease.gpus
+        if node in self.isolated:
+            return 1  # a GPU-scoped start of this tick, before its lease is written
+        return self._observed_gpus(node)
+
+    def _observed_gpus(self, node: str) -> int:
         if self._largest is None:
             self._largest = max(self.obs.gpus_of.values(), default=1) or 1
         return self.obs.gpus_of.get(node) or self._largest
@@ -318,39 +376,48 @@ class Admission:
             used: dict[str, list[str]] = {}
             for n in self.in_use:
                 used.setdefault(self.domain_of(n, d.label), []).append(n)
-            for dom in sorted(set(used) | ({UNLABELLED} & set(sizes))):
+            # GPUs out: the nodes' and the isolated GPUs'.
+            gpus_out: dict[str, list[str]] = {}
+            for n in [*self.in_use, *self.isolated]:
+                gpus_out.setdefault(self.domain_of(n, d.label), []).append(n)
+            for dom in sorted(set(gpus_out) | ({UNLABELLED} & set(sizes))):
                 out.append(DomainUse(
                     label=d.label, domain=dom, nodes=sizes.get(dom, 0),
                     in_use=len(used.get(dom, [])),
                     budget=None if d.max_unavailable is None else limit_for(
                         d.max_unavailable, sizes.get(dom, 0)),
                     gpus=gpus.get(dom, 0),
-                    gpus_in_use=sum(self.gpus_of(n) for n in used.get(dom, [])),
+                    gpus_in_use=sum(self.gpus_of(n) for n in gpus_out.get(dom, [])),
                     gpu_budget=None if d.max_unavailable_gpus is None else limit_for(
                         d.max_unavailable_gpus, gpus.get(dom, 0))))
         return out
 
-    def _domain_blocked(self, c: Candidate) -> str | None:
-        """The GPU budget and every fault domain level, at once."""
+    def _domain_blocked(self, c: Candidate, gpu_only: bool = False) -> str | None:
+        """The GPU budget and every fault domain level, at once. ``gpu_only``: a GPU-scoped
+        start, which needs one GPU at every GPU level and no node slot. A widened lease
+        needs the node's GPUs in place of the one it held."""
         s, obs = self.settings, self.obs
-        need = self.gpus_of(c.node)
+        need = 1 if gpu_only else (self._observed_gpus(c.node) if c.widen
+                                   else self.gpus_of(c.node))
+        holders = [n for n in [*self.in_use, *self.isolated] if n != c.node]
         gpu_budget = s.gpu_budget_for(obs.managed_gpus)
         if gpu_budget is not None:
-            used = sum(self.gpus_of(n) for n in self.in_use)
+            used = sum(self.gpus_of(n) for n in holders)
             if used + need > gpu_budget:
                 return f"GPU budget full ({used} + {need} > {gpu_budget} GPUs)"
         for d in s.fault_domains:
             dom = self.domain_of(c.node, d.label)
             name = f"{d.label}={domain_name(dom)}"
             mine = [n for n in self.in_use if self.domain_of(n, d.label) == dom]
-            if d.max_unavailable is not None:
+            if d.max_unavailable is not None and not gpu_only:
                 limit = limit_for(d.max_unavailable, obs.domain_sizes.get(d.label, {}).get(dom, 0))
                 if len(mine) >= limit:
                     return f"domain {name} full ({len(mine)}/{limit})"
             if d.max_unavailable_gpus is not None:
                 limit = limit_for(d.max_unavailable_gpus,
                                   obs.domain_gpus.get(d.label, {}).get(dom, 0))
-                used = sum(self.gpus_of(n) for n in mine)
+                used = sum(self.gpus_of(n) for n in holders
+                           if self.domain_of(n, d.label) == dom)
                 if used + need > limit:
                     return f"domain {name} GPU budget full ({used} + {need} > {limit} GPUs)"
         return None
@@ -388,6 +455,13 @@ class Admission:
             if len(self.cordoned) >= cap:
                 return f"thermal cordon cap reached ({len(self.cordoned)}/{cap})"
             return None
+        gpu_only = self.scope_of(c) == "gpu"
+        if gpu_only:
+            # The node stays in service: no node slot at any level, its GPU at every one.
+            why = self._domain_blocked(c, gpu_only=True) if self.domains else None
+            if why is not None:
+                return why
+            return self._quarantine_cap(c)
         if len(self.in_use) >= self.budget:
             return f"budget full ({len(self.in_use)}/{self.budget})"
         if s.pool_label:
@@ -399,6 +473,10 @@ class Admission:
             why = self._domain_blocked(c)
             if why is not None:
                 return why
+        return self._quarantine_cap(c)
+
+    def _quarantine_cap(self, c: Candidate) -> str | None:
+        s = self.settings
         if s.max_quarantined is not None and c.who == DETECTOR_REQUESTER:
             # Any remediation may end in quarantine (a failed repair or validation), so
             # the cap holds back every automatic start, not only quarantine orders. An
@@ -413,8 +491,14 @@ class Admission:
         outside the budget); for an escalation, the slot granted."""
         if self.outside_budget(c):
             self.cordoned.append(c.node)
+        elif c.escalation and c.node in self.in_use and self.gpu_scope:
+            pass  # its lease holds the slot already (before GPU leases: counted twice)
+        elif self.scope_of(c) == "gpu":
+            self.isolated.append(c.node)
         else:
             self.in_use.append(c.node)
+        if c.widen and c.node in self.isolated:
+            self.isolated.remove(c.node)  # its GPUs count as the node's from now on
         if c.escalation:
             self.state.slot_requests.pop(c.node, None)
             return

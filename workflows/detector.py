@@ -53,11 +53,14 @@ with workflow.unsafe.imports_passed_through():
         find,
         prune_closed,
     )
+    from workflows.isolation import GpuIsolation
     from workflows.leases import (
         CLEAN_CLOSE,
         Lease,
         LeaseAnswer,
         LeaseCheck,
+        LeaseScope,
+        widened,
     )
     from workflows.leases import check as check_lease
     from workflows.limits import LimitsSettings, violations
@@ -110,6 +113,9 @@ LEASES_PATCH = "slots-are-leases"
 LIMITS_PATCH = "detector-bounded-by-limits"
 # Fault domain budgets, GPU budgets and domain incidents (runs recorded before had none).
 DOMAINS_PATCH = "fault-domains-and-incidents"
+# A verdict the remediation isolates on one GPU gets a GPU-scoped lease (no node slot);
+# asked only where gpu_isolation is dra, so runs recorded without it replay without a marker.
+GPU_LEASE_PATCH = "gpu-scoped-leases"
 # A cordon of ours on a node someone else had cordoned is marked so: never uncordoned.
 NOT_OURS = "!"
 _NO_PAYLOAD = RawValue(Payload())
@@ -729,7 +735,8 @@ class DetectorWorkflow:
         domains = self._domains_on()
         adm = Admission(self.settings, st, obs, self.last_tick, closed or set(),
                         thermal_outside=self.thermal_outside, leases=self.leases_mode,
-                        probation=self.probation, domains=domains)
+                        probation=self.probation, domains=domains,
+                        gpu_scope=self._gpu_scope_on())
         if self.leases_mode:
             self.orphans = sorted(set(obs.orphans) | {n for n, lease in st.leases.items()
                                                       if lease.orphan})
@@ -746,11 +753,10 @@ class DetectorWorkflow:
             if why is None and self.over_limits:
                 why = "settings past the worker's limits (reconfigure within them)"
             if why is not None:
-                label = "drain for heat" if c.escalation else c.verdict.action.value
-                waiting.append(f"{c.node} ({label}: {why})")
+                waiting.append(f"{c.node} ({c.label}: {why})")
                 continue
             if c.escalation:
-                if await self._grant_slot(c.node):
+                if await self._grant_slot(c.node, obs.gpus_of.get(c.node, 0)):
                     adm.admit(c)
                 else:
                     st.slot_requests.pop(c.node, None)
@@ -763,7 +769,7 @@ class DetectorWorkflow:
                                  pool=obs.pool_of.get(c.node, ""),
                                  domains={label: adm.domain_of(c.node, label)
                                           for label in self.settings.domain_labels()},
-                                 gpus=obs.gpus_of.get(c.node, 0)):
+                                 gpus=obs.gpus_of.get(c.node, 0), scope=adm.scope_of(c)):
                 adm.admit(c)
             else:
                 # remediation-<node> already runs, started by someone else (a CLI, an earlier
@@ -800,6 +806,12 @@ class DetectorWorkflow:
                 self.last_errors = [*self.last_errors, f"report failed: {err.cause or err}"]
             else:
                 self.last_report = report
+
+    def _gpu_scope_on(self) -> bool:
+        """GPU-scoped leases, where the remediations isolate GPUs (gpu_isolation: dra)."""
+        if self.settings.remediation.gpu_isolation != GpuIsolation.DRA or not self.leases_mode:
+            return False
+        return workflow.patched(GPU_LEASE_PATCH)
 
     def _domains_on(self) -> bool:
         """Fault domains, GPU budgets and incidents, where any is configured or an incident
@@ -870,10 +882,11 @@ class DetectorWorkflow:
                                 f"incident cordon failed: {err.cause or err}"[:500]]
             return None
 
-    async def _grant_slot(self, node: str) -> bool:
-        """Tell a heat cordon's remediation it may drain. With leases, its lease takes a
-        slot from now for the rest of its life; before them, the slot was held until its
-        label left 'cordoned' (or the pending grace passed)."""
+    async def _grant_slot(self, node: str, gpus: int = 0) -> bool:
+        """Tell a heat cordon's remediation it may drain, or a GPU-scoped one that it may
+        take the whole node. With leases, its lease takes a slot from now for the rest of
+        its life (a GPU-scoped lease becomes the node's, ``gpus`` GPUs); before them, the
+        slot was held until its label left 'cordoned' (or the pending grace passed)."""
         lease = self.state.leases.get(node) if self.leases_mode else None
         try:
             await workflow.get_external_workflow_handle(remediation_workflow_id(node)).signal(
@@ -883,7 +896,7 @@ class DetectorWorkflow:
                                     remediation_workflow_id(node), err)
             return False
         if lease is not None:
-            lease.slot = True
+            self.state.leases[node] = widened(lease, gpus)
             return True
         self.state.pending = [*self.state.pending,
                               PendingStart(node=node, at=workflow.now(), escalation=True)]
@@ -891,7 +904,7 @@ class DetectorWorkflow:
 
     async def _start(self, verdict: Verdict, who: str, why: str, *, slot: bool = True,
                      pool: str = "", domains: dict[str, str] | None = None,
-                     gpus: int = 0) -> bool:
+                     gpus: int = 0, scope: LeaseScope = "node") -> bool:
         s, st = self.settings, self.state
         node = verdict.node
         wid = remediation_workflow_id(node)
@@ -899,15 +912,20 @@ class DetectorWorkflow:
         if self.leases_mode:
             # Granted before the start: the lease holds the slot from this instant on.
             token = str(workflow.uuid4())
+            # A GPU-scoped lease takes one GPU and no slot until it is widened.
+            one_gpu = scope == "gpu"
+            slot = slot and not one_gpu
             st.leases[node] = Lease(node=node, token=token, granted_at=workflow.now(),
                                     workflow_id=wid, slot=slot, requested_by=who[:253],
-                                    pool=pool, domains=domains or {}, gpus=gpus)
+                                    pool=pool, domains=domains or {},
+                                    gpus=1 if one_gpu else gpus, scope=scope)
         try:
             handle = await workflow.start_child_workflow(
                 "RemediationWorkflow",
                 RemediationInput(node=node, verdict=verdict, settings=s.remediation,
                                  policy=s.policy, dry_run=s.dry_run, requested_by=who,
-                                 reason=why, holds_slot=slot, lease_token=token),
+                                 reason=why, holds_slot=slot, lease_token=token,
+                                 lease_scope=scope),
                 id=remediation_workflow_id(node),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                 search_attributes=TypedSearchAttributes([

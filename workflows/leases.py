@@ -13,6 +13,16 @@ its lease (through the detector's ``confirm_lease`` update) before every disrupt
 internal grants and requests (``slot_granted``, ``request_slot``) carry it too, and one
 without the right token is refused and recorded.
 
+A lease has a scope. ``node`` (the default, and every lease recorded before scopes): the
+node is out of service, so the lease holds a node slot at every level (fleet, pool, fault
+domain) and counts all the node's GPUs. ``gpu``: admission found the verdict confined to
+one GPU that the remediation isolates with a DeviceTaintRule (workflows/isolation.py); the
+node stays in service, so the lease holds no node slot and counts one GPU in every GPU
+budget. It becomes a node lease only through the budget: the remediation that cannot
+isolate its GPU asks for a slot with its token (``request_slot``) and the detector widens
+the lease when admission would admit a drain of that node (``widened``). Nothing narrows a
+lease.
+
 Pure code over pydantic models: the detector workflow and ``gpu-remediate plan`` use it.
 """
 
@@ -24,6 +34,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from workflows.transitions import NodeState
+
+LeaseScope = Literal["node", "gpu"]
 
 # Temporal's close statuses after which the remediation's own cleanup has run.
 CLEAN_CLOSE = frozenset({"COMPLETED", "CANCELED"})
@@ -64,6 +76,11 @@ class Lease(_Message):
                       description="The node's GPUs when the lease was granted, as its "
                                   "observation said: what it takes from a GPU budget.")
     confirmed_at: datetime | None = None
+    scope: LeaseScope = Field(
+        default="node",
+        description="node: the node is out of service (a node slot, all its GPUs). gpu: one "
+                    "GPU isolated by a DeviceTaintRule, the node in service (no node slot, "
+                    "`gpus` GPUs of every GPU budget) until the lease is widened.")
 
     @property
     def quarantined(self) -> bool:
@@ -72,12 +89,27 @@ class Lease(_Message):
     def holds_slot(self, cordoned_counts: bool) -> bool:
         """Counted against the drain budget: every lease with a slot except a quarantined
         node (quarantined nodes hold no slot, by design), and a heat cordon outside the
-        budget only where cordons count."""
-        if self.quarantined:
+        budget only where cordons count. A GPU-scoped lease holds none: its node stays in
+        service."""
+        if self.isolating or self.quarantined:
             return False
         if self.slot:
             return True
         return cordoned_counts and self.state in (NodeState.CORDONED, NodeState.HEALTHY)
+
+    @property
+    def isolating(self) -> bool:
+        """Takes GPUs (not a node) from the budgets: a GPU-scoped lease."""
+        return self.scope == "gpu"
+
+
+def widened(lease: Lease, node_gpus: int) -> Lease:
+    """The lease after the detector granted its remediation a node slot: a GPU-scoped
+    lease becomes the node's (every GPU of it counted from now on); any other gets the drain
+    slot a heat cordon asked for."""
+    if lease.scope == "gpu":
+        return lease.model_copy(update={"scope": "node", "slot": True, "gpus": node_gpus})
+    return lease.model_copy(update={"slot": True})
 
 
 class LeaseCheck(_Message):

@@ -36,7 +36,7 @@ from workflows.ids import (
 )
 from workflows.incidents import DomainIncident
 from workflows.isolation import GpuIsolationView
-from workflows.leases import Lease, LeaseStatus
+from workflows.leases import Lease, LeaseScope, LeaseStatus
 from workflows.ledger import LedgerNote
 from workflows.settings import DetectorSettings, DrainSettings, RemediationSettings
 from workflows.transitions import NodeState, Outcome, Step
@@ -93,6 +93,11 @@ class RemediationInput(_Message):
         default="", max_length=100,
         description="The detector's lease for this remediation (workflows/leases.py): "
                     "confirmed before every disruptive step.")
+    lease_scope: LeaseScope = Field(
+        default="node",
+        description="gpu: admitted to isolate one GPU, holding no node slot (holds_slot "
+                    "false); if the GPU cannot be isolated, the remediation asks the "
+                    "detector for the node and touches it only once granted.")
 
 
 class HistoryEntry(_Message):
@@ -153,6 +158,11 @@ class RemediationView(_Message):
         description="The GPU this remediation holds out of scheduling with a DeviceTaintRule "
                     "(remediation.gpu_isolation: dra), its rule, owner and reason; null: "
                     "none (a whole-node remediation, or the rule was removed).")
+    lease_scope: LeaseScope = Field(
+        default="node",
+        description="The detector's lease: node (a node slot and all its GPUs) or gpu (one "
+                    "GPU, no node slot: the node stays in service); a GPU-scoped lease "
+                    "becomes node once the detector grants the whole node.")
     quarantine_ordered_by: OperatorCommand | None = Field(
         default=None,
         description="The operator who ordered this node quarantined, and why: the quarantine "

@@ -96,6 +96,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.transitions import NodeState, Outcome, Step
 
 GPU_ISOLATION_PATCH = "gpu-isolation-dra"
+# A GPU-scoped lease (workflows/leases.py) waits for a node slot before the whole-node path.
+GPU_LEASE_PATCH = "gpu-lease-waits-for-the-node"
 NODE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=30),
@@ -187,6 +189,7 @@ class RemediationWorkflow:
             self.view = RemediationView(
                 node=inp.node, state=NodeState.HEALTHY, step=Step.STARTING, action=self.action,
                 reason=inp.reason or inp.verdict.summary, dry_run=inp.dry_run,
+                lease_scope=inp.lease_scope,
             )
         self.decision: Literal["approve", "reject"] | None = None
         self.decided_by: OperatorCommand | None = None
@@ -219,7 +222,9 @@ class RemediationWorkflow:
         self.signal_events = 0  # Events recorded for rejected signals in this run
         # A heat cordon admitted outside the budget drains only in a slot the detector
         # granted (signal slot_granted); one admitted in a slot has it from the start.
-        self.slot_granted = self.inp.holds_slot
+        # A GPU-scoped lease widened to the node (carried in the view) holds a slot too.
+        self.slot_granted = self.inp.holds_slot or (
+            inp.lease_scope == "gpu" and self.view.lease_scope == "node")
         self.uid = r.uid if r else ""
         self.ledger_from = r.ledger_from if r else None
         self._lease_gate: bool | None = None
@@ -560,6 +565,7 @@ class RemediationWorkflow:
                     return done
             else:
                 self._plan(f"whole node: {plan}")
+        await self._wait_for_the_node()
         if self.action == Action.THERMAL:
             first = NodeState.CORDONED
         elif self.action in s.approval.required_for:
@@ -909,20 +915,24 @@ class RemediationWorkflow:
         if self.slot_granted or self.inp.dry_run or \
                 not workflow.patched("heat-cordon-drains-in-a-slot"):
             return
-        parent = workflow.info().parent
-        detector = parent.workflow_id if parent else DETECTOR_WORKFLOW_ID
         self._set(NodeState.CORDONED, Step.WAITING_FOR_A_DRAIN_SLOT)
         self._plan("wait for a drain slot from the detector (the heat cordon took none)")
+        await self._ask_for_slot("cordoned")
+
+    async def _ask_for_slot(self, held: str) -> None:
+        """Ask the detector (with the lease token) until it grants a slot."""
+        parent = workflow.info().parent
+        detector = parent.workflow_id if parent else DETECTOR_WORKFLOW_ID
         while not self.slot_granted:
             why = self.view.reason
             try:
                 await workflow.get_external_workflow_handle(detector).signal(
                     REQUEST_SLOT_SIGNAL, SlotRequest(node=self.inp.node, reason=why[:500],
                                                      token=self.inp.lease_token))
-                self._details(f"must be drained ({why}); cordoned, waiting for a drain slot "
+                self._details(f"must be drained ({why}); {held}, waiting for a drain slot "
                               f"from {detector}")
             except FailureError as err:
-                self._details(f"must be drained ({why}); cordoned; {detector} cannot be asked "
+                self._details(f"must be drained ({why}); {held}; {detector} cannot be asked "
                               f"for a drain slot ({err}): asking again in {SLOT_ASK_AGAIN}")
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(lambda: self.slot_granted, timeout=SLOT_ASK_AGAIN,
@@ -1653,6 +1663,19 @@ class RemediationWorkflow:
         self.released = True
         self._details(f"{Outcome.HEALTHY}: {why}")
         return RemediationResult(node=node, outcome=Outcome.HEALTHY, attempts=0, message=why)
+
+    async def _wait_for_the_node(self) -> None:
+        """A GPU-scoped lease (one GPU, no node slot) on the whole-node path (the GPU could
+        not be isolated): nothing touches the node until the detector grants it a node
+        slot through every budget, asked with the lease token."""
+        if self.inp.lease_scope != "gpu" or self.slot_granted or self.inp.dry_run or \
+                not workflow.patched(GPU_LEASE_PATCH):
+            return
+        self._set(NodeState.HEALTHY, Step.WAITING_FOR_A_DRAIN_SLOT)
+        self._plan("wait for a node slot from the detector (the lease held one GPU)")
+        await self._ask_for_slot("in service and untouched")
+        self.view.lease_scope = "node"
+        self._details(f"node slot granted: the whole node is remediated ({self.view.reason})")
 
     async def _gpu_taint(self, effect: Literal["NoSchedule", "NoExecute"] | None) -> None:
         iso = self.view.gpu_isolation

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.gpu_isolation import GROUP, GpuIsolationActivities
@@ -133,3 +134,105 @@ def test_a_slice_for_another_pool_is_not_believed(k137: Cluster) -> None:
     })
     out = _isolate(k137, node="gpu-node-02")
     assert not out.isolated and "no device" in out.why_not
+
+
+async def test_release_orphan_removes_a_dead_remediations_rule_on_that_node_only(
+        k137: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A per-GPU remediation that was terminated leaves its DeviceTaintRule and an
+    untouched node: release-orphan deletes that rule (ours, its owner, its node's pool) and
+    nothing else, and says so in an Event; while the remediation runs, nothing goes."""
+    from activities.exporter_settings import ExporterSettings
+    from activities.fleet import FleetActivities
+    from workflows.messages import OrphanRelease
+
+    mine = _isolate(k137)
+    other = _isolate(k137, node="gpu-node-02", uuid=f"GPU-{gpu_uuid('gpu-node-02', 1)}")
+    custom = client.CustomObjectsApi(k137.api)
+    # Someone else's rule for the same node's GPU 0, and one of ours naming another owner.
+    custom.create_cluster_custom_object(GROUP, "v1", "devicetaintrules", {
+        "metadata": {"name": "admin-gpu-0", "labels": {"team": "infra"},
+                     "annotations": {"gpu-remediate.io/node": NODE}},
+        "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": NODE,
+                                    "device": "gpu-0"},
+                 "taint": {"key": "infra", "effect": "NoSchedule"}}})
+    forged = dict(_rule(k137, mine.rule))
+    forged["metadata"] = {"name": "gpu-remediate.gpu-5." + NODE,
+                          "labels": forged["metadata"]["labels"],
+                          "annotations": {**forged["metadata"]["annotations"],
+                                          "gpu-remediate.io/workflow-id": "someone-else"}}
+    forged["spec"] = {**forged["spec"], "deviceSelector": {
+        "driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-5"}}
+    forged.pop("status", None)
+    custom.create_cluster_custom_object(GROUP, "v1", "devicetaintrules", forged)
+    fleet = FleetActivities(k137.api, ExporterSettings(mode="template"))
+    release = OrphanRelease(node=NODE, operator="dana", reason="workflow was terminated")
+
+    async def running(node: str) -> bool:
+        return False
+    monkeypatch.setattr(fleet, "_gone", running)
+    with pytest.raises(ApplicationError, match="not an orphan"):
+        await ActivityEnvironment().run(fleet.release_orphan, release)
+    assert mine.rule in {r["metadata"]["name"] for r in _rules(k137)}
+
+    async def gone(node: str) -> bool:
+        return True
+    monkeypatch.setattr(fleet, "_gone", gone)
+    await ActivityEnvironment().run(fleet.release_orphan, release)
+    left = {r["metadata"]["name"] for r in _rules(k137)}
+    assert left == {other.rule, "admin-gpu-0", "gpu-remediate.gpu-5." + NODE}
+    said = " ".join(e.message or "" for e in k137.events(NODE, "OrphanReleased"))
+    assert f"DeviceTaintRule {mine.rule} removed" in said and "dana" in said, said
+    from activities.record import RecordStore
+    record = RecordStore(client.CoreV1Api(k137.api), "default").read(NODE).record
+    assert record is not None and record.gpu_quarantines == {}
+    node = k137.node(NODE)
+    assert not node.spec.unschedulable and not node.spec.taints
+
+
+async def test_release_orphan_refuses_when_it_cannot_look_for_the_rules(
+        k137: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RBAC without `list` on DeviceTaintRules: the orphan lease is not released while a
+    GPU may still be isolated with nobody holding it."""
+    from activities.exporter_settings import ExporterSettings
+    from activities.fleet import FleetActivities
+    from workflows.messages import OrphanRelease
+
+    mine = _isolate(k137)
+    k137.faults({"verb": "list", "resource": "devicetaintrules", "status": 403})
+    fleet = FleetActivities(k137.api, ExporterSettings(mode="template"))
+
+    async def gone(node: str) -> bool:
+        return True
+    monkeypatch.setattr(fleet, "_gone", gone)
+    with pytest.raises(ApplicationError, match="not allowed to list DeviceTaintRules"):
+        await ActivityEnvironment().run(fleet.release_orphan, OrphanRelease(
+            node=NODE, operator="dana", reason="workflow was terminated"))
+    k137.faults()
+    assert mine.rule in {r["metadata"]["name"] for r in _rules(k137)}
+
+
+def test_the_nodes_record_keeps_the_isolated_gpu_until_its_rule_goes(k137: Cluster) -> None:
+    """The quarantine lives where the node cannot write (its record, a ConfigMap), beside
+    the rule: a worker started again or a re-created Node object still shows it."""
+    from activities.record import RecordStore
+
+    records = RecordStore(client.CoreV1Api(k137.api), "default")
+    acts = GpuIsolationActivities(k137.api, "default")
+    out = ActivityEnvironment().run(acts.isolate_gpu, IsolateGpuInput(
+        node=NODE, uuid=UUID3, gpu="3", value="xid-48-drain-and-reset",
+        reason="XID 48 on GPU 3", workflow_id=f"remediation-{NODE}"))
+    held = records.read(NODE).record
+    assert held is not None and set(held.gpu_quarantines) == {UUID3}
+    note = held.gpu_quarantines[UUID3]
+    assert (note.rule, note.device, note.workflow_id, note.reason) == (
+        out.rule, "gpu-3", f"remediation-{NODE}", "XID 48 on GPU 3")
+    ActivityEnvironment().run(acts.set_gpu_taint, GpuTaintInput(
+        rule=out.rule, api_version=out.api_version, node=NODE, effect=None))
+    after = records.read(NODE).record
+    assert after is not None and after.gpu_quarantines == {}
+
+
+def test_a_record_that_cannot_be_written_never_undoes_an_isolation(k137: Cluster) -> None:
+    k137.faults({"verb": "create", "resource": "configmaps", "status": 500})
+    out = _isolate(k137)
+    assert out.isolated and out.rule in {r["metadata"]["name"] for r in _rules(k137)}

@@ -24,6 +24,7 @@ from activities.record import (
     MAX_GPUS,
     MAX_KEY,
     MAX_TEXT,
+    GpuQuarantineNote,
     NodeRecord,
     RecordStore,
     reconcile_identity,
@@ -67,6 +68,9 @@ def test_the_worst_record_within_the_bounds_fits_a_configmap() -> None:
         acknowledged={f"GPU-{i:04d}" + "a" * 300: 79 for i in range(500)},
         sightings={f"GPU-{i:04d}" + "s" * 300: track for i in range(500)},
         repairs={f"GPU-{i:04d}" + "r" * 300: 2**31 for i in range(500)},
+        gpu_quarantines={f"GPU-{i:04d}" + "q" * 300: GpuQuarantineNote(
+            rule=long, device=long, since=NOW, workflow_id=long, reason=long)
+            for i in range(500)},
         seeded_from_annotations=NOW, updated=NOW,
     ).bounded(NOW)
     assert len(worst.history) == HISTORY_KEEP
@@ -74,6 +78,8 @@ def test_the_worst_record_within_the_bounds_fits_a_configmap() -> None:
     assert all(len(t.seen) == MAX_SIGHTINGS_PER_GPU for t in worst.sightings.values())
     assert all(len(h.reason) == MAX_TEXT for h in worst.history)
     assert all(len(k) == MAX_KEY for k in worst.acknowledged)
+    assert len(worst.gpu_quarantines) == MAX_GPUS
+    assert all(len(q.reason) == MAX_TEXT for q in worst.gpu_quarantines.values())
     size = len(worst.dump().encode()) + len("record.json")
     assert size < MAX_CONFIGMAP_BYTES, size
 

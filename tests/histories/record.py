@@ -100,6 +100,12 @@ the ids it is there for):
                                      out_of_service_taint: marked out of service, quarantined
 - v5_detector_mirror.run1.json       a node mid-drain relabelled quarantined: the detector
                                      rewrites its label from the record
+- v5_detector_gpu_lease.run1.json   gpu_isolation dra, budget one node: XID 48 on one GPU (a
+                                     GPU-scoped lease, no node slot) beside an XID 79, both
+                                     admitted; no rule can be made, the GPU's remediation
+                                     asks for the node, granted once the other is back
+- remediation-v5-detector-gpu-lease-gpu.json  that GPU's remediation: GpuIsolationUnavailable,
+                                     request_slot, slot_granted, the whole-node reset
 
 Recorded by ``--missing`` for the repair ledger (the v5 scenarios, run again):
 
@@ -975,6 +981,40 @@ async def v5_detector_incident(client: Client, name: str) -> None:
         await handle.terminate("recorded")
 
 
+async def v5_detector_gpu_lease(client: Client, name: str) -> None:
+    """gpu_isolation dra under a budget of one node: XID 48 on one GPU beside an XID 79,
+    both admitted (the GPU's lease takes no node slot). No DeviceTaintRule can be made, so
+    the GPU's remediation asks for the node and waits, untouched, until the other's slot
+    is free; the detector grants it (the lease widened), the whole node is reset. Saves the
+    detector's run 1 and the GPU node's remediation."""
+    prefix = name.replace("_", "-")
+    gpu_node, whole = f"{prefix}-gpu", f"{prefix}-0"
+    cluster = FakeCluster(verdicts=[reset_verdict(gpu_node), xid_verdict(whole)],
+                          isolation_why_not="forbidden: cannot create devicetaintrules")
+    for n in (gpu_node, whole, *(f"{prefix}-{i}" for i in range(1, 4))):
+        cluster.node(n)
+    settings = DetectorSettings(interval=timedelta(milliseconds=500), ticks_per_run=30,
+                                max_unavailable=1,
+                                remediation=FAST.model_copy(update={"gpu_isolation": "dra"}))
+    child_id = remediation_workflow_id(gpu_node)
+    async with worker_for(client, cluster) as queue:
+        handle = await client.start_workflow(
+            DetectorWorkflow.run, DetectorInput(settings=settings), id=name, task_queue=queue)
+        run1 = await first_run(handle)
+        cluster.detector_id = name
+        await until(lambda: whole in cluster.claimed and any(
+            c[0] == "isolate_gpu" for c in cluster.calls), 30, "both admitted")
+        cluster.verdicts = []
+        await until(lambda: gpu_node in cluster.claimed, 60, "the node granted, then claimed")
+        child = client.get_workflow_handle(child_id)
+        result = await child.result()
+        assert result["outcome"] == "healthy", result
+        await continued(handle, run1)
+        await save_run(client, f"{name}.run1", name, run1)
+        await save(child_id, child)
+        await handle.terminate("recorded")
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One recording: ``record(client, name)`` writes ``{name}.json`` (or its runs)."""
@@ -1008,6 +1048,8 @@ SCENARIOS = (
     Scenario("release_cleared", v5_release_cleared, ("release-clear-bounded",)),
     Scenario("detector_incident", v5_detector_incident, ("fault-domains-and-incidents",)),
     Scenario("gpu_isolated", v5_gpu_isolated, ("gpu-isolation-dra",)),
+    Scenario("detector_gpu_lease", v5_detector_gpu_lease,
+             ("gpu-scoped-leases", "gpu-lease-waits-for-the-node")),
     Scenario("detector", v5_detector,
              ("slots-are-leases", "thermal-cordons-outside-budget", "detector-bounded-by-limits",
               "detector-node-reports", "heat-cordon-drains-in-a-slot")),

@@ -4,14 +4,26 @@ test server, with in-memory activities."""
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from temporalio import workflow
 from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.worker import Worker
 
 from policy.models import Action, Finding, Verdict
 from tests.workflows.fakes import FakeCluster, until, worker_for
+from workflows.ids import CONFIRM_LEASE_UPDATE, REQUEST_SLOT_SIGNAL, SLOT_GRANTED_SIGNAL
 from workflows.isolation import rule_name
-from workflows.messages import OperatorCommand, RemediationInput, RemediationView
+from workflows.leases import LeaseAnswer, LeaseCheck
+from workflows.messages import (
+    OperatorCommand,
+    RemediationInput,
+    RemediationResult,
+    RemediationView,
+    SlotGrant,
+    SlotRequest,
+)
 from workflows.remediation import RemediationWorkflow
 from workflows.settings import RemediationSettings
 from workflows.transitions import NodeState, Step
@@ -111,3 +123,126 @@ async def test_an_abort_removes_the_rule(time_skipping_env):
     assert cluster.gpu_rules == {}
     assert cluster.nodes["n4"].history[-1].outcome.startswith("aborted")
     assert not any(c[0] == "claim_node" for c in cluster.calls)
+
+
+@workflow.defn(name="LeaseKeeper", sandboxed=False)
+class LeaseKeeper:
+    """The detector's side of a GPU-scoped lease, and nothing else: it starts the
+    remediation as its child, records its requests for a slot, and confirms only the
+    lease's own token."""
+
+    def __init__(self) -> None:
+        self.requests: list[SlotRequest] = []
+        self.token = ""
+
+    @workflow.run
+    async def run(self, inp: RemediationInput) -> RemediationResult:
+        self.token = inp.lease_token
+        return await workflow.execute_child_workflow(
+            RemediationWorkflow.run, inp, id=f"remediation-{inp.node}-{workflow.uuid4()}")
+
+    @workflow.signal(name=REQUEST_SLOT_SIGNAL)
+    def request_slot(self, req: SlotRequest) -> None:
+        self.requests.append(req)
+
+    @workflow.update(name=CONFIRM_LEASE_UPDATE)
+    def confirm_lease(self, chk: LeaseCheck) -> LeaseAnswer:
+        return LeaseAnswer(live=chk.token == self.token, why="" if chk.token == self.token
+                           else "wrong lease token")
+
+    @workflow.query
+    def asked(self) -> list[SlotRequest]:
+        return self.requests
+
+
+async def test_a_gpu_lease_waits_for_a_node_slot_before_the_whole_node_path(time_skipping_env):
+    """Admitted to isolate one GPU (a GPU-scoped lease: no node slot), the remediation finds
+    no DeviceTaintRule can be made: it touches nothing on the node until the detector grants
+    a node slot with the lease's token; a stray grant is refused and recorded."""
+    cluster = FakeCluster(isolation_why_not="forbidden: cannot create devicetaintrules")
+    client = time_skipping_env.client
+    queue = f"tq-{uuid.uuid4()}"
+    with ThreadPoolExecutor(8) as pool:
+        async with Worker(client, task_queue=queue,
+                          workflows=[RemediationWorkflow, LeaseKeeper],
+                          activities=cluster.activities(), activity_executor=pool):
+            keeper = await client.start_workflow(
+                LeaseKeeper.run,
+                RemediationInput(node="n5", verdict=one_gpu("n5"), settings=DRA,
+                                 holds_slot=False, lease_scope="gpu", lease_token="the-lease"),
+                id=f"keeper-{uuid.uuid4()}", task_queue=queue)
+            async def asked() -> bool:
+                return bool(await keeper.query(LeaseKeeper.asked))
+            await until(asked, what="a slot request")
+            child_id = (await keeper.describe()).raw_description.pending_children[0].workflow_id
+            child = client.get_workflow_handle(child_id)
+            request = (await keeper.query(LeaseKeeper.asked))[0]
+            assert (request.node, request.token) == ("n5", "the-lease")
+            view = await _view(child)
+            assert (view.state, view.step) == (NodeState.HEALTHY, Step.WAITING_FOR_A_DRAIN_SLOT)
+            assert view.lease_scope == "gpu"
+            await child.signal(SLOT_GRANTED_SIGNAL, SlotGrant(token="guessed"))
+            async def refused() -> bool:
+                return len((await _view(child)).rejected_commands) == 1
+            await until(refused, what="the stray grant refused")
+            assert (await _view(child)).step == Step.WAITING_FOR_A_DRAIN_SLOT
+            # Nothing node-wide before the grant: no claim (cordon), drain or Job.
+            assert not any(c[0] in ("claim_node", "drain_node", "run_node_job")
+                           for c in cluster.calls)
+            assert cluster.mutations == []
+            assert [e[1] for e in cluster.events] == ["GpuIsolationUnavailable",
+                                                      "OperatorSignalRejected"]
+            await child.signal(SLOT_GRANTED_SIGNAL, SlotGrant(token="the-lease"))
+            result = await keeper.result()
+            assert (await _view(child)).lease_scope == "node"
+    assert result.outcome == "healthy", result
+    assert cluster.jobs_run() == ["gpu-reset", "validate"]
+    assert cluster.nodes["n5"].states_seen[0] == "draining"
+
+
+async def test_the_detector_admits_a_gpu_lease_beside_a_node_and_widens_it_in_a_free_slot(
+        local_env):
+    """The detector, budget one node, gpu_isolation dra: XID 48 on one GPU and XID 79 on
+    another node are both admitted (the GPU's lease takes no node slot). No rule can be made,
+    so the GPU's remediation asks for the node: it is claimed only after the other node was
+    given back, so two nodes are never out at once."""
+    from datetime import timedelta
+
+    from tests.workflows.fakes import xid_verdict
+    from workflows.detector import DetectorWorkflow
+    from workflows.ids import remediation_workflow_id
+    from workflows.messages import DetectorInput
+    from workflows.settings import DetectorSettings, DrainSettings
+
+    cluster = FakeCluster(isolation_why_not="forbidden: cannot create devicetaintrules")
+    tag = uuid.uuid4().hex[:6]
+    gpu_node, whole = f"g-{tag}", f"w-{tag}"
+    cluster.verdicts = [one_gpu(gpu_node), xid_verdict(whole)]
+    for n in (gpu_node, whole, f"x-{tag}"):
+        cluster.node(n)
+    fast = DRA.model_copy(update={"heartbeat_timeout": timedelta(seconds=2),
+                                  "drain": DrainSettings(retry_interval=timedelta(
+                                      milliseconds=200))})
+    settings = DetectorSettings(interval=timedelta(milliseconds=300), max_unavailable=1,
+                                breaker_max_flagged_percent=100.0, remediation=fast)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await local_env.client.start_workflow(
+            DetectorWorkflow.run, DetectorInput(settings=settings),
+            id=f"detector-{tag}", task_queue=queue)
+        cluster.detector_id = detector.id
+        try:
+            await until(lambda: whole in cluster.claimed and any(
+                c[0] == "isolate_gpu" for c in cluster.calls), 30, "both admitted")
+            cluster.verdicts = []
+            result = await local_env.client.get_workflow_handle(
+                remediation_workflow_id(gpu_node)).result()
+            assert result["outcome"] == "healthy", result
+        finally:
+            await detector.terminate("test over")
+    order = [(c[0], c[1].node) for c in cluster.calls
+             if c[0] in ("claim_node", "release_node", "isolate_gpu")]
+    # Admitted beside the node under a budget of one (its lease held no node slot)...
+    assert order.index(("isolate_gpu", gpu_node)) < order.index(("release_node", whole)), order
+    # ...and given the node only once the other was back.
+    assert order.index(("claim_node", gpu_node)) > order.index(("release_node", whole)), order
+    assert cluster.jobs_run().count("gpu-reset") == 1  # the GPU node, as a whole node

@@ -528,6 +528,8 @@ def detector_status(config: ConfigOpt = None, output: OutputOpt = "table") -> No
     rows: list[tuple[str, str]] = [
         ("budget", f"{len(view.in_flight)}/{view.budget} in use"),
         ("in flight", ", ".join(view.in_flight) or "-"),
+        *(("GPU lease", f"{lease.node}: {lease.gpus} GPU, no node slot (the node in "
+                        "service)") for lease in view.leases if lease.isolating),
         ("waiting", ", ".join(view.waiting) or "-"),
         ("paused", "yes" if view.paused else "no"),
         ("breaker", f"open: {view.breaker_reason}" if view.breaker_open else "closed"),
@@ -556,6 +558,13 @@ def incident_rows(incidents: list[DomainIncident]) -> list[tuple[str, ...]]:
         rows.append((f"{i.label}={domain_name(i.domain)}", f"{i.opened_at:%Y-%m-%d %H:%M:%S}",
                      ", ".join(i.nodes) or "-", state, i.reason))
     return rows
+
+
+def incident_json(i: DomainIncident) -> dict[str, object]:
+    """One incident in `status -o json`: the domain, its nodes, when it opened, its state."""
+    row = incident_rows([i])[0]
+    return {"domain": row[0], "label": i.label, "value": i.domain, "nodes": list(i.nodes),
+            "opened": i.opened_at.isoformat(), "state": row[3], "reason": i.reason}
 
 
 INCIDENT_COLUMNS = ("domain", "opened", "nodes", "state", "reason")
@@ -650,7 +659,9 @@ def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
         return
     out.print(shown(f"plan with {result.settings_from}"), soft_wrap=True, highlight=False)
     header = Text(f"budget {len(result.in_use)}/{result.budget} in use · "
-                  f"{result.managed_nodes} GPU nodes, {result.readable_nodes} readable")
+                  f"{result.managed_nodes} GPU nodes, {result.readable_nodes} readable"
+                  + (f" · {len(result.gpu_leases)} GPU leases (no node slot)"
+                     if result.gpu_leases else ""))
     if result.dry_run:
         header.append(" · ").append("dry-run", style="bold")
     out.print(header)
@@ -991,6 +1002,10 @@ def status(
         _print_status([view])
         for line in _quarantine_orders(view):
             out.print(shown(line), soft_wrap=True, highlight=False)
+        if view.lease_scope == "gpu":
+            out.print("lease: one GPU, no node slot (the node stays in service; the whole "
+                      "node only once the detector grants a slot)", soft_wrap=True,
+                      highlight=False)
         if view.gpu_isolation is not None:
             iso = view.gpu_isolation
             out.print(shown(f"GPU {iso.gpu} ({iso.uuid}) isolated: DeviceTaintRule {iso.rule} "
@@ -1008,11 +1023,12 @@ def status(
         return
     if not watch:
         views = with_client(config, ops.remediation_views, needs="read")
-        incidents = (with_client(config, _open_incidents, needs="read") if output != "json"
-                     else [])
+        incidents = with_client(config, _open_incidents, needs="read")
         if output == "json":
-            print(json.dumps([v if isinstance(v, dict) else v.model_dump(mode="json")
-                              for v in views], indent=2))
+            print(json.dumps({
+                "remediations": [v if isinstance(v, dict) else v.model_dump(mode="json")
+                                 for v in views],
+                "incidents": [incident_json(i) for i in incidents]}, indent=2))
             return
         _print_status(views)
         for v in views:

@@ -44,6 +44,9 @@ class PlannedStart(BaseModel):
 class Plan(BaseModel):
     budget: int
     in_use: list[str]
+    gpu_leases: list[str] = Field(
+        default_factory=list, description="Nodes whose lease holds one isolated GPU and no "
+                                          "node slot (in service), before this plan's starts.")
     start: list[PlannedStart] = Field(default_factory=list)
     waiting: list[str] = Field(default_factory=list)
     breaker: str = ""
@@ -101,7 +104,8 @@ def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
     # Without a running detector there is no record: what the nodes show stands in for it
     # (a fresh detector adopts what runs, and orphans under our taint, the same way).
     adm = Admission(used, state, obs, now, leases=running is not None)
-    plan = Plan(budget=adm.budget, in_use=list(adm.in_use), managed_nodes=obs.managed_nodes,
+    plan = Plan(budget=adm.budget, in_use=list(adm.in_use), gpu_leases=list(adm.isolated),
+                managed_nodes=obs.managed_nodes,
                 readable_nodes=obs.readable_nodes, errors=obs.errors, orphans=obs.orphans,
                 breaker=adm.state.breaker_reason, detector=detector, settings_from=whose,
                 from_running_detector=effective is not None, dry_run=used.dry_run,
@@ -112,6 +116,7 @@ def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
     for c in adm.queue:
         why = adm.blocked(c)
         if why is None:
+            lease = adm.scope_of(c)
             adm.admit(c)
             scope = ""
             if used.remediation.gpu_isolation == GpuIsolation.DRA:
@@ -119,10 +124,12 @@ def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
                 scope = (f"GPU {one.gpu} ({one.uuid}) only: a DeviceTaintRule"
                          + (", NoExecute" if one.evict else ", NoSchedule")
                          if isinstance(one, IsolationPlan) else f"whole node: {one}")
+                scope += ("; lease: one GPU, no node slot" if lease == "gpu"
+                          else "; lease: the node")
             plan.start.append(PlannedStart(node=c.node, action=c.verdict.action.value,
                                            reason=c.why, verdict=c.verdict, scope=scope))
         else:
-            plan.waiting.append(f"{c.node} ({c.verdict.action.value}: {why})")
+            plan.waiting.append(f"{c.node} ({c.label}: {why})")
     return plan
 
 
