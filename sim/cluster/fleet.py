@@ -24,6 +24,7 @@ DCGM_PORT = 9400
 # node "true" when the node joins.
 DEPLOY_LABEL = "nvidia.com/gpu.deploy.{}"
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
+NVIDIA_RUNTIME_CLASS = "nvidia"
 VALIDATOR = "nvidia-operator-validator"
 VALIDATOR_READY_FACTOR = 3.0
 """The validator is Ready this many operand start times after it starts."""
@@ -314,4 +315,7 @@ def seed(store: Store, scenario: Scenario, operand_seconds: float = 1.0) -> list
             _create(store, r.PDBS, _pdb(w, template["metadata"]["labels"]))
     for op in OPERANDS:
         _create(store, r.DAEMONSETS, _operand_daemonset(op, operand_seconds))
+    # The GPU Operator's container toolkit installs RuntimeClass nvidia (handler nvidia).
+    _create(store, r.RUNTIMECLASSES, {"metadata": {"name": NVIDIA_RUNTIME_CLASS},
+                                      "handler": NVIDIA_RUNTIME_CLASS})
     return names

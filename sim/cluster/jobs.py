@@ -15,7 +15,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.cluster import clock, dcgmi, deletion, objects
+from sim.cluster import admission, clock, dcgmi, deletion, objects
 from sim.cluster import resources as r
 from sim.cluster.defaults import GPU
 from sim.cluster.gpulink import GpuLink
@@ -337,7 +337,10 @@ class JobController:
         elif not spec.get("suspend"):
             missing = min(parallelism, completions - len(track.succeeded)) - len(active)
             for _ in range(max(0, missing)):
-                active.append(self._create_pod(job))
+                pod = self._create_pod(job)
+                if pod is None:
+                    break
+                active.append(pod)
         status.update(
             {
                 "active": len(active),
@@ -391,9 +394,13 @@ class JobController:
             job["status"] = status
             self.store.put_internal(r.JOBS, job)
 
-    def _create_pod(self, job: Obj) -> Obj:
+    def _create_pod(self, job: Obj) -> Obj | None:
+        """The Job's next pod, or None where admission refuses it (a RuntimeClass the
+        cluster lacks): the Job then has no pod until its deadline fails it."""
         m = job["metadata"]
         pod = objects.pod_from_template(
             job["spec"]["template"], m["namespace"], f"{m['name']}-{objects.suffix()}", job, r.JOBS
         )
+        if admission.pod_refusal(self.store, pod) is not None:
+            return None
         return self.store.create(r.PODS, pod)
