@@ -15,7 +15,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.cluster import admission, clock, dcgmi, deletion, objects
+from sim.cluster import admission, clock, dcgmi, deletion, mig, objects
 from sim.cluster import resources as r
 from sim.cluster.defaults import GPU
 from sim.cluster.gpulink import GpuLink
@@ -43,6 +43,10 @@ class JobPrograms:
         kind = labels.get(objects.JOB_LABEL, "")
         await asyncio.sleep(self.timing.job_seconds)
         if kind == "validate":
+            missing = mig.missing_instances(self.kubelet.store, self.kubelet.machines, node)
+            if missing is not None:
+                self.kubelet.write_log(pod, missing + "\n")
+                return 1, missing
             command = dcgmi.command_line(pod)
             if dcgmi.runs_dcgmi(command):
                 return await self._dcgmi(pod, node, command)
@@ -121,6 +125,8 @@ class JobPrograms:
             message = "; ".join(problems)
             self.kubelet.write_log(pod, message + "\n")
             return 1, message
+        # A reset destroys a MIG node's GPU and compute instances (MIG mode persists).
+        mig.destroy_instances(self.kubelet.store, self.kubelet.machines, node)
         # The device plugin on the node (if one runs) saw the XIDs this reset cleared.
         xids: dict[int, list[int]] = {}
         for c in cleared:
