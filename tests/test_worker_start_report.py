@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -166,3 +167,18 @@ async def test_plan_shows_the_missing_runtime_class(
     made = await plan_module.make_plan(load_settings(_config(tmp_path, sim_without_nvidia)))
     assert [line.split(":")[0] for line in made.prerequisites] == [
         "jobs.templates.gpu-reset.runtime_class_name"]
+
+
+async def test_a_silent_api_delays_the_start_by_the_bound_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def hangs(api: object, jobs: object) -> RuntimeClassCheck:
+        time.sleep(2)
+        return RuntimeClassCheck()
+
+    monkeypatch.setattr(service, "RUNTIME_CLASS_CHECK_SECONDS", 0.2)
+    monkeypatch.setattr(service, "kube_client", lambda _: SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(service, "check_runtime_classes", hangs)
+    started = time.monotonic()
+    (line,) = await service.check_start_runtime_classes(Settings.model_validate({}))
+    assert time.monotonic() - started < 1.5
+    assert line.startswith("RuntimeClasses not checked: the Kubernetes API did not answer")

@@ -73,6 +73,11 @@ async def _report_prerequisites(settings: Settings) -> list[str]:
     return missing
 
 
+RUNTIME_CLASS_CHECK_SECONDS = 15.0
+"""How long the start waits for the RuntimeClass check: an API server in a brownout
+delays the worker by this much at most (then a warning, and it starts)."""
+
+
 async def check_start_runtime_classes(settings: Settings) -> list[str]:
     """Before anything starts: a RuntimeClass a Job template names and the cluster lacks
     is a ConfigError naming the field (activities/prerequisites.py); where they cannot be
@@ -80,9 +85,14 @@ async def check_start_runtime_classes(settings: Settings) -> list[str]:
     try:
         api = kube_client(settings)
         try:
-            found = await asyncio.to_thread(check_runtime_classes, api, settings.jobs)
+            found = await asyncio.wait_for(
+                asyncio.to_thread(check_runtime_classes, api, settings.jobs),
+                RUNTIME_CLASS_CHECK_SECONDS)
         finally:
             api.close()
+    except TimeoutError:
+        unchecked = [f"RuntimeClasses not checked: the Kubernetes API did not answer within "
+                     f"{RUNTIME_CLASS_CHECK_SECONDS:.0f}s"]
     except Exception as err:  # a bad kubeconfig shows in every activity; here, said once
         unchecked = [f"RuntimeClasses not checked: {type(err).__name__}: {str(err)[:200]}"]
     else:
