@@ -237,7 +237,9 @@ class JobsSettings(BaseModel):
     templates: dict[str, JobTemplate] = Field(
         default_factory=_defaults,
         description="Named templates. The built-in validation, gpu-reset and reboot are "
-                    "replaced by a template of the same name; others are added.")
+                    "replaced by a template of the same name; one that gives neither image "
+                    "nor command changes only the fields it gives (runtime_class_name: "
+                    "null on a cluster without the nvidia RuntimeClass); others are added.")
 
     @field_validator("templates", mode="before")
     @classmethod
@@ -245,10 +247,7 @@ class JobsSettings(BaseModel):
         if not isinstance(value, dict):
             return value
         builtin = _defaults()
-        given = {name: ({"purpose": builtin[name].purpose, **t}
-                        if name in builtin and isinstance(t, dict) and "purpose" not in t
-                        else t)
-                 for name, t in value.items()}
+        given = {name: _over_builtin(builtin.get(name), t) for name, t in value.items()}
         return {**builtin, **given}
 
     @model_validator(mode="after")
@@ -295,6 +294,17 @@ class JobsSettings(BaseModel):
 
     def longest_deadline(self) -> timedelta:
         return max(t.deadline for t in self.templates.values())
+
+
+def _over_builtin(builtin: JobTemplate | None, given: Any) -> Any:
+    """A template given under a built-in's name: with its own image or command it replaces
+    the built-in whole (nothing privileged is inherited by a command of someone else's);
+    with neither, it is the built-in with the fields it gives changed."""
+    if builtin is None or not isinstance(given, dict):
+        return given
+    if "image" not in given and "command" not in given:
+        return {**builtin.model_dump(), **given}
+    return given if "purpose" in given else {"purpose": builtin.purpose, **given}
 
 
 class TemplateRefused(ValueError):

@@ -28,6 +28,7 @@ from activities.fleet import FleetActivities
 from activities.fleet_nodes import GpuNode
 from activities.gpus import GPU_RESOURCE, pod_gpu_request, quantity
 from activities.kube import REQUEST_TIMEOUT, raise_typed
+from activities.mig import mig_layout_not_applied
 from activities.node_keys import JOB_LABEL
 from workflows import errors
 from workflows.messages import (
@@ -132,24 +133,6 @@ def gpu_stack_not_ready(labels: dict[str, str], pods: list[Any]) -> list[str]:
         missing.append(f"node label {GPU_PRESENT_LABEL}={present[:40]!r} (GPU feature "
                        "discovery has not seen the GPUs yet)")
     return missing + mig_layout_not_applied(labels)
-
-
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"
-MIG_STATE_LABEL = "nvidia.com/mig.config.state"
-
-
-def mig_layout_not_applied(labels: dict[str, str]) -> list[str]:
-    """A MIG node whose configured layout the MIG manager has not reported applied: a
-    validation would test the wrong devices. The MIG manager writes ``mig.config.state``
-    (pending, rebooting, success, failed) for the layout named by ``mig.config``."""
-    config = labels.get(MIG_CONFIG_LABEL)
-    if not config or config == "all-disabled":
-        return []
-    state = labels.get(MIG_STATE_LABEL, "")
-    if state == "success":
-        return []
-    return [f"MIG layout {config[:63]!r} not applied (node label {MIG_STATE_LABEL}="
-            f"{state[:20]!r}; the MIG manager applies {MIG_CONFIG_LABEL})"]
 
 
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"

@@ -14,6 +14,16 @@ reports the label it turned off as changed. Every write is one merge patch guard
 node's resourceVersion (409: re-read and recompute); a label someone else changed while it
 was off is left as it is.
 
+On a MIG node (``nvidia.com/mig.config`` names a layout) the MIG manager is paused too, as
+the GPU Operator does it (``nvidia.com/gpu.deploy.mig-manager``, only when found "true",
+restored exactly as found): a reset destroys the GPU and compute instances (MIG mode
+persists), and NVIDIA's MIG manager applies the layout when its pod starts and otherwise
+only when ``mig.config`` changes. Its restart after the reset is what re-applies the
+layout. The restore writes ``nvidia.com/mig.config.state=pending`` in the same patch (the
+layout is not applied, whatever the label said before the reset; the MIG manager writes
+``success`` or ``failed`` when it is done), and the operands count as back only once it
+says ``success``.
+
 The checks make one look per call and raise a benign ``ApplicationError`` ("not yet"); the
 workflow's retry policy polls them, so no activity waits in a loop or holds a worker slot.
 """
@@ -35,6 +45,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from activities.events import record_node_event
 from activities.gpus import GPU_RESOURCE
 from activities.kube import REQUEST_TIMEOUT, raise_typed
+from activities.mig import MIG_CONFIG_LABEL, MIG_STATE_LABEL, mig_layout_not_applied
 from activities.node_keys import PREFIX, TAINT_KEY
 from workflows import errors
 from workflows.operands import (
@@ -199,6 +210,18 @@ def blocking_taints(ds: dict[str, Any], node: dict[str, Any]) -> list[str]:
     return out
 
 
+MIG_MANAGER = "mig-manager"
+
+
+def reset_operands(labels: dict[str, str], operands: list[str]) -> list[str]:
+    """The operands a reset pauses on a node: the configured ones, and on a MIG node the
+    MIG manager, whose restart re-applies the layout the reset destroys."""
+    if mig_layout_not_applied({MIG_CONFIG_LABEL: labels.get(MIG_CONFIG_LABEL, "")}) and (
+            MIG_MANAGER not in operands):
+        return [*operands, MIG_MANAGER]
+    return list(operands)
+
+
 def _described(values: dict[str, str | None]) -> str:
     return ", ".join(f"{k}={v!r}" if v is not None else f"{k} (absent)"
                      for k, v in values.items())
@@ -279,10 +302,11 @@ class OperandActivities:
             labels = _labels(node)
             annotations = _meta(node).get("annotations") or {}
             recorded = parse_record(annotations.get(A_OPERANDS_PAUSED))
-            to_change, found = plan_pause(labels, inp.operands)
+            operands = reset_operands(labels, inp.operands)
+            to_change, found = plan_pause(labels, operands)
             changed: dict[str, str] = {}
             left: dict[str, str | None] = {}
-            for label in dict.fromkeys(deploy_label(o) for o in inp.operands):
+            for label in dict.fromkeys(deploy_label(o) for o in operands):
                 value = found.get(label)
                 if label in to_change:
                     changed[label] = to_change[label]
@@ -345,10 +369,18 @@ class OperandActivities:
                     # Someone else's value now (the operator's, an admin's): never ours
                     # to overwrite.
                     others[label] = now
-            seen.update(restore=restore, already=already, others=others, lifted=False)
+            seen.update(restore=restore, already=already, others=others, lifted=False,
+                        mig="")
             body: dict[str, Any] = {"metadata": {}}
             if restore:
-                body["metadata"]["labels"] = restore
+                body["metadata"]["labels"] = dict(restore)
+                if (restore.get(deploy_label(MIG_MANAGER)) == ON
+                        and mig_layout_not_applied({MIG_CONFIG_LABEL:
+                                                    labels.get(MIG_CONFIG_LABEL, "")})):
+                    # The MIG manager starts again and applies the layout the reset
+                    # destroyed; until it says so, the layout is not applied.
+                    body["metadata"]["labels"][MIG_STATE_LABEL] = "pending"
+                    seen["mig"] = labels.get(MIG_CONFIG_LABEL, "")
             # The operand DaemonSets tolerate the GPU taint, not ours: while our NoSchedule
             # taint is on, a restored operand could not start again. It is lifted (the node
             # stays cordoned, so no workload lands) and the next state write puts it back.
@@ -373,6 +405,9 @@ class OperandActivities:
                          "cordoned) so the operands can start")
         if restore:
             parts.append("restored " + ", ".join(f"{k}={v}" for k, v in restore.items()))
+        if seen.get("mig"):
+            parts.append(f"the MIG manager re-applies MIG layout {seen['mig'][:63]!r} "
+                         f"({MIG_STATE_LABEL}=pending until it reports success)")
         if already:
             parts.append("already as before the pause: " + ", ".join(already))
         if others:
@@ -451,6 +486,10 @@ class OperandActivities:
         gpus = quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE))
         if missing:
             missing = ["operands not Ready: " + ", ".join(missing)]
+        if deploy_label(MIG_MANAGER) in inp.labels:
+            # The MIG manager restarted after the reset: back once it reports the layout
+            # applied ("failed" is said as such, and fails the step at start_timeout).
+            missing += mig_layout_not_applied(node_labels)
         if gpus < inp.expected_gpus:
             missing.append(f"allocatable {GPU_RESOURCE} {gpus} of {inp.expected_gpus} expected")
         if missing:

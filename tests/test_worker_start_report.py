@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from kubernetes import client, config
 from temporalio.service import RPCError, RPCStatusCode
 
-from worker.config import Settings
+from activities.prerequisites import RuntimeClassCheck
+from sim.cluster.threaded import ThreadedClusterSim
+from worker.config import Settings, load_settings
 from worker.service import run as service
 
 
@@ -94,3 +100,85 @@ async def test_an_unusable_kubeconfig_is_a_warning_not_a_crash(
     caplog.set_level(logging.INFO, logger="gpu_remediate.worker")
     (line,) = await service._report_prerequisites(Settings.model_validate({}))
     assert line.startswith("GPU Operator operands not checked: FileNotFoundError")
+
+
+# ------------------------------------------------- RuntimeClasses the Job templates name
+
+
+@pytest.fixture
+def sim_without_nvidia(tmp_path: Path) -> Iterator[Path]:
+    """The cluster simulator (whose GPU Operator installs RuntimeClass nvidia) with it
+    deleted: a cluster without the NVIDIA runtime."""
+    with ThreadedClusterSim(scenario="small") as sim:
+        kubeconfig = sim.kubeconfig(tmp_path / "kubeconfig")
+        with config.new_client_from_config(config_file=str(kubeconfig)) as api:
+            client.NodeV1Api(api).delete_runtime_class("nvidia")
+        yield kubeconfig
+
+
+def _config(tmp_path: Path, kubeconfig: Path, extra: str = "") -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"temporal: {{address: '127.0.0.1:1'}}\n"
+                    f"kubernetes: {{kubeconfig: '{kubeconfig}'}}\n" + extra)
+    return path
+
+
+def test_the_worker_refuses_to_start_naming_the_field(
+        tmp_path: Path, sim_without_nvidia: Path) -> None:
+    from typer.testing import CliRunner
+
+    from worker.cli import app
+
+    path = _config(tmp_path, sim_without_nvidia)
+    result = CliRunner().invoke(app, ["worker", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    assert (f"{path}: jobs.templates.gpu-reset.runtime_class_name: RuntimeClass 'nvidia' "
+            "does not exist in the cluster") in result.output
+
+
+async def test_the_mode_without_the_nvidia_runtime_class_starts(
+        tmp_path: Path, sim_without_nvidia: Path) -> None:
+    settings = load_settings(_config(tmp_path, sim_without_nvidia,
+                                     "jobs: {templates: {gpu-reset: "
+                                     "{runtime_class_name: null}}}\n"))
+    assert await service.check_start_runtime_classes(settings) == []
+
+
+async def test_unreadable_runtime_classes_are_a_warning_and_the_worker_starts(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(service, "kube_client",
+                        lambda _: SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(service, "check_runtime_classes", lambda api, jobs: RuntimeClassCheck(
+        unchecked=["RuntimeClasses not checked: the worker may not read them (HTTP 403)"]))
+    caplog.set_level(logging.INFO, logger="gpu_remediate.worker")
+    assert await service.check_start_runtime_classes(Settings.model_validate({})) == [
+        "RuntimeClasses not checked: the worker may not read them (HTTP 403)"]
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+
+
+async def test_plan_shows_the_missing_runtime_class(
+        tmp_path: Path, sim_without_nvidia: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.cli import plan as plan_module
+
+    async def no_detector(settings: object) -> plan_module.DetectorLookup:
+        return plan_module.DetectorLookup(why="no Temporal in this test")
+
+    monkeypatch.setattr(plan_module, "look_up_detector", no_detector)
+    made = await plan_module.make_plan(load_settings(_config(tmp_path, sim_without_nvidia)))
+    assert [line.split(":")[0] for line in made.prerequisites] == [
+        "jobs.templates.gpu-reset.runtime_class_name"]
+
+
+async def test_a_silent_api_delays_the_start_by_the_bound_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def hangs(api: object, jobs: object) -> RuntimeClassCheck:
+        time.sleep(2)
+        return RuntimeClassCheck()
+
+    monkeypatch.setattr(service, "RUNTIME_CLASS_CHECK_SECONDS", 0.2)
+    monkeypatch.setattr(service, "kube_client", lambda _: SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(service, "check_runtime_classes", hangs)
+    started = time.monotonic()
+    (line,) = await service.check_start_runtime_classes(Settings.model_validate({}))
+    assert time.monotonic() - started < 1.5
+    assert line.startswith("RuntimeClasses not checked: the Kubernetes API did not answer")

@@ -20,6 +20,7 @@ from sim.cluster.gpulink import GpuLink
 from sim.cluster.jobs import JobController, JobPrograms, JobTiming
 from sim.cluster.kubelet import Kubelet
 from sim.cluster.machines import NodeTiming
+from sim.cluster.mig import MigManager
 from sim.cluster.nodelifecycle import NodeLifecycle
 from sim.cluster.scheduler import Scheduler
 from sim.cluster.store import Store
@@ -75,6 +76,7 @@ class ControllerManager:
             *([DraControllers(store, nodes)] if minor >= r.RESOURCESLICES.since_minor else []),
             Scheduler(store),
             self.kubelet,
+            MigManager(store, self.kubelet.machines),
             DisruptionController(store),
         ]
         self._task: asyncio.Task[None] | None = None

@@ -24,6 +24,7 @@ DCGM_PORT = 9400
 # node "true" when the node joins.
 DEPLOY_LABEL = "nvidia.com/gpu.deploy.{}"
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
+NVIDIA_RUNTIME_CLASS = "nvidia"
 VALIDATOR = "nvidia-operator-validator"
 VALIDATOR_READY_FACTOR = 3.0
 """The validator is Ready this many operand start times after it starts."""
@@ -51,6 +52,20 @@ OPERANDS = (
             "nvcr.io/nvidia/cloud-native/gpu-operator-validator:v25.3.0", False),
 )
 DEPLOY_LABELS = {DEPLOY_LABEL.format(o.deploy): "true" for o in OPERANDS}
+# The MIG manager: the GPU Operator runs its DaemonSet in every install and labels only
+# MIG nodes for it. Here a node is a MIG node when its pool's labels name a layout
+# (`nvidia.com/mig.config`, other than all-disabled): sim/cluster/mig.py acts it out.
+MIG_MANAGER = Operand("nvidia-mig-manager", "mig-manager",
+                      "nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.12.1-ubuntu20.04", False)
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+
+
+def is_mig_layout(labels: dict[str, str]) -> bool:
+    """A node whose labels name a MIG layout to apply."""
+    config = labels.get(MIG_CONFIG_LABEL)
+    return bool(config) and config != "all-disabled"
+
 BASE_NAMESPACES = (
     "default", "kube-system", "kube-public", "kube-node-lease", DCGM_NAMESPACE,
 )
@@ -81,6 +96,9 @@ def node_object(name: str, pool: Pool, index: int) -> Obj:
         **DEPLOY_LABELS,
         **pool.labels,
     }
+    if is_mig_layout(labels):
+        labels.setdefault(DEPLOY_LABEL.format(MIG_MANAGER.deploy), "true")
+        labels.setdefault(MIG_STATE_LABEL, "success")
     capacity = {
         "cpu": "192",
         "memory": "2113645480Ki",
@@ -312,6 +330,9 @@ def seed(store: Store, scenario: Scenario, operand_seconds: float = 1.0) -> list
                 store.create(r.PODS, pod)
         if w.pdb is not None:
             _create(store, r.PDBS, _pdb(w, template["metadata"]["labels"]))
-    for op in OPERANDS:
+    for op in (*OPERANDS, MIG_MANAGER):
         _create(store, r.DAEMONSETS, _operand_daemonset(op, operand_seconds))
+    # The GPU Operator's container toolkit installs RuntimeClass nvidia (handler nvidia).
+    _create(store, r.RUNTIMECLASSES, {"metadata": {"name": NVIDIA_RUNTIME_CLASS},
+                                      "handler": NVIDIA_RUNTIME_CLASS})
     return names

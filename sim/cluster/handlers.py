@@ -13,7 +13,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sim.cluster import defaults, deletion, errors, eviction, patch, selectors, validation
+from sim.cluster import (
+    admission,
+    defaults,
+    deletion,
+    errors,
+    eviction,
+    patch,
+    selectors,
+    validation,
+)
 from sim.cluster import dra_schema as dra
 from sim.cluster import resources as r
 from sim.cluster.store import Obj, Store
@@ -72,6 +81,8 @@ def create(store: Store, t: Target, body: Any, dry_run: bool) -> tuple[int, Obj]
     if not m.get("name") and m.get("generateName"):
         m["name"] = m["generateName"] + uuid.uuid4().hex[:5]
     obj = defaults.on_create(t.rt, body)
+    if t.rt is r.PODS and (refused := admission.pod_refusal(store, obj)) is not None:
+        raise refused
     validation.validate(t.rt, obj)
     uid = str(uuid.uuid4())
     if t.rt is r.JOBS:

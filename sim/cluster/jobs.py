@@ -15,7 +15,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.cluster import clock, dcgmi, deletion, objects
+from sim.cluster import admission, clock, dcgmi, deletion, mig, objects
 from sim.cluster import resources as r
 from sim.cluster.defaults import GPU
 from sim.cluster.gpulink import GpuLink
@@ -43,6 +43,10 @@ class JobPrograms:
         kind = labels.get(objects.JOB_LABEL, "")
         await asyncio.sleep(self.timing.job_seconds)
         if kind == "validate":
+            missing = mig.missing_instances(self.kubelet.store, self.kubelet.machines, node)
+            if missing is not None:
+                self.kubelet.write_log(pod, missing + "\n")
+                return 1, missing
             command = dcgmi.command_line(pod)
             if dcgmi.runs_dcgmi(command):
                 return await self._dcgmi(pod, node, command)
@@ -121,6 +125,8 @@ class JobPrograms:
             message = "; ".join(problems)
             self.kubelet.write_log(pod, message + "\n")
             return 1, message
+        # A reset destroys a MIG node's GPU and compute instances (MIG mode persists).
+        mig.destroy_instances(self.kubelet.store, self.kubelet.machines, node)
         # The device plugin on the node (if one runs) saw the XIDs this reset cleared.
         xids: dict[int, list[int]] = {}
         for c in cleared:
@@ -337,7 +343,10 @@ class JobController:
         elif not spec.get("suspend"):
             missing = min(parallelism, completions - len(track.succeeded)) - len(active)
             for _ in range(max(0, missing)):
-                active.append(self._create_pod(job))
+                pod = self._create_pod(job)
+                if pod is None:
+                    break
+                active.append(pod)
         status.update(
             {
                 "active": len(active),
@@ -391,9 +400,13 @@ class JobController:
             job["status"] = status
             self.store.put_internal(r.JOBS, job)
 
-    def _create_pod(self, job: Obj) -> Obj:
+    def _create_pod(self, job: Obj) -> Obj | None:
+        """The Job's next pod, or None where admission refuses it (a RuntimeClass the
+        cluster lacks): the Job then has no pod until its deadline fails it."""
         m = job["metadata"]
         pod = objects.pod_from_template(
             job["spec"]["template"], m["namespace"], f"{m['name']}-{objects.suffix()}", job, r.JOBS
         )
+        if admission.pod_refusal(self.store, pod) is not None:
+            return None
         return self.store.create(r.PODS, pod)

@@ -192,6 +192,7 @@ class Kubelet:
         m.powered = True
         m.boot_at = None
         m.power_lost = False
+        m.mig_instances = False  # a MIG layout does not survive a boot
         m.events.append("booted")
         obj = self.store.find(r.NODES, "", node)
         if obj is None:

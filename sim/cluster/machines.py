@@ -82,6 +82,10 @@ class Machine:
     plugin_unhealthy: set[int] = field(default_factory=set)
     plugin_managed: bool = False
     power_lost: bool = False
+    # MIG (a node whose labels name a layout): whether its GPU and compute instances exist.
+    # A GPU reset or a boot destroys them (MIG mode itself persists); only the MIG
+    # manager's apply creates them again (sim/cluster/mig.py).
+    mig_instances: bool = True
 
     @property
     def registered(self) -> bool:

@@ -151,6 +151,10 @@ DEVICETAINTRULES_BETA = ResourceType(
     "resource.k8s.io", "v1beta2", "devicetaintrules", "DeviceTaintRule", False,
     has_status=True, tracks_generation=True, storage_version="v1", since_minor=36,
 )
+# RuntimeClass (node.k8s.io/v1, GA since 1.20): which container runtime handler a pod runs
+# under. The GPU Operator installs `nvidia`; a pod naming a RuntimeClass the cluster does
+# not have is refused by the API server's RuntimeClass admission.
+RUNTIMECLASSES = ResourceType("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False)
 
 ALL: tuple[ResourceType, ...] = (
     NODES,
@@ -169,6 +173,7 @@ ALL: tuple[ResourceType, ...] = (
     RESOURCECLAIMS,
     DEVICETAINTRULES,
     DEVICETAINTRULES_BETA,
+    RUNTIMECLASSES,
 )
 
 # Kubernetes minor releases the simulator can pose as (`--kubernetes-version`).

@@ -150,6 +150,27 @@ def _pdb(spec: dict[str, Any]) -> list[FieldError]:
     return errs
 
 
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_MSG = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
+    "and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', "
+    "regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+)
+
+
+def _runtime_class(obj: Obj) -> list[FieldError]:
+    """ValidateRuntimeClass: the handler is a DNS label (an empty one too is Invalid)."""
+    handler = obj.get("handler")
+    text = handler if isinstance(handler, str) else ""
+    errs = []
+    if len(text) > 63:
+        errs.append(FieldError("handler", "Invalid", "must be no more than 63 characters",
+                               text))
+    if not _DNS1123_LABEL.match(text):
+        errs.append(FieldError("handler", "Invalid", _LABEL_MSG, text))
+    return errs
+
+
 _CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 CONFIGMAP_MAX_BYTES = 1024 * 1024
 
@@ -202,6 +223,8 @@ def validate(rt: r.ResourceType, obj: Obj) -> None:
         errs += _pdb(spec)
     elif rt is r.CONFIGMAPS:
         errs += _configmap(obj)
+    elif rt is r.RUNTIMECLASSES:
+        errs += _runtime_class(obj)
     elif rt.group == r.RESOURCESLICES.group:
         errs += dra.validate(rt, obj)
     if errs:
@@ -242,6 +265,9 @@ def validate_update(rt: r.ResourceType, old: Obj, new: Obj) -> None:
                     )
                 ],
             )
+    if rt is r.RUNTIMECLASSES and old.get("handler") != new.get("handler"):
+        raise errors.invalid(rt, old["metadata"]["name"], [
+            FieldError("handler", "Invalid", "field is immutable", new.get("handler"))])
     if rt is r.JOBS and (old.get("spec") or {}).get("template") != (new.get("spec") or {}).get(
         "template"
     ):

@@ -627,3 +627,111 @@ async def test_a_wait_that_finds_no_daemonset_for_an_operand_fails_naming_where_
     err = await refused(fn, wait_in(labels_=[*LABELS, extra]))
     assert err.type == "OperandsNotFound" and f"{extra}=true" in str(err)
     assert LABELS[0] not in str(err)
+
+
+# ------------------------------------------------------------------ MIG nodes
+
+MIG_NODE = "mig-01"
+LAYOUT = "all-1g.10gb"
+MIG_SCENARIO = {"name": "mig", "pools": [
+    {"name": "mig", "nodes": 1, "gpus": 8, "labels": {"nvidia.com/mig.config": LAYOUT}},
+    {"name": "gpu", "nodes": 1, "gpus": 8}]}
+
+
+@pytest.fixture
+def k_mig(tmp_path: Path) -> Iterator[Cluster]:
+    """The simulator's GPU Operator, MIG manager included, with one MIG node."""
+    from sim.scenario import Scenario
+
+    yield from _cluster(tmp_path, scenario=Scenario.model_validate(MIG_SCENARIO),
+                        job_seconds=0.1)
+
+
+def _node_job(k: Cluster, name: str, kind: str, node: str = MIG_NODE) -> str:
+    k.batch.create_namespaced_job("default", {"metadata": {"name": name}, "spec": {
+        "backoffLimit": 0,
+        "template": {"metadata": {"labels": {"gpu-remediate.io/job": kind}}, "spec": {
+            "restartPolicy": "Never", "nodeName": node,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "c", "image": "registry.sim.local/x:1"}]}}}})
+
+    def done() -> str | None:
+        pods = k.core.list_namespaced_pod("default", label_selector=f"job-name={name}").items
+        phase = pods[0].status.phase if pods else None
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    return str(wait_for(done, 30, f"Job {name} finished"))
+
+
+async def _reset_with_operands(k: Cluster, acts: OperandActivities, name: str) -> Any:
+    """What the reset step does: pause, wait gone, reset, restore."""
+    paused = await run(acts.pause_gpu_operands, pause_in(MIG_NODE))
+    labels_ = sorted(paused.changed)
+    wait_in_ = wait_in(MIG_NODE, labels_=labels_)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await run(acts.check_operands_gone, wait_in_)
+            break
+        except ApplicationError:
+            assert time.monotonic() < deadline, "operands never left"
+            await asyncio.sleep(0.2)
+    assert _node_job(k, name, "gpu-reset") == "Succeeded"
+    await run(acts.restore_gpu_operands, paused)
+    return paused, wait_in_
+
+
+async def test_on_a_mig_node_the_reset_pauses_the_mig_manager_too(k_mig: Cluster) -> None:
+    acts = OperandActivities(k_mig.api)
+    paused = await run(acts.pause_gpu_operands, pause_in(MIG_NODE))
+    assert paused.changed == dict.fromkeys([*LABELS, MIG], "true")
+    assert labels(k_mig, MIG_NODE)[MIG] == "false"
+    await run(acts.restore_gpu_operands, paused)
+    other = await run(acts.pause_gpu_operands, pause_in("gpu-01"))
+    assert MIG not in other.changed and MIG not in other.left, "not a MIG node"
+
+
+async def test_after_a_reset_the_mig_manager_reapplies_the_layout_before_operands_count_back(
+        k_mig: Cluster) -> None:
+    acts = OperandActivities(k_mig.api)
+    paused, wait_ = await _reset_with_operands(k_mig, acts, "reset")
+    assert MIG in wait_.labels and paused.changed[MIG] == "true"
+    after = labels(k_mig, MIG_NODE)
+    assert after[MIG] == "true", "restored exactly as found"
+    assert after["nvidia.com/mig.config.state"] in ("pending", "success")
+    restored = k_mig.events(MIG_NODE, REASON_RESTORED)[-1].message
+    assert f"the MIG manager re-applies MIG layout '{LAYOUT}'" in restored
+    # Not back while the MIG manager applies; back once it reports success.
+    seen: list[str] = []
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            state = await run(acts.check_operands_back, wait_)
+            break
+        except ApplicationError as err:
+            assert err.type == OPERANDS_NOT_READY
+            seen.append(str(err))
+            assert time.monotonic() < deadline, seen[-1]
+            await asyncio.sleep(0.1)
+    assert labels(k_mig, MIG_NODE)["nvidia.com/mig.config.state"] == "success"
+    assert "nvidia-mig-manager" in " ".join(state.pods)
+    assert _node_job(k_mig, "validate", "validate") == "Succeeded"
+
+
+async def test_without_the_mig_manager_restart_the_validation_finds_no_instances(
+        k_mig: Cluster) -> None:
+    """A MIG manager that does not restart after the reset (back on before it, as with a
+    pause that left it alone): the reset destroys the instances, the stale label still
+    says success, and the validation fails. What makes the step above necessary."""
+    acts = OperandActivities(k_mig.api)
+    paused = await run(acts.pause_gpu_operands, pause_in(MIG_NODE))
+    assert MIG in paused.changed
+    # Put the MIG manager back at once, before the reset: it never restarts after it.
+    set_labels(k_mig, {MIG: "true"}, MIG_NODE)
+    wait_for(lambda: not [p for p in k_mig.pods_on(MIG_NODE)
+                          if p.metadata.labels.get("app") in (
+                              "nvidia-device-plugin-daemonset", "nvidia-dcgm",
+                              "nvidia-dcgm-exporter")], 30, "holders gone")
+    assert _node_job(k_mig, "reset", "gpu-reset") == "Succeeded"
+    assert labels(k_mig, MIG_NODE)["nvidia.com/mig.config.state"] == "success"
+    assert _node_job(k_mig, "validate", "validate") == "Failed"

@@ -160,14 +160,11 @@ def seed(api: client.ApiClient, scenario: Scenario, operand_seconds: float = 0.5
     for ns in dict.fromkeys(namespaces):
         _create(core.create_namespace, {"metadata": {"name": ns}})
     # The GPU Operator installs RuntimeClass nvidia; without it the API server's RuntimeClass
-    # admission refuses every pod that names it (the default GPU reset template does).
-    try:
-        _create(client.NodeV1Api(api).create_runtime_class,
-                {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                 "metadata": {"name": "nvidia"}, "handler": "nvidia"})
-    except client.ApiException as err:
-        if err.status != 404:  # an API server without node.k8s.io (the cluster simulator)
-            raise
+    # admission refuses every pod that names it (the default GPU reset template does), and
+    # the worker refuses to start (activities/prerequisites.py).
+    _create(client.NodeV1Api(api).create_runtime_class,
+            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+             "metadata": {"name": "nvidia"}, "handler": "nvidia"})
     pools = {p.name: p for p in scenario.pools}
     for w in scenario.workloads:
         template = fleet._template(w, pools, job=w.kind == "Job")

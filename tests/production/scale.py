@@ -158,6 +158,12 @@ class ScaleStack(ProductionStack):
         cp_dir.mkdir(parents=True, exist_ok=True)
         self.controlplane = ControlPlane(self.controlplane_binary, cp_dir).start()
         self.kubeconfig.write_text(self.controlplane.kubeconfig.read_text())
+        # What the GPU Operator installs: the worker refuses to start without the
+        # RuntimeClass its reset template names (activities/prerequisites.py).
+        with config.new_client_from_config(config_file=str(self.kubeconfig)) as api:
+            client.NodeV1Api(api).create_runtime_class(
+                {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                 "metadata": {"name": "nvidia"}, "handler": "nvidia"})
 
     def stop(self) -> None:
         super().stop()

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from activities.prerequisites import missing_prerequisites
+from activities.prerequisites import check_runtime_classes, missing_prerequisites
 from policy.models import Verdict
 from worker.config import Settings
 from workflows.admission import Admission
@@ -70,7 +70,10 @@ class Plan(BaseModel):
     prerequisites: list[str] = Field(
         default_factory=list, description="What a repair path needs and the cluster lacks "
                                           "(GPU Operator operand DaemonSets a GPU reset "
-                                          "pauses), one line each; the worker warns at start.")
+                                          "pauses: the worker warns at start; a "
+                                          "RuntimeClass a Job template names: the worker "
+                                          "refuses to start, naming the field), one line "
+                                          "each, or why it could not be checked.")
 
 
 def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
@@ -236,6 +239,8 @@ async def make_plan(settings: Settings, config_source: str = "") -> Plan:
     try:
         plan.prerequisites = await asyncio.to_thread(
             missing_prerequisites, api, settings.remediation.gpu_operator)
+        runtime = await asyncio.to_thread(check_runtime_classes, api, settings.jobs)
+        plan.prerequisites += runtime.missing + runtime.unchecked
     finally:
         api.close()
     return plan

@@ -16,8 +16,8 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError
 from temporalio.worker import Worker, WorkerDeploymentConfig, WorkerDeploymentVersion
 
-from activities.prerequisites import missing_prerequisites
-from worker.config import Settings, TemporalSettings, WorkerSettings
+from activities.prerequisites import check_runtime_classes, missing_prerequisites
+from worker.config import ConfigError, Settings, TemporalSettings, WorkerSettings
 from worker.service.health import Health
 from worker.service.reports import serve_reports
 from worker.service.wiring import TICK_ACTIVITIES, kube_client, worker_activities
@@ -73,6 +73,38 @@ async def _report_prerequisites(settings: Settings) -> list[str]:
     return missing
 
 
+RUNTIME_CLASS_CHECK_SECONDS = 15.0
+"""How long the start waits for the RuntimeClass check: an API server in a brownout
+delays the worker by this much at most (then a warning, and it starts)."""
+
+
+async def check_start_runtime_classes(settings: Settings) -> list[str]:
+    """Before anything starts: a RuntimeClass a Job template names and the cluster lacks
+    is a ConfigError naming the field (activities/prerequisites.py); where they cannot be
+    read, a warning each, returned, and the worker starts."""
+    try:
+        api = kube_client(settings)
+        try:
+            found = await asyncio.wait_for(
+                asyncio.to_thread(check_runtime_classes, api, settings.jobs),
+                RUNTIME_CLASS_CHECK_SECONDS)
+        finally:
+            api.close()
+    except TimeoutError:
+        unchecked = [f"RuntimeClasses not checked: the Kubernetes API did not answer within "
+                     f"{RUNTIME_CLASS_CHECK_SECONDS:.0f}s"]
+    except Exception as err:  # a bad kubeconfig shows in every activity; here, said once
+        unchecked = [f"RuntimeClasses not checked: {type(err).__name__}: {str(err)[:200]}"]
+    else:
+        if found.missing:
+            raise ConfigError(f"{settings.source or 'configuration'}: "
+                              + "; ".join(found.missing))
+        unchecked = found.unchecked
+    for line in unchecked:
+        log.warning("%s", line)
+    return unchecked
+
+
 async def _namespace_problem(client: Client, t: TemporalSettings) -> str:
     try:
         await client.workflow_service.describe_namespace(
@@ -121,6 +153,7 @@ def detector_workflow(cfg: WorkerDeploymentConfig | None) -> type[DetectorWorkfl
 
 async def run_worker(settings: Settings) -> None:
     w = settings.worker
+    await check_start_runtime_classes(settings)
     runtime = None
     if w.sdk_metrics_port:
         runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(
