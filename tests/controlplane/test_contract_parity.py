@@ -23,7 +23,8 @@ pytestmark = pytest.mark.controlplane
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = ["tests/sim/test_cluster_api.py", "tests/sim/test_cluster_eviction.py",
-         "tests/sim/test_cluster_tables.py", "tests/sim/test_cluster_authn.py"]
+         "tests/sim/test_cluster_tables.py", "tests/sim/test_cluster_authn.py",
+         "tests/sim/test_cluster_runtimeclasses.py"]
 
 # test id -> (simulator outcome, real outcome, why). Keep docs/controlplane.md in step.
 KNOWN_DIFFERENCES: dict[str, tuple[str, str, str]] = {
@@ -32,6 +33,9 @@ KNOWN_DIFFERENCES: dict[str, tuple[str, str, str]] = {
         "passed", "skipped", "server-side apply exists on a real API server (by design)"),
     "test_cluster_api.py::test_unknown_path_returns_404_status": (
         "passed", "skipped", "simulator-only test (by design)"),
+    "test_cluster_runtimeclasses.py::"
+    "test_the_simulated_gpu_operator_installs_runtime_class_nvidia": (
+        "passed", "skipped", "simulator-only test (by design): the GPU Operator's install"),
     "test_cluster_authn.py::test_an_expired_token_is_not_authenticated": (
         "passed", "skipped", "simulator-only test (by design): it moves the simulator's clock"),
     "test_cluster_eviction.py::test_pdb_percent_min_available_rounds_up": (

@@ -21,6 +21,7 @@ TIER=controlplane
 INPUTS=(tests/controlplane sim/cluster tests/sim/testkit.py tests/polling.py tests/sim/test_cluster_api.py
         tests/sim/test_cluster_tables.py tests/sim/test_cluster_dra.py
         tests/sim/test_cluster_eviction.py tests/sim/test_cluster_authn.py
+        tests/sim/test_cluster_runtimeclasses.py
         worker/service/reports.py activities deploy/base/rbac.yaml tests/e2e/test_brownout.py
         tests/e2e/test_walking_skeleton.py tests/e2e/test_budget_under_load.py
         tests/e2e/test_fleet_scenarios.py)
