@@ -14,6 +14,7 @@ kubelets), the worker holding only deploy/base/rbac.yaml's permissions:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from tests.e2e.test_budget_under_load import (  # the scenario itself, run with 
     test_five_failures_at_once_never_exceed_a_budget_of_two,
 )
 from tests.e2e.test_fleet_scenarios import assert_pdb_scenario, pdb_scenario
+from tests.polling import wait_for
 from worker.stack import Ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.controlplane]
@@ -134,6 +136,22 @@ def test_claims_held_through_a_refused_node_write_never_land_together(
         adm.create_validating_admission_policy_binding({
             "metadata": {"name": BROWNOUT},
             "spec": {"policyName": BROWNOUT, "validationActions": ["Deny"]}})
+        # The API server applies a new policy a moment later: the brownout starts when a
+        # write of the worker's ServiceAccount is refused (a harmless annotation).
+        worker_api = config.new_client_from_config(
+            config_file=str(brownout_stack.worker_kubeconfig))
+        with worker_api:
+            as_worker: Any = client.CoreV1Api(worker_api)
+
+            def refused() -> bool:
+                try:
+                    as_worker.patch_node("gpu-node-03", {"metadata": {"annotations": {
+                        "gpu-remediate.io/test-brownout-probe": str(time.monotonic())}}})
+                except client.ApiException as err:
+                    return err.status == 403
+                return False
+            wait_for(refused, timeout=30, what="the policy refusing the worker's writes",
+                     every=0.2)
 
     def stop() -> None:
         adm.delete_validating_admission_policy_binding(BROWNOUT)
