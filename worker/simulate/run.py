@@ -56,11 +56,12 @@ from workflows.settings import DetectorSettings
 
 MAX_NODES = 100_000
 MAX_DAYS = 365
-# Memory (docs/simulate.md: the test server grew ~20 KB a tick at 10,000 nodes): it keeps every
-# history in memory, so a run grows with its ticks and remediations; the fleet is small.
+# Memory (docs/simulate.md: the test server grew ~28 KB a tick at 10,000 nodes): it keeps every
+# history and every time-skipping lock event in memory, so a run grows with its ticks and
+# remediations; the fleet is small.
 STALL_S = 3.0
 BASE_BYTES = 600 * 2**20
-BYTES_PER_TICK = 20_000
+BYTES_PER_TICK = 30_000
 BYTES_PER_FAULT = 120_000
 BYTES_PER_NODE = 300
 # The cyclic garbage collector: a run allocates many short-lived objects per tick, and
