@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -60,7 +61,29 @@ def test_same_seed_same_json_and_the_faults_go_through_the_policy() -> None:
     # XID 79 is the policy's reboot, XID 74 and the HBM3 remap its reset, heat its cordon.
     assert set(one["mttr_by_action"]) <= {"reboot", "reset", "thermal", "quarantine"}
     assert one["remediations_started"] >= 3
-    assert one["detector_ticks"] == pytest.approx(1.25 * 24 * 12, abs=3)
+    # The run ends on the detector's tick grid: one tick every 5 minutes, exactly.
+    assert one["detector_ticks"] == 1.25 * 24 * 12
+
+
+def test_the_run_ends_on_the_tick_grid_whatever_the_server_clock_drifts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test server's clock also moves while work runs. Each observation here holds it
+    for 0.25 s of real time, so 60 ticks of 10 s drift past a whole tick: a run ended on
+    the server's clock would see a tick fewer, one ended on the grid sees all 60, and the
+    same JSON as a run without the delay."""
+    s = settings(interval=timedelta(seconds=10))
+    days = 60 * 10 / 86_400
+    quick = run(s, BUSY, nodes=20, days=days)
+    ticked = sim_fleet.SimFleet.ticked
+
+    def slow(self: sim_fleet.SimFleet) -> float:
+        time.sleep(0.25)
+        return ticked(self)
+
+    monkeypatch.setattr(sim_fleet.SimFleet, "ticked", slow)
+    slowed = run(s, BUSY, nodes=20, days=days)
+    assert slowed["detector_ticks"] == quick["detector_ticks"] == 60
+    assert slowed == quick
 
 
 @pytest.mark.parametrize(("seed", "model", "budget"), [

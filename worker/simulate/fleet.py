@@ -13,7 +13,9 @@ time, as seconds since the simulation started; nothing reads the wall clock.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import copy
 import math
 import random
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from activities.node_return import NODE_NOT_BACK
 from policy.config import PolicySettings
 from policy.models import SEVERITY, Action, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_node
+from worker.simulate.clock import CLOCK_WORKFLOW_ID, SimulationClockWorkflow
 from worker.simulate.faults import CAUSES, FaultModel
 from workflows import errors
 from workflows.ids import DETECTOR_WORKFLOW_ID, shard_of
@@ -175,7 +178,6 @@ class Figures:
     outcomes: dict[str, int] = field(default_factory=dict)
     nodes_lost: int = 0
     lost_s: float = 0.0
-    reports: list[AdmissionReport] = field(default_factory=list)
     max_in_use: int = 0
     max_waiting: int = 0
     budgets: set[int] = field(default_factory=set)
@@ -188,10 +190,12 @@ class Figures:
 
 
 class SimFleet:
-    """The fleet and its activities. ``start`` is the server time the run began at."""
+    """The fleet and its activities. ``start`` is the server time the run began at;
+    ``end`` the simulated second the run ends at (on the tick grid; None: never)."""
 
     def __init__(self, *, nodes: int, gpus: int, domains: int, faults: list[Fault],
-                 model: FaultModel, settings: DetectorSettings, start: datetime) -> None:
+                 model: FaultModel, settings: DetectorSettings, start: datetime,
+                 end: float | None = None) -> None:
         self.size = nodes
         self.gpus = gpus
         self.domains = max(1, domains)
@@ -207,6 +211,9 @@ class SimFleet:
         # observation for probation and lemons, as the production observation does.
         self.ledger: list[LedgerEntry] = []
         self.figures = Figures(faults_by_cause={name: 0 for name in CAUSES})
+        self.end_at = end
+        self.final: Figures | None = None
+        """The figures as they stood at ``end`` (set by ``close``)."""
         self._shard_sizes: dict[int, list[int]] = {}
         self._fault_actions: dict[tuple[str, bool], Action] = {}
         self._seq = 0
@@ -388,6 +395,26 @@ class SimFleet:
             self._shard_sizes[shards] = sizes
         return self._shard_sizes[shards]
 
+    def due_to_end(self) -> bool:
+        """The next observation would be at or past the end (tick n is at n x interval)."""
+        return self.end_at is not None and \
+            self.ticks * self.settings.interval.total_seconds() >= self.end_at
+
+    async def close(self) -> None:
+        """The run is over: the books close at ``end`` and the clock is told.
+
+        Called from the first observation past the end, which never returns: the detector
+        stays at that tick (its view is that of the last tick inside the run) until the
+        worker stops, and what the remediations still do meanwhile is past the end and
+        not counted. This keeps the result off the server's clock, which drifts by the
+        run's own processing time."""
+        if self.final is None:
+            assert self.end_at is not None
+            self.end(self.end_at)
+            self.final = copy.deepcopy(self.figures)
+            await activity.client().get_workflow_handle(CLOCK_WORKFLOW_ID).signal(
+                SimulationClockWorkflow.over)
+
     def end(self, now: float) -> None:
         """Close the books at the end of the run: what is still out counts until now."""
         for i, n in self.nodes.items():
@@ -406,6 +433,9 @@ class SimFleet:
 
         @activity.defn(name="observe_fleet")
         async def observe_fleet(inp: ObserveInput) -> FleetObservation:
+            if fleet.final is not None or (inp.shard == 0 and fleet.due_to_end()):
+                await fleet.close()
+                await asyncio.Event().wait()  # until the worker stops (cancelled)
             now = fleet.ticked() if inp.shard == 0 else fleet.now()
             fleet.advance(now)
             f.observations += 1
@@ -468,7 +498,6 @@ class SimFleet:
             if report.breaker_open and not f.breaker_open:
                 f.breaker_trips += 1
             f.breaker_open = report.breaker_open
-            f.reports.append(report)
 
         @activity.defn(name="claim_node")
         async def claim_node(inp: ClaimInput) -> ClaimResult:

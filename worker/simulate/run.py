@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import shutil
 import statistics
 import sysconfig
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,7 @@ from temporalio.worker import (
     Worker,
 )
 
-from worker.simulate.clock import SimulationClockWorkflow
+from worker.simulate.clock import CLOCK_WORKFLOW_ID, SimulationClockWorkflow
 from worker.simulate.faults import FaultModel
 from worker.simulate.fleet import DAY, SimFleet, draw_faults
 from workflows.detector import DetectorWorkflow
@@ -54,13 +56,17 @@ from workflows.settings import DetectorSettings
 
 MAX_NODES = 100_000
 MAX_DAYS = 365
-# Memory (docs/simulate.md: the test server grew ~20 KB a tick at 10,000 nodes): it keeps every
-# history in memory, so a run grows with its ticks and remediations; the fleet is small.
+# Memory (docs/simulate.md: the test server grew ~28 KB a tick at 10,000 nodes): it keeps every
+# history and every time-skipping lock event in memory, so a run grows with its ticks and
+# remediations; the fleet is small.
 STALL_S = 3.0
 BASE_BYTES = 600 * 2**20
-BYTES_PER_TICK = 20_000
+BYTES_PER_TICK = 30_000
 BYTES_PER_FAULT = 120_000
 BYTES_PER_NODE = 300
+# The cyclic garbage collector: a run allocates many short-lived objects per tick, and
+# every full collection walks the imported modules too (hundreds of thousands of objects).
+GC_THRESHOLD = (50_000, 50, 100)
 
 
 class SimulationTooLarge(Exception):
@@ -166,6 +172,21 @@ async def _unstick(env: WorkflowEnvironment, pulse: _Pulse) -> None:
         last = pulse.count
 
 
+@contextlib.contextmanager
+def _long_lived_heap() -> Iterator[None]:
+    """What is imported and set up before the run is left out of garbage collection
+    (gc.freeze), and young objects are collected less often; both restored after."""
+    before = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
+
+
 def expected_faults(model: FaultModel, *, nodes: int, gpus: int, days: float) -> float:
     return sum(model.rates_per_gpu_day.values()) * nodes * gpus * days
 
@@ -245,8 +266,9 @@ async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int,
             search_attributes={k.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
                                for k in SEARCH_ATTRIBUTES}))
         start = await env.get_current_time()
+        seconds = days * DAY
         fleet = SimFleet(nodes=nodes, gpus=gpus, domains=domains, faults=faults, model=model,
-                         settings=settings, start=start)
+                         settings=settings, start=start, end=seconds)
         runner = {} if sandboxed else {"workflow_runner": UnsandboxedWorkflowRunner()}
         # The worker on a plain client: the test environment's client locks and unlocks
         # the server's time skipping around each wait for a result, which is the clock's
@@ -255,25 +277,26 @@ async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int,
                                      namespace=client.namespace,
                                      data_converter=pydantic_data_converter, runtime=runtime)
         pulse = _Pulse()
-        async with Worker(plain, task_queue=queue, interceptors=[pulse],
-                          workflows=[DetectorWorkflow, RemediationWorkflow,
-                                     SimulationClockWorkflow],
-                          activities=fleet.activities(), max_concurrent_activities=200,
-                          build_id="simulate",
-                          **runner):  # type: ignore[arg-type]
-            handle = await client.start_workflow(
-                DetectorWorkflow.run, DetectorInput(settings=settings),
-                id=DETECTOR_WORKFLOW_ID, task_queue=queue)
-            seconds = days * DAY
-            unstick = asyncio.get_running_loop().create_task(_unstick(env, pulse))
-            try:
-                await client.execute_workflow(SimulationClockWorkflow.run, seconds,
-                                              id="simulation-clock", task_queue=queue)
-            finally:
-                unstick.cancel()
-            view = await handle.query(DetectorWorkflow.view)
-            await handle.terminate("simulation over")
-        fleet.end(seconds)
+        with _long_lived_heap():
+            async with Worker(plain, task_queue=queue, interceptors=[pulse],
+                              workflows=[DetectorWorkflow, RemediationWorkflow,
+                                         SimulationClockWorkflow],
+                              activities=fleet.activities(), max_concurrent_activities=200,
+                              build_id="simulate",
+                              **runner):  # type: ignore[arg-type]
+                handle = await client.start_workflow(
+                    DetectorWorkflow.run, DetectorInput(settings=settings),
+                    id=DETECTOR_WORKFLOW_ID, task_queue=queue)
+                unstick = asyncio.get_running_loop().create_task(_unstick(env, pulse))
+                try:
+                    await client.execute_workflow(SimulationClockWorkflow.run, seconds,
+                                                  id=CLOCK_WORKFLOW_ID, task_queue=queue)
+                finally:
+                    unstick.cancel()
+                view = await handle.query(DetectorWorkflow.view)
+                await handle.terminate("simulation over")
+        if fleet.final is None:  # the clock's backstop: the detector stopped observing
+            fleet.end(seconds)
     finally:
         await env.shutdown()
     return _result(fleet, view, settings, config=config, nodes=nodes, gpus=gpus,
@@ -282,7 +305,7 @@ async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int,
 
 def _result(fleet: SimFleet, view: DetectorView, settings: DetectorSettings, *, config: str,
             nodes: int, gpus: int, domains: int, days: float, seed: int) -> SimResult:
-    f = fleet.figures
+    f = fleet.final or fleet.figures
     by = {"out_of_service": round(f.out_of_service_s * gpus / 3600, 1),
           "quarantined": round(f.quarantined_s * gpus / 3600, 1),
           "lost_machines": round(f.lost_s * gpus / 3600, 1)}
