@@ -273,12 +273,19 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
 
     async def _observe_fleet(self, inp: ObserveInput) -> FleetObservation:
         started = time.monotonic()
-        listed = [n for n in await asyncio.to_thread(self.list_gpu_nodes)
-                  if shard_of(n.name, inp.shards) == inp.shard]
+        # A node-only observation (inp.nodes: a detector woken by their reports) reads those
+        # nodes and their records alone, and sets no fleet-wide figure or metric.
+        whole = not inp.nodes
+        if whole:
+            listed = [n for n in await asyncio.to_thread(self.list_gpu_nodes)
+                      if shard_of(n.name, inp.shards) == inp.shard]
+        else:
+            listed = await asyncio.to_thread(self.read_gpu_nodes, inp.nodes)
         nodes = [n for n in listed if not n.excluded]
         # Acknowledgements and sightings from the records (one List per tick), never from
         # the annotations: those only mirror them.
-        records = await asyncio.to_thread(self.list_records)
+        records = await asyncio.to_thread(self.list_records) if whole else \
+            await asyncio.to_thread(self.read_records, [n.name for n in listed])
         now_dt = datetime.now(UTC)
         for n in nodes:
             n.use_record(records.get(n.name), now_dt)
@@ -341,7 +348,7 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
             ledger, ledger_trouble = await asyncio.to_thread(
                 self.ledger_notes, verdicts, uids, inp.ledger_lookback, now_dt)
         labelled = [n for n in listed if n.state != NodeState.HEALTHY]
-        orphans = await self.find_orphans(labelled)
+        orphans = await self.find_orphans(labelled, count=whole)
         # Ours is what carries our taint or has its remediation running. A state label
         # alone, with neither, is the node's own word (a kubelet can label its own Node):
         # it holds no budget slot, or one compromised node could stall every admission.
@@ -360,18 +367,8 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
                 pool_sizes[pool] = pool_sizes.get(pool, 0) + 1
                 if gpu_node.name in named:
                     pool_of[gpu_node.name] = pool
-        for state in NodeState:
-            metrics.NODES_BY_STATE.labels(state.value).set(
-                sum(1 for n in nodes if n.state == state))
-        for signal in SIGNAL_NAMES:
-            metrics.SIGNAL_BLIND_NODES.labels(signal).set(
-                sum(1 for b in blind.values() if any(x.signal == signal for x in b)))
-        metrics.FLAGGED.set(len(verdicts))
-        metrics.UNREADABLE.set(len(errors))
-        metrics.NODE_STATE.observed(
-            [(n.name, n.state.value) for n in listed],
-            gone=self._last_listed.get((inp.shard, inp.shards), set()) - {n.name for n in listed})
-        self._last_listed[(inp.shard, inp.shards)] = {n.name for n in listed}
+        if whole:
+            self._fleet_metrics(inp, listed, nodes, blind, len(verdicts), len(errors))
         await self._announce(inp, nodes, errors, app_only, xid_warnings,
                              [*verdicts, *app_only], blind)
         # Markers that disagree (a node writing its own state): shown, not announced as
@@ -398,8 +395,9 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         domains = _domains(inp.domain_labels, nodes, readings,
                            {v.node for v in verdicts} | {r.node for r in remediating}
                            | {h.node for h in held})
-        metrics.TICK_SECONDS.observe(time.monotonic() - started)
-        metrics.LAST_OBSERVATION.set_to_current_time()
+        if whole:
+            metrics.TICK_SECONDS.observe(time.monotonic() - started)
+            metrics.LAST_OBSERVATION.set_to_current_time()
         return bound_observation(FleetObservation(
             managed_nodes=len(nodes), readable_nodes=len(readings),
             verdicts=sorted(verdicts, key=lambda v: v.node), remediating=remediating,
@@ -408,6 +406,27 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
             ledger={n: x for n, x in ledger.items()
                     if x.last_repair is not None or x.serial_faults},
         ))
+
+    def _fleet_metrics(self, inp: ObserveInput, listed: list[GpuNode], nodes: list[GpuNode],
+                       blind: dict[str, list[BlindSignal]], flagged: int,
+                       unreadable: int) -> None:
+        """The gauges a full observation (of this shard) sets: counts over the fleet."""
+        for state in NodeState:
+            metrics.NODES_BY_STATE.labels(state.value).set(
+                sum(1 for n in nodes if n.state == state))
+        for signal in SIGNAL_NAMES:
+            metrics.SIGNAL_BLIND_NODES.labels(signal).set(
+                sum(1 for b in blind.values() if any(x.signal == signal for x in b)))
+        metrics.FLAGGED.set(flagged)
+        metrics.UNREADABLE.set(unreadable)
+        metrics.NODE_STATE.observed(
+            [(n.name, n.state.value) for n in listed],
+            gone=self._last_listed.get((inp.shard, inp.shards), set()) - {n.name for n in listed})
+        self._last_listed[(inp.shard, inp.shards)] = {n.name for n in listed}
+
+    def read_records(self, names: list[str]) -> dict[str, Loaded]:
+        """These nodes' records (one read each), as ``list_records`` gives them."""
+        return {n: loaded for n in names if (loaded := self.records.read(n)).exists}
 
     def ledger_notes(self, verdicts: list[Verdict], uids: dict[str, str], lookback: timedelta,
                      now: datetime) -> tuple[dict[str, LedgerNote], str]:

@@ -12,6 +12,7 @@ state it reads.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -116,6 +117,10 @@ def _state(value: str | None, tainted: bool = False) -> tuple[NodeState, str]:
                                      f"{TAINT_KEY} taint: counted as out of service, not as "
                                      "quarantined")
     return state, ""
+
+
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+"""A Node's name (an RFC 1123 subdomain): what a field selector may be built from."""
 
 
 def _slim_nodes(body: bytes) -> list[client.V1Node]:
@@ -231,10 +236,14 @@ class NodeListing:
             self._listed = (time.monotonic(), nodes)
             return nodes
 
-    def _list_nodes_now(self) -> list[client.V1Node]:
+    def _list_nodes_now(self, name: str | None = None) -> list[client.V1Node]:
+        """As ``_list_nodes``; with ``name``, only that node (a field selector on the same
+        lists, so the node selector and the labelled nodes count exactly as in the fleet's)."""
+        field = f"metadata.name={name}" if name else None
+
         def listed(selector: str | None = None) -> list[client.V1Node]:
             # The undecoded response (urllib3's), parsed by _slim_nodes.
-            raw: Any = self.core.list_node(label_selector=selector,
+            raw: Any = self.core.list_node(label_selector=selector, field_selector=field,
                                            _request_timeout=REQUEST_TIMEOUT,
                                            _preload_content=False)
             return _slim_nodes(raw.data)
@@ -253,7 +262,17 @@ class NodeListing:
 
     def list_gpu_nodes(self) -> list[GpuNode]:
         """Nodes with GPU capacity (or the selected ones) that have not opted out."""
-        items = self._list_nodes()
+        return self._gpu_nodes(self._list_nodes())
+
+    def read_gpu_nodes(self, names: list[str]) -> list[GpuNode]:
+        """``list_gpu_nodes`` for just these nodes (a node-only observation): each one's
+        own lists, so a node that is not a GPU node, has opted out or is gone is left out
+        as the fleet's list would leave it. A name that is not a node name is skipped."""
+        items = [n for name in names if _NODE_NAME.match(name)
+                 for n in self._list_nodes_now(name)]
+        return self._gpu_nodes(items)
+
+    def _gpu_nodes(self, items: list[client.V1Node]) -> list[GpuNode]:
         nodes = []
         for n in items:
             labels = meta_dict(n, "labels")

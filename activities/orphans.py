@@ -56,7 +56,7 @@ class OrphanActivities:
     jobs_namespace: str
     records: RecordStore
 
-    async def find_orphans(self, labelled: list[GpuNode]) -> list[str]:
+    async def find_orphans(self, labelled: list[GpuNode], *, count: bool = True) -> list[str]:
         """Labelled nodes whose remediation is not running (terminated, failed, gone).
 
         They keep their slot (fail closed); the first time one is seen it gets an
@@ -74,7 +74,8 @@ class OrphanActivities:
             if not node.orphan_marked:
                 await asyncio.to_thread(self._mark_orphan, node.name,
                                         remediation_workflow_id(node.name))
-        metrics.ORPHANS.set(len(orphans))
+        if count:  # a node-only observation's few nodes are not the fleet's count
+            metrics.ORPHANS.set(len(orphans))
         return sorted(orphans)
 
     async def _gone(self, node: str) -> bool:

@@ -13,7 +13,6 @@ budget.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
@@ -88,10 +87,15 @@ with workflow.unsafe.imports_passed_through():
         merge_observations,
     )
     from workflows.reports import (
+        MAX_NODE_TICK_NODES,
         NODE_REPORT_PATCH,
         NODE_REPORT_SIGNAL,
+        NODE_TICK_GAP,
+        NODE_TICK_PATCH,
         current_reports,
+        due_for_node_tick,
         keep_report,
+        merge_node_observation,
         reports_for_observation,
     )
     from workflows.search_attributes import GPU_NODE, REMEDIATION_ACTION, REMEDIATION_STATE
@@ -159,8 +163,16 @@ class DetectorWorkflow:
         self.limits: LimitsSettings | None = None
         self.bounded = False
         self.over_limits: list[str] = []
-        # Faults nodes reported about themselves (workflows/reports.py).
-        self.reports: list[NodeReport] = []
+        # Faults nodes reported about themselves (workflows/reports.py), carried across
+        # continue-as-new.
+        self.reports: list[NodeReport] = list(inp.state.reports)
+        # Woken by node reports alone (a node-only tick may do), when each node last had
+        # one, and the observation such a tick completes (the last full one, with the
+        # fresh entries of the nodes observed since).
+        self.report_wake = False
+        self.reported: set[str] = set()
+        self.node_ticks: dict[str, datetime] = {}
+        self.last_full: FleetObservation | None = None
         # State labels that disagreed with the record at the last tick ("label->record"):
         # rewritten when the same disagreement is seen twice (a write in flight is not one).
         self.mismatches: dict[str, str] = {}
@@ -284,6 +296,14 @@ class DetectorWorkflow:
                 workflow.payload_converter().from_payload(raw.payload))
         except Exception as err:  # a stray client's payload: recorded, never raised
             self._reject_signal(NODE_REPORT_SIGNAL, None, f"bad node report: {err}"[:500])
+            return
+        if workflow.patched(NODE_TICK_PATCH):
+            if report.node in self.busy:
+                return  # its remediation handles what it reported: nothing to wake for
+            self.reports = keep_report(self.reports, report, workflow.now())
+            # Observed alone at once where it can be (_between_ticks), else a full tick.
+            self.reported.add(report.node)
+            self.report_wake = True
             return
         self.reports = keep_report(self.reports, report, workflow.now())
         self.wake = True
@@ -483,6 +503,9 @@ class DetectorWorkflow:
         while True:
             # An update that arrives during this tick wakes the next one at once.
             self.wake = False
+            # Reports so far are this tick's observation's; those that land during it wake
+            # a node-only tick after it.
+            self.report_wake, self.reported = False, set()
             # Children known closed before the observation: their labels in it are the truth.
             closed = self._closed_children()
             if not seeded:
@@ -499,17 +522,17 @@ class DetectorWorkflow:
                 obs = await self._observe() if seeded else None
             if obs is not None:
                 await self._admit(obs, closed)
+            self.last_full = obs if self.leases_mode else None
             ticks += 1
             self.state.ticks_total += 1
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(lambda: self.wake, timeout=self.settings.interval,
-                                              timeout_summary="next fleet observation")
+            ticks += await self._between_ticks()
             if ticks >= self.settings.ticks_per_run or \
                     workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 st = self.state
                 st.last_managed, st.busy = self.last_managed, self.busy
                 st.orphans, st.rejected = self.orphans, self.rejected
+                st.reports = current_reports(self.reports, workflow.now(), self.busy)
                 # Pinned (a versioned worker registers PinnedDetectorWorkflow): the next
                 # run starts on the deployment's current version and is pinned there.
                 workflow.continue_as_new(
@@ -517,6 +540,62 @@ class DetectorWorkflow:
                     initial_versioning_behavior=(
                         workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE
                         if self.pinned else None))
+
+    async def _between_ticks(self) -> int:
+        """Wait for the next full tick: the interval, or a wake. Woken by node reports alone
+        (NODE_TICK_PATCH), observe just the reported nodes and admit them at once, then wait
+        on for the rest of the interval: the fleet is still observed whole at its interval.
+        Returns the node-only ticks run."""
+        due = workflow.now() + self.settings.interval
+        timeout, ran = self.settings.interval, 0
+        while True:
+            try:
+                await workflow.wait_condition(lambda: self.wake or self.report_wake,
+                                              timeout=timeout,
+                                              timeout_summary="next fleet observation")
+            except TimeoutError:
+                return ran  # due: the full tick takes any report too
+            if self.wake or not self.report_wake:
+                return ran
+            self.report_wake = False
+            nodes = self._due_for_node_tick()
+            if nodes is None:
+                return ran  # a full tick observes them
+            if nodes:
+                await self._node_tick(nodes)
+                ran += 1
+            timeout = due - workflow.now()
+            if timeout <= timedelta(0) or workflow.info().is_continue_as_new_suggested():
+                return ran
+
+    def _due_for_node_tick(self) -> list[str] | None:
+        """The reported nodes a node-only tick observes now ([]: none due, each had one
+        within NODE_TICK_GAP; its report waits for the full tick), or None: a full tick
+        instead (no full observation to complete yet, or too many nodes at once)."""
+        if self.last_full is None:
+            return None
+        now = workflow.now()
+        self.reports = current_reports(self.reports, now, self.busy)
+        self.node_ticks = {n: t for n, t in self.node_ticks.items() if now - t < NODE_TICK_GAP}
+        nodes = due_for_node_tick(self.reported, self.reports, self.node_ticks, now)
+        self.reported = set()
+        if len(nodes) > MAX_NODE_TICK_NODES:
+            return None
+        self.node_ticks.update({n: now for n in nodes})
+        return nodes
+
+    async def _node_tick(self, nodes: list[str]) -> None:
+        """Observe ``nodes`` alone (a fresh evaluation of each: its exporter, its record, its
+        reports) and admit them under the leases' budget, the rest of the fleet as the last
+        full observation saw it (workflows/reports.py, ``merge_node_observation``). Only
+        these nodes can start; nothing waits before their start but their observation."""
+        closed = self._closed_children()
+        fresh = await self._observe(nodes)
+        if fresh is None or self.last_full is None:
+            return
+        obs = merge_node_observation(self.last_full, fresh, nodes)
+        self.last_full = obs
+        await self._admit(obs, closed, only=set(nodes))
 
     async def _running_remediations(self, summary: str) -> RunningRemediations:
         return await workflow.execute_activity(
@@ -682,14 +761,16 @@ class DetectorWorkflow:
         self.seeded -= gone
         return gone
 
-    async def _observe(self) -> FleetObservation | None:
+    async def _observe(self, nodes: Sequence[str] = ()) -> FleetObservation | None:
+        """The fleet's observation, or (``nodes``: a node-only tick) just those nodes'."""
         s = self.settings
         # Past the shard size, several activities observe disjoint parts of the fleet in
         # parallel (they spread over worker replicas); below it, one does.
-        shards = max(1, -(-self.last_managed // s.observe_shard_size))
-        leases = self._lease_workflows() if self.leases_mode else []
+        shards = 1 if nodes else max(1, -(-self.last_managed // s.observe_shard_size))
+        leases = self._lease_workflows() if self.leases_mode and not nodes else []
         self.reports = current_reports(self.reports, workflow.now(), self.busy)
-        reports = reports_for_observation(self.reports, workflow.now())
+        reports = [r for r in reports_for_observation(self.reports, workflow.now())
+                   if not nodes or r.node in nodes]
         try:
             parts = await asyncio.gather(*(workflow.execute_activity(
                 act.observe_fleet, ObserveInput(policy=s.policy, pool_label=s.pool_label,
@@ -701,12 +782,14 @@ class DetectorWorkflow:
                                                 reports=reports,
                                                 ledger_lookback=s.ledger.lookback()
                                                 if self.probation else timedelta(0),
-                                                domain_labels=s.domain_labels()),
+                                                domain_labels=s.domain_labels(),
+                                                nodes=list(nodes)),
                 task_queue=s.observe_task_queue,
                 start_to_close_timeout=s.observe_timeout,
                 heartbeat_timeout=s.observe_heartbeat_timeout,
                 retry_policy=RetryPolicy(maximum_attempts=2),
-                summary=("scrape and evaluate the fleet" if shards == 1
+                summary=(plain(f"scrape and evaluate {', '.join(nodes)} (reported)", 200)
+                         if nodes else "scrape and evaluate the fleet" if shards == 1
                          else f"scrape and evaluate shard {i + 1}/{shards}"),
             ) for i in range(shards)))
         except ActivityError as err:
@@ -716,7 +799,8 @@ class DetectorWorkflow:
             workflow.set_current_details(f"**observation failed**: {err.cause or err}")
             return None
         obs = parts[0] if len(parts) == 1 else merge_observations(list(parts))
-        self.last_managed = obs.managed_nodes
+        if not nodes:
+            self.last_managed = obs.managed_nodes
         return obs
 
     def _closed_children(self) -> set[str]:
@@ -727,7 +811,8 @@ class DetectorWorkflow:
                 handle.exception()  # retrieved: a failed child is not an error of ours
         return closed
 
-    async def _admit(self, obs: FleetObservation, closed: set[str] | None = None) -> None:
+    async def _admit(self, obs: FleetObservation, closed: set[str] | None = None,
+                     only: set[str] | None = None) -> None:
         st = self.state
         self.last_tick = workflow.now()
         self.last_errors = obs.errors[:10]
@@ -737,17 +822,23 @@ class DetectorWorkflow:
                         thermal_outside=self.thermal_outside, leases=self.leases_mode,
                         probation=self.probation, domains=domains,
                         gpu_scope=self._gpu_scope_on())
+        if only is not None:
+            # A node-only tick starts only the reported nodes; the others' verdicts are the
+            # last full observation's: counted, never acted on (they wait as they were).
+            adm.queue = [c for c in adm.queue if c.node in only]
         if self.leases_mode:
             self.orphans = sorted(set(obs.orphans) | {n for n, lease in st.leases.items()
                                                       if lease.orphan})
-            await self._rewrite_mirrors(obs)
+            if only is None:  # labels seen at full ticks only (two looks, the same)
+                await self._rewrite_mirrors(obs)
         if domains:
             self.domain_uses = adm.domain_uses()
             if adm.watch is not None:
                 await self._follow_incidents(adm.watch)
         self.busy = adm.busy
         self.budget = adm.budget
-        waiting: list[str] = []
+        waiting = [] if only is None else \
+            [w for w in self.waiting if w.split(" (", 1)[0] not in only]
         for c in adm.queue:
             why = adm.blocked(c)
             if why is None and self.over_limits:

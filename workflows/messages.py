@@ -708,6 +708,11 @@ class DetectorState(_Message):
         default_factory=dict,
         description="Nodes the detector cordoned for an incident (node: incident): the "
                     "record of what it may uncordon.")
+    reports: list[NodeReport] = Field(
+        default_factory=list,
+        description="Faults nodes reported about themselves not yet observed "
+                    "(workflows/reports.py): a report that lands as the run continues as new "
+                    "is taken by the next run's first observation.")
 
 
 class DetectorInput(_Message):
@@ -740,6 +745,11 @@ class ObserveInput(_Message):
         default=timedelta(0), ge=timedelta(0), le=timedelta(days=92),
         description="Read the repair ledger this far back for the flagged nodes "
                     "(FleetObservation.ledger); 0: not read (a detector before probation).")
+    nodes: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="Observe only these nodes (a node-only tick, woken by their reports; "
+                    "workflows/reports.py); empty: the fleet (this shard's part). Fleet-wide "
+                    "figures and metrics are a full observation's only.")
 
 
 class NodeStatus(_Message):
@@ -1014,3 +1024,5 @@ class NodeReport(_Message):
 
 
 ObserveInput.model_rebuild()
+DetectorState.model_rebuild()
+DetectorInput.model_rebuild()

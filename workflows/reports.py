@@ -9,6 +9,14 @@ observation merges each node's reports into that node's readings only, just befo
 verdict: the decision is still the policy's, on a fresh reading of the node, under the
 budget. A report is never a verdict.
 
+A detector woken by reports alone does not wait for the fleet: it observes only the reported
+nodes (``due_for_node_tick``: each at most once per ``NODE_TICK_GAP``, a few at a time), and
+admits them against the last full observation with their fresh entries in place
+(``merge_node_observation``): the fleet-wide counts the decision needs (breaker fraction,
+domain incidents, pool and domain sizes) are the last full observation's, the budget is the
+leases'. Only a reported node can start in such a tick; the next scheduled tick observes the
+whole fleet as always.
+
 Pure: no I/O; workflow code imports this module through the sandbox.
 """
 
@@ -17,11 +25,12 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from policy.config import PolicySettings
 from policy.models import SEVERITY, GpuReading, NodeReadings
 from policy.rules import gpu_key, xid_action
-from workflows.messages import NodeReport
+from workflows.messages import FleetObservation, NodeReport
 
 NODE_REPORT_SIGNAL = "node_report"
 """The detector's signal for an accepted report (payload: ``NodeReport``)."""
@@ -38,6 +47,21 @@ dropped, see ``reports_for_observation``)."""
 
 MAX_REPORTS_PER_NODE = 8
 """Distinct (GPU, XID) reports kept per node: a node flooding reports only replaces its own."""
+
+NODE_TICK_PATCH = "node-only-woken-tick"
+"""The detector's patch id for the node-only tick (a history recorded before it woke for a
+whole-fleet tick on every report, and replays that way)."""
+
+NODE_TICK_GAP = timedelta(seconds=30)
+"""At most one node-only tick per node this often: a node flooding reports costs one small
+observation per gap, never a tick per report. A report inside the gap still counts: the next
+full tick merges it."""
+
+MAX_NODE_TICK_NODES = 8
+"""More nodes than this due at once: a full tick instead (a fleet-wide storm is the full
+observation's and the breaker's to judge, not many small ticks')."""
+
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 MAX_REPORTING_NODES = 128
 """Nodes with reports kept at once (the oldest node's reports go first): bounds the
@@ -151,3 +175,52 @@ def merge_reports(readings: NodeReadings, acknowledged: Mapping[str, int],
 
 def _severity(report: NodeReport, config: PolicySettings) -> int:
     return SEVERITY[xid_action(report.xid, config)]
+
+
+def due_for_node_tick(woken: Collection[str], reports: Sequence[NodeReport],
+                      last: Mapping[str, datetime], now: datetime) -> list[str]:
+    """The nodes a node-only tick observes now: of those whose reports woke the detector
+    since its last tick (``woken``), each with a report still held (the caller drops those of
+    nodes in remediation first), whose last node-only tick (``last``) is at least
+    ``NODE_TICK_GAP`` ago, and whose name is a node name (a signal can come from any Temporal
+    client: a name that is not one never reaches a field selector)."""
+    held = {r.node for r in reports}
+    return sorted(n for n in set(woken) & held if _NODE_NAME.match(n)
+                  and (n not in last or now - last[n] >= NODE_TICK_GAP))
+
+
+def merge_node_observation(base: FleetObservation, fresh: FleetObservation,
+                           nodes: Collection[str]) -> FleetObservation:
+    """The last full observation (``base``) with what a node-only observation (``fresh``) says
+    of ``nodes`` in place of what ``base`` said of them; nothing of ``fresh`` about any other
+    node is taken. Fleet-wide figures (node and GPU counts, pool and domain sizes) stay the
+    base's: one node's look cannot say them. A node the fresh look did not find (opted out,
+    gone, not a GPU node) loses its base entries: no stale verdict acts for it."""
+    names = set(nodes)
+
+    def others(items: Sequence[Any]) -> list[Any]:
+        return [x for x in items if x.node not in names]
+
+    def mine(items: Sequence[Any]) -> list[Any]:
+        return [x for x in items if x.node in names]
+
+    def keyed(which: str) -> dict[str, Any]:
+        out = {k: v for k, v in getattr(base, which).items() if k not in names}
+        out.update({k: v for k, v in getattr(fresh, which).items() if k in names})
+        return out
+
+    return base.model_copy(update={
+        "verdicts": sorted([*others(base.verdicts), *mine(fresh.verdicts)],
+                           key=lambda v: v.node),
+        "remediating": sorted([*others(base.remediating), *mine(fresh.remediating)],
+                              key=lambda r: r.node),
+        "held": sorted([*others(base.held), *mine(fresh.held)], key=lambda h: h.node),
+        "orphans": sorted({*(o for o in base.orphans if o not in names),
+                           *(o for o in fresh.orphans if o in names)}),
+        "errors": [*(e for e in base.errors if e.split(":", 1)[0] not in names),
+                   *(e for e in fresh.errors if e.split(":", 1)[0] in names)][:50],
+        "pool_of": keyed("pool_of"), "ledger": keyed("ledger"),
+        "domains_of": keyed("domains_of"), "gpus_of": keyed("gpus_of"),
+        # Looked up at full ticks only (the record is kept as it is between them).
+        "lease_holders": [],
+    })

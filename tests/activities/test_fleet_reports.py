@@ -74,3 +74,45 @@ async def test_no_reading_no_verdict_whatever_the_node_reports(
     gpu_sim.client.set_exporter_mode("gpu-node-04", "down")
     obs = await observe(cluster, gpu_sim, report("gpu-node-04", "0", 79))
     assert obs.verdicts == [] and any("gpu-node-04" in e for e in obs.errors)
+
+
+async def test_a_node_only_observation_reads_that_node_alone(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    """A detector woken by a report observes the reported node only: its verdict from a
+    fresh reading, nothing of any other node (another node's fault waits for the full
+    tick), and its records and exporter only: the fleet is not listed or scraped."""
+    gpu_sim.client.inject_fault("gpu-node-01", 0, "xid", 79)
+    fleet = FleetActivities(cluster.api, template(gpu_sim))
+    listed, scraped = [], []
+    list_node, read_many = fleet.core.list_node, fleet.read_many
+
+    def spy_list(*args, **kw):
+        listed.append(kw.get("field_selector"))
+        return list_node(*args, **kw)
+
+    async def spy_read(names, *args, **kw):
+        scraped.append(sorted(names))
+        return await read_many(names, *args, **kw)
+    fleet.core.list_node, fleet.read_many = spy_list, spy_read  # type: ignore[method-assign]
+    bus = gpu_sim.client.get_node("gpu-node-02")["gpus"][3]["pci_bus_id"]
+    obs = await ActivityEnvironment().run(fleet.observe_fleet, ObserveInput(
+        policy=POLICY, nodes=["gpu-node-02"],
+        reports=[report("gpu-node-02", bus, 79), report("gpu-node-01", "0", 79)]))
+    assert [(v.node, v.action) for v in obs.verdicts] == [("gpu-node-02", Action.REBOOT)]
+    assert listed == ["metadata.name=gpu-node-02"] and scraped == [["gpu-node-02"]]
+    assert obs.managed_nodes == 1
+    # The same report for a node the fresh reading finds healthy (an application XID)
+    # flags nothing.
+    healthy = await ActivityEnvironment().run(fleet.observe_fleet, ObserveInput(
+        policy=POLICY, nodes=["gpu-node-03"], reports=[report("gpu-node-03", "0", 13)]))
+    assert healthy.verdicts == []
+
+
+async def test_a_node_only_observation_skips_what_is_not_a_node_name(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    """A name from a signal is never spliced into a field selector: one that is not a node
+    name is not read (here it would have selected gpu-node-01 instead)."""
+    obs = await ActivityEnvironment().run(
+        FleetActivities(cluster.api, template(gpu_sim)).observe_fleet,
+        ObserveInput(policy=POLICY, nodes=["gpu-node-01,metadata.name!=x"]))
+    assert obs.managed_nodes == 0 and obs.verdicts == []

@@ -106,6 +106,10 @@ the ids it is there for):
                                      asks for the node, granted once the other is back
 - remediation-v5-detector-gpu-lease-gpu.json  that GPU's remediation: GpuIsolationUnavailable,
                                      request_slot, slot_granted, the whole-node reset
+- v5_detector_woken.run1.json        a node's report between full ticks: a node-only tick
+                                     observes that node alone and starts its remediation; a
+                                     report of a node in remediation wakes nothing
+                                     (node-only-woken-tick)
 
 Recorded by ``--missing`` for the repair ledger (the v5 scenarios, run again):
 
@@ -130,6 +134,7 @@ import argparse
 import ast
 import asyncio
 import base64
+import contextlib
 import functools
 import json
 import shutil
@@ -1015,6 +1020,40 @@ async def v5_detector_gpu_lease(client: Client, name: str) -> None:
         await handle.terminate("recorded")
 
 
+async def v5_detector_woken(client: Client, name: str) -> None:
+    """A detector woken by a node's report between its full ticks: a node-only tick observes
+    that node alone and starts its remediation at once; a report of a node in remediation
+    wakes nothing; continue-as-new at the next full tick (run 1)."""
+    prefix = name.replace("_", "-")
+    cluster = FakeCluster()
+    for i in range(5):
+        cluster.node(f"{prefix}-{i}")
+    node = f"{prefix}-3"
+    settings = DetectorSettings(interval=timedelta(seconds=4), ticks_per_run=2,
+                                remediation=FAST)
+    async with worker_for(client, cluster) as queue:
+        handle = await client.start_workflow(
+            DetectorWorkflow.run, DetectorInput(settings=settings), id=name, task_queue=queue)
+        run1 = await first_run(handle)
+        await until(lambda: any(c[0] == "observe_fleet" for c in cluster.calls), 30,
+                    "the first full tick")
+        cluster.verdicts = [xid_verdict(node)]
+        await handle.signal(NODE_REPORT_SIGNAL, NodeReport(
+            node=node, xid=79, gpu="0", at=datetime.now(UTC),
+            line="NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus."))
+        await until(lambda: node in cluster.claimed, 30, "the reported node claimed")
+        nodes = [c[1].nodes for c in cluster.calls if c[0] == "observe_fleet"]
+        assert nodes[:2] == [[], [node]], nodes
+        await handle.signal(NODE_REPORT_SIGNAL, NodeReport(
+            node=node, xid=79, gpu="0", at=datetime.now(UTC)))
+        await continued(handle, run1)
+        await save_run(client, f"{name}.run1", name, run1)
+        await handle.terminate("recorded")
+        with contextlib.suppress(Exception):
+            await client.get_workflow_handle(remediation_workflow_id(node)).terminate(
+                "recorded")
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One recording: ``record(client, name)`` writes ``{name}.json`` (or its runs)."""
@@ -1050,6 +1089,7 @@ SCENARIOS = (
     Scenario("gpu_isolated", v5_gpu_isolated, ("gpu-isolation-dra",)),
     Scenario("detector_gpu_lease", v5_detector_gpu_lease,
              ("gpu-scoped-leases", "gpu-lease-waits-for-the-node")),
+    Scenario("detector_woken", v5_detector_woken, ("node-only-woken-tick",)),
     Scenario("detector", v5_detector,
              ("slots-are-leases", "thermal-cordons-outside-budget", "detector-bounded-by-limits",
               "detector-node-reports", "heat-cordon-drains-in-a-slot")),

@@ -473,6 +473,8 @@ class FakeCluster:
                 # Like the real activity: each shard sees its own part of the fleet.
                 mine = {n: node for n, node in cluster.nodes.items()
                         if shard_of(n, inp.shards) == inp.shard}
+                if inp.nodes:  # a node-only observation: those nodes alone
+                    mine = {n: node for n, node in mine.items() if n in inp.nodes}
                 remediating = [NodeStatus(node=n.name, state=n.state, tainted=n.tainted,
                                           label=n.state.value)
                                for n in mine.values() if n.state != NodeState.HEALTHY]

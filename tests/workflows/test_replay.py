@@ -57,7 +57,7 @@ V5 = {
     "v5_external_repaired_signal", "v5_repeat_offender_gated.run1",
     "v5_heat_watch_quarantined.run1", "v5_job_not_started", "v5_job_wait_last_look",
     "v5_heat_slot.run1", "v5_detector.run1", "remediation-v5-detector-hot.run1",
-    "v5_reboot_not_back.run1", "v5_detector_mirror.run1"}
+    "v5_reboot_not_back.run1", "v5_detector_mirror.run1", "v5_detector_woken.run1"}
 
 
 def workflow_id(path: Path) -> str:

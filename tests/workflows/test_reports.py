@@ -8,18 +8,23 @@ from datetime import UTC, datetime, timedelta
 from policy.config import PolicySettings
 from policy.models import Action, GpuReading, NodeReadings
 from policy.rules import evaluate_node
-from workflows.messages import NodeReport
+from tests.workflows.fakes import xid_verdict
+from workflows.messages import FleetObservation, NodeReport, NodeStatus
 from workflows.reports import (
     MAX_REPORTING_NODES,
     MAX_REPORTS_PER_NODE,
+    NODE_TICK_GAP,
     REPORT_TTL,
     current_reports,
+    due_for_node_tick,
     keep_report,
+    merge_node_observation,
     merge_reports,
     pci_slot,
     reports_by_node,
     reports_for_observation,
 )
+from workflows.transitions import NodeState
 
 T0 = datetime(2026, 12, 6, 3, 0, tzinfo=UTC)
 POLICY = PolicySettings()
@@ -149,3 +154,45 @@ def test_grouping_and_pci_spellings() -> None:
 def test_a_long_kernel_line_is_cut_not_refused() -> None:
     r = report(line="x" * 5000)
     assert len(r.line) == 512 and r.line.endswith("…")
+
+
+def test_a_node_only_tick_observes_each_woken_node_at_most_once_per_gap() -> None:
+    held = [report("node-a"), report("node-b"), report("node-c")]
+    assert due_for_node_tick({"node-a", "node-b"}, held, {}, T0) == ["node-a", "node-b"]
+    last = {"node-a": T0}
+    assert due_for_node_tick({"node-a", "node-b"}, held, last, T0 + NODE_TICK_GAP / 2) == [
+        "node-b"], "node-a had its tick within the gap: its report waits for the full tick"
+    assert due_for_node_tick({"node-a"}, held, last, T0 + NODE_TICK_GAP) == ["node-a"]
+    # Woken but no report held (dropped: the node is in remediation): nothing to observe.
+    assert due_for_node_tick({"node-d"}, held, {}, T0) == []
+    # A name that is not a node name (any Temporal client can signal) is never observed.
+    odd = [report("a,metadata.name!=b"), report("UPPER")]
+    assert due_for_node_tick({"a,metadata.name!=b", "UPPER"}, odd, {}, T0) == []
+
+
+def test_a_node_only_observation_replaces_only_its_nodes_entries() -> None:
+    base = FleetObservation(
+        managed_nodes=40, readable_nodes=38, managed_gpus=320,
+        verdicts=[xid_verdict("node-a"), xid_verdict("node-b")],
+        remediating=[NodeStatus(node="node-c", state=NodeState.DRAINING)],
+        errors=["node-a: stale", "node-z: exporter down"], pool_of={"node-a": "p1"},
+        pool_sizes={"p1": 20, "p2": 20}, gpus_of={"node-a": 8, "node-b": 8},
+        domain_sizes={"rack": {"r1": 20, "r2": 20}})
+    # The fresh look at node-a finds it healthy and says node-b is flagged (a fake shard
+    # could): only node-a's entries change.
+    fresh = FleetObservation(managed_nodes=1, readable_nodes=1, managed_gpus=8,
+                             verdicts=[xid_verdict("node-b")], gpus_of={"node-a": 4},
+                             pool_sizes={"p1": 1}, domain_sizes={"rack": {"r1": 1}})
+    merged = merge_node_observation(base, fresh, ["node-a"])
+    assert [v.node for v in merged.verdicts] == ["node-b"]
+    assert merged.errors == ["node-z: exporter down"]
+    assert merged.pool_of == {} and merged.gpus_of == {"node-a": 4, "node-b": 8}
+    # Fleet-wide figures stay the full observation's: one node's look cannot say them.
+    assert (merged.managed_nodes, merged.readable_nodes, merged.managed_gpus) == (40, 38, 320)
+    assert merged.pool_sizes == {"p1": 20, "p2": 20}
+    assert merged.domain_sizes == {"rack": {"r1": 20, "r2": 20}}
+    assert [r.node for r in merged.remediating] == ["node-c"]
+    flagged = merge_node_observation(base, FleetObservation(
+        managed_nodes=1, readable_nodes=1, verdicts=[xid_verdict("node-c", 48)]), ["node-c"])
+    assert [v.node for v in flagged.verdicts] == ["node-a", "node-b", "node-c"]
+    assert flagged.remediating == [], "node-c's fresh look shows no state label"
