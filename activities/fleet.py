@@ -339,16 +339,25 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
         # What the tick learned is written only by the detector's own observation: not in
         # its dry-run (track_xid_repeats off), not outside a worker (`gpu-remediate plan`
         # changes nothing; its verdicts use the same tracks, kept in memory).
-        if inp.track_xid_repeats and activity.in_activity():
-            await self._record_many(writes, records, now_dt)
-        ledger: dict[str, LedgerNote] = {}
-        ledger_trouble = ""
-        if inp.ledger_lookback and verdicts:
+        async def write() -> None:
+            if inp.track_xid_repeats and activity.in_activity():
+                await self._record_many(writes, records, now_dt)
+
+        async def read_ledger() -> tuple[dict[str, LedgerNote], str]:
+            if not (inp.ledger_lookback and verdicts):
+                return {}, ""
             uids = {n.name: n.uid for n in nodes}
-            ledger, ledger_trouble = await asyncio.to_thread(
-                self.ledger_notes, verdicts, uids, inp.ledger_lookback, now_dt)
+            return await asyncio.to_thread(self.ledger_notes, verdicts, uids,
+                                           inp.ledger_lookback, now_dt)
+
         labelled = [n for n in listed if n.state != NodeState.HEALTHY]
-        orphans = await self.find_orphans(labelled, count=whole)
+        # The record writes, the ledger, the orphans and the Events need nothing of each
+        # other: at once, so the observation (of a reported node, on the path to its
+        # cordon) waits for the longest of them, not their sum. Each keeps its own errors.
+        _, (ledger, ledger_trouble), orphans, _ = await asyncio.gather(
+            write(), read_ledger(), self.find_orphans(labelled, count=whole),
+            self._announce(inp, nodes, errors, app_only, xid_warnings,
+                           [*verdicts, *app_only], blind))
         # Ours is what carries our taint or has its remediation running. A state label
         # alone, with neither, is the node's own word (a kubelet can label its own Node):
         # it holds no budget slot, or one compromised node could stall every admission.
@@ -369,8 +378,6 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
                     pool_of[gpu_node.name] = pool
         if whole:
             self._fleet_metrics(inp, listed, nodes, blind, len(verdicts), len(errors))
-        await self._announce(inp, nodes, errors, app_only, xid_warnings,
-                             [*verdicts, *app_only], blind)
         # Markers that disagree (a node writing its own state): shown, not announced as
         # telemetry trouble; the node already counts as out of service.
         notes = [f"{n.name}: {n.marker_note}" for n in listed
