@@ -16,19 +16,18 @@ import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar, overload
+from typing import Literal
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue, RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError, RetryState
-from temporalio.exceptions import TimeoutError as ActivityTimeout
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from policy.models import SEVERITY, Action, Verdict
     from policy.rules import SIG_XID, gpu_key
     from workflows import activity_refs as act
-    from workflows import errors, transitions
+    from workflows import errors
     from workflows.commands import abort_requester, checked_command
     from workflows.ids import (
         DETECTOR_REQUESTER,
@@ -79,11 +78,9 @@ with workflow.unsafe.imports_passed_through():
         ReturnInput,
         SlotGrant,
         SlotRequest,
-        StateInput,
         ThermalCheckInput,
         ThermalWatchInput,
         ThermalWatchResult,
-        Transition,
     )
     from workflows.operands import (
         DevicePluginInput,
@@ -92,24 +89,26 @@ with workflow.unsafe.imports_passed_through():
         OperandsWaitInput,
         deploy_label,
     )
-    from workflows.search_attributes import REMEDIATION_ACTION, REMEDIATION_STATE
+    from workflows.search_attributes import REMEDIATION_ACTION
     from workflows.transitions import NodeState, Outcome, Step
+
+from workflows.steps.base import (
+    ABORT_READ_RETRY,
+    NODE_CALL,
+    NODE_RETRY,
+    NodeGone,
+    R,
+    RemediationBase,
+    _cause,
+    _minutes,
+    _timed_out,
+)
 
 GPU_ISOLATION_PATCH = "gpu-isolation-dra"
 # A GPU-scoped lease (workflows/leases.py) waits for a node slot before the whole-node path.
 GPU_LEASE_PATCH = "gpu-lease-waits-for-the-node"
-NODE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=[*errors.NOT_RETRIED],
-)
-NODE_CALL = timedelta(minutes=2)
 # A heat cordon waiting for a drain slot asks the detector again this often.
 SLOT_ASK_AGAIN = timedelta(minutes=2)
-# What an abort reads before giving the node back: a few quick tries, never a wait.
-ABORT_READ_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
-                               maximum_interval=timedelta(seconds=2), maximum_attempts=3,
-                               non_retryable_error_types=[*errors.NOT_RETRIED])
 # A drain round that keeps failing (not "blocked": failing) ends after this many tries,
 # in quarantine with the cause, instead of retrying for ever.
 DRAIN_RETRY = RetryPolicy(
@@ -118,12 +117,6 @@ DRAIN_RETRY = RetryPolicy(
     maximum_attempts=40,
     non_retryable_error_types=[*errors.NOT_RETRIED, errors.NODE_GONE],
 )
-# Polling by retry: an activity that raises "not yet" every few seconds until the node
-# shows what we wait for (or the schedule-to-close timeout ends the wait).
-# Waits on the node (back from a reboot, operands gone or back, GPUs free) are one-look
-# activities retried every ``remediation.node_poll_interval`` (see _poll_retry).
-POLL_NOT_RETRIED = [*errors.NOT_RETRIED, errors.NODE_GONE]
-TRANSITIONS_KEPT = 50
 PLAN_KEPT = 100
 REJECTIONS_KEPT = 20
 # What a signal handler gets when a signal was sent without a payload.
@@ -147,13 +140,6 @@ LEDGER_CALL = timedelta(seconds=30)
 LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
                            maximum_interval=timedelta(seconds=10), maximum_attempts=5,
                            non_retryable_error_types=[*errors.NOT_RETRIED])
-# An activity's argument and result (the call helpers are generic in both).
-A = TypeVar("A")
-R = TypeVar("R")
-
-
-class NodeGone(Exception):
-    """The node was deleted while we remediated it."""
 
 
 class NoLease(Exception):
@@ -177,7 +163,7 @@ def node_job_name(kind: str, node: str, run_id: str, attempt: int) -> str:
 
 
 @workflow.defn
-class RemediationWorkflow:
+class RemediationWorkflow(RemediationBase):
     @workflow.init
     def __init__(self, inp: RemediationInput) -> None:
         self.inp = inp
@@ -648,9 +634,6 @@ class RemediationWorkflow:
         await self._drain()
         return await self._after_drain()
 
-    def _quarantine_due(self) -> bool:
-        return self.quarantine_order is not None or self.policy_quarantine is not None
-
     async def _continue_as_new_if_due(
             self, phase: Literal["drain", "thermal", "quarantine", "approval", "external"], *,
             now: bool = False, why: str = "", acked: dict[str, int] | None = None,
@@ -683,14 +666,6 @@ class RemediationWorkflow:
             out_of_service=self.out_of_service, approval_until=approval_until,
             ledger_from=self.ledger_from, external=external,
             repaired_order=self.repaired_order if external is not None else None)}))
-
-    def _quarantine_reason(self) -> str:
-        if self.quarantine_order is not None:
-            order = self.quarantine_order
-            return f"{order.reason or 'ordered'} (by {order.operator})"
-        if self.policy_quarantine is not None:
-            return f"{self.policy_quarantine} (by policy)"
-        return f"policy: {self.inp.verdict.summary}"
 
     async def _claim(self, state: NodeState) -> ClaimResult:
         info = workflow.info()
@@ -1308,33 +1283,6 @@ class RemediationWorkflow:
                            non_retryable_error_types=[*errors.NOT_RETRIED,
                                                       errors.JOB_TEMPLATE_REFUSED])
 
-    def _poll_retry(self) -> RetryPolicy:
-        every = self.inp.settings.node_poll_interval
-        return RetryPolicy(initial_interval=every, backoff_coefficient=1.0,
-                           maximum_interval=every, non_retryable_error_types=POLL_NOT_RETRIED)
-
-    @overload
-    async def _wait_for(self, activity: Callable[[A], Awaitable[R]], arg: A,
-                        timeout: timedelta, summary: str) -> R | str: ...
-
-    @overload
-    async def _wait_for(self, activity: Callable[[A], R], arg: A,
-                        timeout: timedelta, summary: str) -> R | str: ...
-
-    async def _wait_for(self, activity: Callable[[Any], Any], arg: Any,
-                        timeout: timedelta, summary: str) -> Any:
-        """Poll a one-look activity by retry until it answers or ``timeout`` passes; on
-        timeout, the last "not yet" as a string (the reason for the Event and history)."""
-        try:
-            return await self._call(activity, arg,
-                                    timeout=timedelta(minutes=1), heartbeat=False,
-                                    retry=self._poll_retry(), schedule_to_close=timeout,
-                                    summary=summary)
-        except ActivityError as err:
-            if not _timed_out(err):
-                raise
-            return _cause(err)
-
     async def _validate(self, attempt: int,
                         released_xids: dict[str, int] | None = None) -> NodeJobResult:
         """Validation that proves something: every expected GPU free first (a GPU the
@@ -1524,26 +1472,6 @@ class RemediationWorkflow:
                                         self.inp.node, err)
         return RemediationResult(node=self.inp.node, outcome=Outcome.RELEASED,
                                  attempts=self.view.attempt, message=why)
-
-    async def _note_event(self, reason: str, message: str,
-                          event_type: Literal["Normal", "Warning"] = "Normal") -> None:
-        """An Event on the node that goes with no state change."""
-        await self._node_call(act.record_event,
-                              NodeEventInput(node=self.inp.node, reason=reason, message=message,
-                                             event_type=event_type),
-                              summary=f"event {reason}")
-
-    async def _tell(self, reason: str, message: str) -> None:
-        """A Warning Event on the way out (a few tries): the API that failed the step may
-        refuse it too, and the run must still end. The result and the log say it anyway."""
-        try:
-            await self._call(act.record_event,
-                             NodeEventInput(node=self.inp.node, reason=reason, message=message),
-                             timeout=NODE_CALL, heartbeat=False, retry=ABORT_READ_RETRY,
-                             check_cancel=False, summary=f"event {reason}")
-        except ActivityError as err:
-            workflow.logger.warning("could not record %s on %s: %s", reason, self.inp.node,
-                                    _cause(err))
 
     async def _quarantine(self, why: str, acked: dict[str, int] | None = None, *,
                           applied: bool = False) -> RemediationResult:
@@ -1741,12 +1669,6 @@ class RemediationWorkflow:
                 report_after = min(report_after * 2, max(d.report_max, d.report_after))
             await workflow.sleep(d.retry_interval, summary="before the next eviction round")
 
-    def _acknowledged_xids(self) -> dict[str, int]:
-        """XIDs this remediation handles: the exporter keeps showing the last XID, so
-        the detector must not remediate again for the same stale value."""
-        return {gpu_key(f): int(f.value) for f in self.inp.verdict.findings
-                if f.signal == SIG_XID and f.value}
-
     async def _job(self, kind: Literal["validate", "gpu-reset", "reboot"],
                    attempt: int) -> NodeJobResult:
         s = self.inp.settings
@@ -1922,140 +1844,8 @@ class RemediationWorkflow:
         operator, text = abort_requester(workflow.cancellation_reason() or "")
         return f"aborted by {operator}: {text}"
 
-    def _check_cancelled(self) -> None:
-        """An activity that completes despite a cancel returns normally, with the cancel
-        consumed: look at the request itself, so no step runs after an abort."""
-        if not self.aborting and workflow.cancellation_reason() is not None:
-            raise asyncio.CancelledError()
-
-    async def _enter(self, state: NodeState, step: Step, event_reason: str, message: str,
-                     event_type: Literal["Normal", "Warning"] = "Normal") -> None:
-        self._set(state, step)
-        self._details(message)
-        await self._node_call(
-            act.set_node_state,
-            StateInput(node=self.inp.node, state=state, reason=self.view.reason, step=step,
-                       now=workflow.now(), attempt=self.view.attempt, event_reason=event_reason,
-                       event_message=message, event_type=event_type, dry_run=self.inp.dry_run,
-                       uid=self.uid),
-            summary=f"{state.value}: {step}",
-        )
-
-    def _set(self, state: NodeState, step: Step) -> None:
-        now = workflow.now()
-        if not transitions.allowed(self.view.state, state):
-            # A bug, not a reason to stop a remediation half-way: told and counted.
-            workflow.logger.warning("state %s -> %s (step %s) is not an edge of the state "
-                                    "machine (workflows/transitions.py)", self.view.state.value,
-                                    state.value, step)
-            workflow.metric_meter().create_counter(
-                "gpu_remediate_illegal_transitions",
-                "State changes outside the state machine's table.").add(
-                1, {"from": self.view.state.value, "to": state.value})
-        if state != self.view.state:
-            self.view.since = now
-            workflow.upsert_search_attributes([REMEDIATION_STATE.value_set(state.value)])
-        self.view.state, self.view.step = state, step
-        self.view.transitions = [*self.view.transitions,
-                                 Transition(at=now, state=state, step=step)][-TRANSITIONS_KEPT:]
-
-    def _plan(self, line: str) -> None:
-        self.view.plan.append(line)
-
-    def _details(self, line: str) -> None:
-        v = self.view
-        text = [f"**{v.state.value}** — {line}", "",
-                f"- node: `{v.node}`", f"- action: `{v.action.value}` — {v.reason}",
-                f"- step: `{v.step}`, attempt {v.attempt}"]
-        if v.blocking_pdb:
-            text.append(f"- blocked by PDB `{v.blocking_pdb}`")
-        if v.previously_cordoned:
-            text.append("- cordoned by someone else before us: stays cordoned")
-        if v.dry_run:
-            text += ["", "**dry-run plan**", *(f"1. {p}" for p in v.plan)]
-        workflow.set_current_details("\n".join(text))
-
-    # The call helpers take an activity reference (workflows/activity_refs.py): its name goes
-    # on the wire and its return annotation is the result type, so a call returns what the
-    # activity does. One variant for async activities, one for sync ones.
-
-    @overload
-    async def _node_call(self, activity: Callable[[A], Awaitable[R]], arg: A, *,
-                         summary: str, check_cancel: bool = True) -> R: ...
-
-    @overload
-    async def _node_call(self, activity: Callable[[A], R], arg: A, *,
-                         summary: str, check_cancel: bool = True) -> R: ...
-
-    async def _node_call(self, activity: Callable[[Any], Any], arg: Any, *, summary: str,
-                         check_cancel: bool = True) -> Any:
-        return await self._call(activity, arg, timeout=NODE_CALL, heartbeat=False,
-                                summary=summary, check_cancel=check_cancel)
-
-    @overload
-    async def _call(self, activity: Callable[[A], Awaitable[R]], arg: A, *,
-                    timeout: timedelta, heartbeat: bool | timedelta, summary: str,
-                    check_cancel: bool = True, retry: RetryPolicy = NODE_RETRY,
-                    schedule_to_close: timedelta | None = None) -> R: ...
-
-    @overload
-    async def _call(self, activity: Callable[[A], R], arg: A, *,
-                    timeout: timedelta, heartbeat: bool | timedelta, summary: str,
-                    check_cancel: bool = True, retry: RetryPolicy = NODE_RETRY,
-                    schedule_to_close: timedelta | None = None) -> R: ...
-
-    async def _call(self, activity: Callable[[Any], Any], arg: Any, *, timeout: timedelta,
-                    heartbeat: bool | timedelta, summary: str, check_cancel: bool = True,
-                    retry: RetryPolicy = NODE_RETRY,
-                    schedule_to_close: timedelta | None = None) -> Any:
-        if isinstance(heartbeat, timedelta):
-            beat: timedelta | None = heartbeat
-        else:
-            beat = self.inp.settings.heartbeat_timeout if heartbeat else None
-        try:
-            result = await workflow.execute_activity(
-                activity, arg, start_to_close_timeout=timeout,
-                schedule_to_close_timeout=schedule_to_close,
-                heartbeat_timeout=beat, retry_policy=retry,
-                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                summary=summary[:200],
-            )
-        except ActivityError as err:
-            if not self.aborting and workflow.cancellation_reason() is not None:
-                # Cancelled in flight, while queued or between retries (or failed meanwhile):
-                # either way an abort was asked for, not a quarantine.
-                raise asyncio.CancelledError() from err
-            cause = err.cause
-            # Activities raise NodeGone for the node itself. A node NotFound recognised by its
-            # message is what activities of earlier releases raised: histories that hold one
-            # must replay the same way, so it stays.
-            if isinstance(cause, ApplicationError) and (
-                    cause.type == errors.NODE_GONE or (
-                        cause.type == errors.NOT_FOUND
-                        and f"node {self.inp.node}" in str(cause))):
-                raise NodeGone() from err
-            raise
-        if check_cancel:
-            self._check_cancelled()
-        return result
-
 
 class _GiveUp(Exception):
     pass
 
 
-def _timed_out(err: ActivityError) -> bool:
-    """The wait ran out (schedule-to-close while polling by retry): its cause is either the
-    timeout itself or, when the last look failed, that failure with retry state TIMEOUT."""
-    return isinstance(err.cause, ActivityTimeout) or err.retry_state == RetryState.TIMEOUT
-
-
-def _cause(err: BaseException) -> str:
-    while getattr(err, "cause", None) is not None:
-        err = err.cause  # type: ignore[attr-defined]
-    return str(err)
-
-
-def _minutes(delta: timedelta) -> str:
-    minutes = int(delta.total_seconds() // 60)
-    return f"{minutes}m" if minutes else f"{int(delta.total_seconds())}s"

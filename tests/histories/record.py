@@ -1103,14 +1103,19 @@ WORKFLOWS = HERE.parent.parent / "workflows"
 
 
 def patch_ids(root: Path = WORKFLOWS) -> dict[str, list[str]]:
-    """Every ``workflow.patched(...)`` id in the workflow sources, with where it is called
+    """Every ``workflow.patched(...)`` id in the workflow sources (``root`` and its
+    subpackages: the remediation's steps are in workflows/steps/), with where it is called
     (``file:line``). The argument is a string literal or a module-level string constant,
     of that module or imported from another one in ``root`` (``from workflows.x import
     NAME``); any other argument is an error, so no id can hide from the check."""
     constants: dict[str, dict[str, str]] = {}
-    trees = {p: ast.parse(p.read_text(), str(p)) for p in sorted(root.glob("*.py"))}
+    trees = {p: ast.parse(p.read_text(), str(p)) for p in sorted(root.rglob("*.py"))}
+
+    def module(path: Path) -> str:  # "remediation", "steps.claim": as imported, less root
+        return ".".join(path.relative_to(root).with_suffix("").parts)
+
     for path, tree in trees.items():
-        mine = constants.setdefault(path.stem, {})
+        mine = constants.setdefault(module(path), {})
         for stmt in tree.body:
             target: ast.expr | None = None
             value: ast.expr | None = None
@@ -1123,7 +1128,7 @@ def patch_ids(root: Path = WORKFLOWS) -> dict[str, list[str]]:
                 mine[target.id] = value.value
     found: dict[str, list[str]] = {}
     for path, tree in trees.items():
-        names = dict(constants[path.stem])
+        names = dict(constants[module(path)])
         for imp in ast.walk(tree):  # imports in a ``with`` block too (passed through)
             if isinstance(imp, ast.ImportFrom) and imp.module and \
                     imp.module.startswith(f"{root.name}."):

@@ -83,7 +83,7 @@ def test_every_registered_activity_has_a_reference(
 
 def test_workflows_name_no_activity_by_a_string() -> None:
     named: list[str] = []
-    for path in sorted(WORKFLOWS.glob("*.py")):
+    for path in sorted(WORKFLOWS.rglob("*.py")):  # the step modules too
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.Call) or not node.args:
                 continue
@@ -93,7 +93,7 @@ def test_workflows_name_no_activity_by_a_string() -> None:
             first = node.args[0]
             if called in ACTIVITY_CALLS and isinstance(first, ast.Constant) \
                     and isinstance(first.value, str):
-                named.append(f"{path.name}:{node.lineno} {first.value}")
+                named.append(f"{path.relative_to(WORKFLOWS)}:{node.lineno} {first.value}")
     assert named == []
 
 

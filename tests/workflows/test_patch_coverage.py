@@ -2,9 +2,9 @@
 
 test_replay.py replays what is in tests/histories/; a patched branch no history took is
 never replayed, so a later change to it could break running workflows unseen. The ids
-are read from workflows/*.py by AST (a string literal, or a module-level constant of that
-module or imported from another workflows module), and each must be a ``core_patch``
-marker in some history. ``python -m tests.histories.record --missing`` records them.
+are read from workflows/ and its subpackages by AST (a string literal, or a module-level
+constant of that module or imported from another workflows module), and each must be a
+``core_patch`` marker in some history. ``python -m tests.histories.record --missing`` records them.
 """
 
 from __future__ import annotations
@@ -71,6 +71,21 @@ def test_a_new_patch_id_without_a_history_is_found(tmp_path: Path) -> None:
                      "a-module-constant": ["workflows/flow.py:7"],
                      "from-another-module": ["workflows/flow.py:7"]}
     assert set(found) - set(recorded()) == set(found)
+
+
+def test_a_patch_id_in_a_subpackage_is_found(tmp_path: Path) -> None:
+    """The remediation's step modules live in a subpackage: an id there, from a constant
+    of a sibling module, is found under its dotted module name."""
+    root = _workflows(tmp_path, "")
+    (root / "steps").mkdir()
+    (root / "steps" / "base.py").write_text('SIBLING_PATCH = "from-a-sibling"\n')
+    (root / "steps" / "drain.py").write_text(
+        "from temporalio import workflow\n"
+        "from workflows.steps.base import SIBLING_PATCH\n"
+        "def f():\n"
+        "    return workflow.patched(SIBLING_PATCH) or workflow.patched(\"nested-literal\")\n")
+    assert patch_ids(root) == {"from-a-sibling": ["workflows/steps/drain.py:4"],
+                               "nested-literal": ["workflows/steps/drain.py:4"]}
 
 
 def test_a_patch_id_the_check_cannot_read_is_an_error(tmp_path: Path) -> None:
