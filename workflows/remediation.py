@@ -85,18 +85,11 @@ from workflows.steps.base import (
     _timed_out,
 )
 from workflows.steps.claim import ClaimFailed, ClaimSteps, NoLease
+from workflows.steps.drain import DRAIN_RETRY, DrainSteps, _GiveUp
 from workflows.steps.operator_orders import OperatorOrders
 from workflows.steps.thermal import ThermalSteps
 
 GPU_ISOLATION_PATCH = "gpu-isolation-dra"
-# A drain round that keeps failing (not "blocked": failing) ends after this many tries,
-# in quarantine with the cause, instead of retrying for ever.
-DRAIN_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=40,
-    non_retryable_error_types=[*errors.NOT_RETRIED, errors.NODE_GONE],
-)
 PLAN_KEPT = 100
 # Every outcome goes to the repair ledger (runs recorded before it: as they ran). A write
 # that keeps failing is told and counted, never the remediation's failure.
@@ -123,7 +116,7 @@ def node_job_name(kind: str, node: str, run_id: str, attempt: int) -> str:
 
 
 @workflow.defn
-class RemediationWorkflow(OperatorOrders, ClaimSteps, ThermalSteps):
+class RemediationWorkflow(OperatorOrders, ClaimSteps, ThermalSteps, DrainSteps):
     @workflow.init
     def __init__(self, inp: RemediationInput) -> None:
         self.inp = inp
@@ -358,80 +351,6 @@ class RemediationWorkflow(OperatorOrders, ClaimSteps, ThermalSteps):
             out_of_service=self.out_of_service, approval_until=approval_until,
             ledger_from=self.ledger_from, external=external,
             repaired_order=self.repaired_order if external is not None else None)}))
-
-    async def _drain(self) -> None:
-        d = self.inp.settings.drain
-        if self.drain_started is None:
-            await self._wait_for_slot()
-            await self._confirm_lease("the drain")
-            if self.view.state != NodeState.DRAINING:
-                await self._enter(NodeState.DRAINING, Step.DRAIN, "DrainStarted",
-                                  f"draining {self.inp.node}")
-            else:
-                # Claim or approval already wrote Draining to the node: only the view moves on.
-                self._set(NodeState.DRAINING, Step.DRAIN)
-            self.drain_started = workflow.now()
-        started = self.drain_started
-        while True:
-            report_after = self.report_after or d.report_after
-            result = await self._call(
-                act.drain_node,
-                DrainInput(node=self.inp.node, settings=d, force=self.drain_force,
-                           report_after=report_after, dry_run=self.inp.dry_run, uid=self.uid),
-                timeout=max(timedelta(minutes=10), report_after + timedelta(minutes=5)),
-                heartbeat=True, retry=DRAIN_RETRY,
-                summary=("force-delete" if self.drain_force else "evict")
-                + f" pods on {self.inp.node}",
-            )
-            self.view.pods_left = len(result.remaining)
-            if result.outcome == "planned":
-                self._plan(f"evict {len(result.remaining)} pods: "
-                           + ", ".join(result.remaining[:20])
-                           + (f"; leave {len(result.skipped)} alone" if result.skipped else ""))
-                return
-            if result.outcome == "drained":
-                self.view.blocking_pdb = ""
-                self.view.blocked_since = None
-                self._details(f"drained: {result.message}")
-                return
-            if result.blocking_pdb != self.view.blocking_pdb:
-                self.view.blocking_pdb = result.blocking_pdb
-                self.view.blocked_since = workflow.now()
-            held = result.left_summary()
-            self._details(f"evicting {len(result.remaining)} pods; {held}; draining for "
-                          f"{_minutes(workflow.now() - started)}")
-            if self._quarantine_due() and self.action != Action.QUARANTINE:
-                # An order to quarantine does not need an empty node: stop fighting the PDB.
-                return
-            if workflow.now() - started >= d.deadline:
-                if d.deadline_policy == "force" and not self.drain_force:
-                    await self._enter(NodeState.DRAINING, Step.DRAIN_FORCE, "DrainForced",
-                                      f"drain deadline {d.deadline} passed; deleting "
-                                      f"{len(result.remaining)} pods with their grace period",
-                                      event_type="Warning")
-                    self.drain_force = True
-                elif d.deadline_policy == "release":
-                    raise _GiveUp(f"drain deadline {d.deadline} passed with "
-                                  f"{len(result.remaining)} pods left ({held}); released "
-                                  "the node")
-                elif d.deadline_policy == "wait" and self.view.step != Step.DRAIN_OVERDUE:
-                    await self._enter(NodeState.DRAINING, Step.DRAIN_OVERDUE, "DrainOverdue",
-                                      f"drain deadline {d.deadline} passed with "
-                                      f"{len(result.remaining)} pods left ({held}); waiting",
-                                      event_type="Warning")
-            # Reports back off (report_after doubling up to report_max): the activity keeps
-            # evicting every retry_interval in between, so a drain blocked for a week costs
-            # a few thousand history events, not a hundred thousand.
-            nxt = min(report_after * 2, max(d.report_max, d.report_after))
-            to_deadline = d.deadline - (workflow.now() - started)
-            if to_deadline > timedelta(0):
-                # Never report so late that the deadline's policy starts late.
-                nxt = max(d.report_after, min(nxt, to_deadline))
-            self.report_after = nxt
-            # The activity already waited before reporting; this pause only guards
-            # against a hot loop if it ever reports at once.
-            await workflow.sleep(d.retry_interval, summary="before the next eviction round")
-            await self._continue_as_new_if_due("drain")
 
     async def _repair_and_validate(self, resumed: ExternalWait | None = None,
                                    ) -> RemediationResult:
@@ -1276,9 +1195,5 @@ class RemediationWorkflow(OperatorOrders, ClaimSteps, ThermalSteps):
             return f"aborted by {self.abort_note.operator}: {self.abort_note.reason}"
         operator, text = abort_requester(workflow.cancellation_reason() or "")
         return f"aborted by {operator}: {text}"
-
-
-class _GiveUp(Exception):
-    pass
 
 
