@@ -7,6 +7,12 @@ disruptive step; the lease holds its budget slot until it closes. The node's lab
 is the record's mirror, written by this workflow only. No execution timeout: a
 terminated remediation leaves an orphan lease and keeps its slot until an operator
 releases the node (fail closed).
+
+This class holds the flow (run, the order of the steps, continue-as-new) and the state;
+each family of steps has a module of its own in workflows/steps/, mixed in here: the
+operators' orders, the claim (lease, approval, slots), the heat cordon, the drain,
+the repair, the validation, the release (quarantine, finish, abort) and one GPU held
+alone. docs/architecture.md maps each decision to its module.
 """
 
 from __future__ import annotations
@@ -20,18 +26,8 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action
-    from workflows import activity_refs as act
-    from workflows.ids import (
-        DETECTOR_REQUESTER,
-    )
-    from workflows.isolation import (
-        GpuIsolation,
-        GpuIsolationView,
-        GpuTaintInput,
-        IsolateGpuInput,
-        IsolationDecision,
-        IsolationPlan,
-    )
+    from workflows.ids import DETECTOR_REQUESTER
+    from workflows.isolation import GpuIsolation, IsolationDecision, IsolationPlan
     from workflows.messages import (
         ExternalWait,
         NodeJobInput,
@@ -41,18 +37,14 @@ with workflow.unsafe.imports_passed_through():
         RemediationResume,
         RemediationView,
     )
-    from workflows.operands import (
-        OperandsPaused,
-    )
+    from workflows.operands import OperandsPaused
     from workflows.search_attributes import REMEDIATION_ACTION
     from workflows.transitions import NodeState, Outcome, Step
 
-from workflows.steps.base import (
-    NodeGone,
-    _cause,
-)
+from workflows.steps.base import NodeGone, _cause
 from workflows.steps.claim import ClaimFailed, ClaimSteps, NoLease
 from workflows.steps.drain import DrainSteps, _GiveUp
+from workflows.steps.gpu_isolation import GpuIsolationSteps
 from workflows.steps.operator_orders import OperatorOrders
 from workflows.steps.release import ReleaseSteps
 from workflows.steps.repair import RepairSteps
@@ -67,8 +59,8 @@ PLAN_KEPT = 100
 
 
 @workflow.defn
-class RemediationWorkflow(OperatorOrders, ClaimSteps, ThermalSteps, DrainSteps, ValidationSteps,
-                          RepairSteps, ReleaseSteps):
+class RemediationWorkflow(OperatorOrders, ClaimSteps, ThermalSteps, DrainSteps, RepairSteps,
+                          ValidationSteps, ReleaseSteps, GpuIsolationSteps):
     @workflow.init
     def __init__(self, inp: RemediationInput) -> None:
         self.inp = inp
@@ -303,97 +295,3 @@ class RemediationWorkflow(OperatorOrders, ClaimSteps, ThermalSteps, DrainSteps, 
             out_of_service=self.out_of_service, approval_until=approval_until,
             ledger_from=self.ledger_from, external=external,
             repaired_order=self.repaired_order if external is not None else None)}))
-
-    # ------------------------------------------------------------ one GPU (DRA)
-
-    async def _isolate_gpu(self, plan: IsolationPlan) -> RemediationResult | None:
-        """Hold one GPU out of scheduling with a DeviceTaintRule; the node is not claimed,
-        cordoned or drained. None: no rule could be made, so the whole-node path follows
-        (a Warning Event says why)."""
-        node, info = self.inp.node, workflow.info()
-        await self._confirm_lease("the GPU isolation")
-        rule_of = next((f.rule for f in self.inp.verdict.findings if f.uuid == plan.uuid), "")
-        self._plan(f"isolate GPU {plan.gpu} ({plan.uuid}) with a DeviceTaintRule, NoSchedule"
-                   + (", then NoExecute" if plan.evict else "") + f": {plan.why}")
-        got = await self._node_call(
-            act.isolate_gpu,
-            IsolateGpuInput(node=node, uuid=plan.uuid, gpu=plan.gpu, value=rule_of,
-                            reason=self.view.reason, workflow_id=info.workflow_id,
-                            dry_run=self.inp.dry_run),
-            summary=f"isolate GPU {plan.gpu} of {node}")
-        if not got.isolated:
-            self._plan(f"whole node: GPU {plan.gpu} cannot be isolated: {got.why_not}")
-            await self._tell("GpuIsolationUnavailable",
-                             f"GPU {plan.gpu} ({plan.uuid}) of {node} cannot be isolated: "
-                             f"{got.why_not}; the whole node is remediated instead")
-            return None
-        self.view.gpu_isolation = GpuIsolationView(
-            rule=got.rule, api_version=got.api_version, device=got.device, gpu=plan.gpu,
-            uuid=plan.uuid, effect="NoSchedule", owner=info.workflow_id,
-            reason=self.view.reason)
-        self._set(NodeState.HEALTHY, Step.GPU_ISOLATED)
-        self._details(f"GPU {plan.gpu} isolated: DeviceTaintRule {got.rule} (NoSchedule)")
-        await self._note_event("GpuIsolated",
-                               f"GPU {plan.gpu} ({plan.uuid}, device {got.device}): "
-                               f"DeviceTaintRule {got.rule} NoSchedule, owner "
-                               f"{info.workflow_id}: {self.view.reason}; {node} stays "
-                               "schedulable for its other GPUs")
-        if plan.evict:
-            await self._gpu_taint("NoExecute")
-            await self._note_event("GpuIsolationEvicts",
-                                   f"DeviceTaintRule {got.rule} NoExecute: the claim using "
-                                   f"GPU {plan.gpu} must go ({plan.why})")
-        # Held as a per-GPU quarantine until an operator's release: a validation pinned to
-        # the GPU is not run yet (docs/operations.md).
-        self._set(NodeState.HEALTHY, Step.GPU_QUARANTINED)
-        self._details(f"GPU {plan.gpu} ({got.device}) held by DeviceTaintRule {got.rule}. "
-                      f"Release it with `gpu-remediate release {node} -r REASON`.")
-        if self.inp.dry_run:
-            return RemediationResult(node=node, outcome=Outcome.QUARANTINED, attempts=0,
-                                     message=f"GPU {plan.gpu} would be isolated by "
-                                             f"DeviceTaintRule {got.rule}")
-        await workflow.wait_condition(lambda: self.release_order is not None)
-        order = self.release_order
-        assert order is not None
-        await self._gpu_taint(None)
-        why = (f"GPU {plan.gpu} ({got.device}) released by {order.operator}: {order.reason}; "
-               f"DeviceTaintRule {got.rule} removed")
-        self.view.gpu_isolation = None
-        self._set(NodeState.HEALTHY, Step.HEALTHY)
-        await self._release_call(Outcome.HEALTHY, why, self._acknowledged_xids(),
-                                 node_untouched=True)
-        self.released = True
-        self._details(f"{Outcome.HEALTHY}: {why}")
-        return RemediationResult(node=node, outcome=Outcome.HEALTHY, attempts=0, message=why)
-
-    async def _gpu_taint(self, effect: Literal["NoSchedule", "NoExecute"] | None) -> None:
-        iso = self.view.gpu_isolation
-        assert iso is not None
-        done = await self._node_call(
-            act.set_gpu_taint,
-            GpuTaintInput(rule=iso.rule, api_version=iso.api_version, node=self.inp.node,
-                          effect=effect, dry_run=self.inp.dry_run),
-            summary=f"DeviceTaintRule {iso.rule}: " + (effect or "remove"),
-            check_cancel=effect is not None)
-        self._details(done)
-        if effect is not None:
-            self.view.gpu_isolation = iso.model_copy(update={"effect": effect})
-
-    async def _abort_gpu_isolation(self) -> None:
-        """An abort of a per-GPU remediation: its rule goes (the node was never touched)."""
-        iso = self.view.gpu_isolation
-        assert iso is not None
-        why = self._abort_reason()
-        self._set(NodeState.HEALTHY, Step.ABORTED)
-        try:
-            await self._gpu_taint(None)
-        except ActivityError as err:
-            workflow.logger.warning("could not remove %s: %s", iso.rule, _cause(err))
-        self.view.gpu_isolation = None
-        await self._release_call(Outcome.ABORTED, f"{why}; DeviceTaintRule {iso.rule} removed",
-                                 self._acknowledged_xids(), node_untouched=True)
-        self.released = True
-
-    # ------------------------------------------------------------ building blocks
-
-

@@ -37,9 +37,7 @@ with workflow.unsafe.imports_passed_through():
         StateInput,
         Transition,
     )
-    from workflows.operands import (
-        OperandsPaused,
-    )
+    from workflows.operands import OperandsPaused
     from workflows.search_attributes import REMEDIATION_STATE
     from workflows.transitions import NodeState, Outcome, Step
 

@@ -17,26 +17,12 @@ from temporalio.exceptions import ActivityError, FailureError
 with workflow.unsafe.imports_passed_through():
     from workflows import activity_refs as act
     from workflows import errors
-    from workflows.ids import (
-        DETECTOR_WORKFLOW_ID,
-        REQUEST_SLOT_SIGNAL,
-    )
+    from workflows.ids import DETECTOR_WORKFLOW_ID, REQUEST_SLOT_SIGNAL
     from workflows.leases import LeaseCheck
-    from workflows.messages import (
-        ClaimInput,
-        ClaimResult,
-        RemediationResult,
-        SlotRequest,
-    )
+    from workflows.messages import ClaimInput, ClaimResult, RemediationResult, SlotRequest
     from workflows.transitions import NodeState, Outcome, Step
 
-from workflows.steps.base import (
-    ABORT_READ_RETRY,
-    NODE_CALL,
-    RemediationBase,
-    _cause,
-    _timed_out,
-)
+from workflows.steps.base import ABORT_READ_RETRY, NODE_CALL, RemediationBase, _cause, _timed_out
 
 # A GPU-scoped lease (workflows/leases.py) waits for a node slot before the whole-node path.
 GPU_LEASE_PATCH = "gpu-lease-waits-for-the-node"

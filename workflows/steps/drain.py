@@ -14,15 +14,10 @@ with workflow.unsafe.imports_passed_through():
     from policy.models import Action
     from workflows import activity_refs as act
     from workflows import errors
-    from workflows.messages import (
-        DrainInput,
-    )
+    from workflows.messages import DrainInput
     from workflows.transitions import NodeState, Step
 
-from workflows.steps.base import (
-    RemediationBase,
-    _minutes,
-)
+from workflows.steps.base import RemediationBase, _minutes
 
 # A drain round that keeps failing (not "blocked": failing) ends after this many tries,
 # in quarantine with the cause, instead of retrying for ever.

@@ -16,9 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import activity_refs as act
     from workflows import errors
     from workflows.commands import checked_command
-    from workflows.ids import (
-        SLOT_GRANTED_SIGNAL,
-    )
+    from workflows.ids import SLOT_GRANTED_SIGNAL
     from workflows.messages import (
         NodeEventInput,
         OperatorAck,
@@ -29,11 +27,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.transitions import NodeState, Step
 
-from workflows.steps.base import (
-    NODE_CALL,
-    RemediationBase,
-    _cause,
-)
+from workflows.steps.base import NODE_CALL, RemediationBase, _cause
 
 REJECTIONS_KEPT = 20
 # What a signal handler gets when a signal was sent without a payload.

@@ -26,21 +26,10 @@ with workflow.unsafe.imports_passed_through():
         gpus_of,
         step_times,
     )
-    from workflows.messages import (
-        HistoryEntry,
-        NodeJobResult,
-        ReleaseInput,
-        RemediationResult,
-    )
+    from workflows.messages import HistoryEntry, NodeJobResult, ReleaseInput, RemediationResult
     from workflows.transitions import NodeState, Outcome, Step
 
-from workflows.steps.base import (
-    NODE_CALL,
-    NODE_RETRY,
-    NodeGone,
-    RemediationBase,
-    _cause,
-)
+from workflows.steps.base import NODE_CALL, NODE_RETRY, NodeGone, RemediationBase, _cause
 from workflows.steps.claim import NoLease
 
 # Every outcome goes to the repair ledger (runs recorded before it: as they ran). A write

@@ -25,10 +25,7 @@ with workflow.unsafe.imports_passed_through():
         RemediationResult,
         ReturnInput,
     )
-    from workflows.operands import (
-        OperandsInput,
-        OperandsWaitInput,
-    )
+    from workflows.operands import OperandsInput, OperandsWaitInput
     from workflows.transitions import NodeState, Outcome, Step
 
 from workflows.steps.base import (

@@ -29,11 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.search_attributes import REMEDIATION_ACTION
     from workflows.transitions import NodeState, Outcome, Step
 
-from workflows.steps.base import (
-    R,
-    RemediationBase,
-    _timed_out,
-)
+from workflows.steps.base import R, RemediationBase, _timed_out
 
 
 class ThermalSteps(RemediationBase):

@@ -28,12 +28,7 @@ with workflow.unsafe.imports_passed_through():
         NodeJobInput,
         NodeJobResult,
     )
-    from workflows.operands import (
-        DevicePluginInput,
-        OperandsInput,
-        OperandsWaitInput,
-        deploy_label,
-    )
+    from workflows.operands import DevicePluginInput, OperandsInput, OperandsWaitInput, deploy_label
 
 from workflows.steps.base import (
     ABORT_READ_RETRY,

@@ -1,0 +1,109 @@
+"""One GPU held alone (gpu_isolation: dra): a DeviceTaintRule keeps it out of scheduling
+(NoSchedule, then NoExecute where its claim must go) while the node stays in service,
+until an operator's release or an abort removes the rule.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows import activity_refs as act
+    from workflows.isolation import GpuIsolationView, GpuTaintInput, IsolateGpuInput, IsolationPlan
+    from workflows.messages import RemediationResult
+    from workflows.transitions import NodeState, Outcome, Step
+
+from workflows.steps.base import RemediationBase, _cause
+
+
+class GpuIsolationSteps(RemediationBase):
+    async def _isolate_gpu(self, plan: IsolationPlan) -> RemediationResult | None:
+        """Hold one GPU out of scheduling with a DeviceTaintRule; the node is not claimed,
+        cordoned or drained. None: no rule could be made, so the whole-node path follows
+        (a Warning Event says why)."""
+        node, info = self.inp.node, workflow.info()
+        await self._confirm_lease("the GPU isolation")
+        rule_of = next((f.rule for f in self.inp.verdict.findings if f.uuid == plan.uuid), "")
+        self._plan(f"isolate GPU {plan.gpu} ({plan.uuid}) with a DeviceTaintRule, NoSchedule"
+                   + (", then NoExecute" if plan.evict else "") + f": {plan.why}")
+        got = await self._node_call(
+            act.isolate_gpu,
+            IsolateGpuInput(node=node, uuid=plan.uuid, gpu=plan.gpu, value=rule_of,
+                            reason=self.view.reason, workflow_id=info.workflow_id,
+                            dry_run=self.inp.dry_run),
+            summary=f"isolate GPU {plan.gpu} of {node}")
+        if not got.isolated:
+            self._plan(f"whole node: GPU {plan.gpu} cannot be isolated: {got.why_not}")
+            await self._tell("GpuIsolationUnavailable",
+                             f"GPU {plan.gpu} ({plan.uuid}) of {node} cannot be isolated: "
+                             f"{got.why_not}; the whole node is remediated instead")
+            return None
+        self.view.gpu_isolation = GpuIsolationView(
+            rule=got.rule, api_version=got.api_version, device=got.device, gpu=plan.gpu,
+            uuid=plan.uuid, effect="NoSchedule", owner=info.workflow_id,
+            reason=self.view.reason)
+        self._set(NodeState.HEALTHY, Step.GPU_ISOLATED)
+        self._details(f"GPU {plan.gpu} isolated: DeviceTaintRule {got.rule} (NoSchedule)")
+        await self._note_event("GpuIsolated",
+                               f"GPU {plan.gpu} ({plan.uuid}, device {got.device}): "
+                               f"DeviceTaintRule {got.rule} NoSchedule, owner "
+                               f"{info.workflow_id}: {self.view.reason}; {node} stays "
+                               "schedulable for its other GPUs")
+        if plan.evict:
+            await self._gpu_taint("NoExecute")
+            await self._note_event("GpuIsolationEvicts",
+                                   f"DeviceTaintRule {got.rule} NoExecute: the claim using "
+                                   f"GPU {plan.gpu} must go ({plan.why})")
+        # Held as a per-GPU quarantine until an operator's release: a validation pinned to
+        # the GPU is not run yet (docs/operations.md).
+        self._set(NodeState.HEALTHY, Step.GPU_QUARANTINED)
+        self._details(f"GPU {plan.gpu} ({got.device}) held by DeviceTaintRule {got.rule}. "
+                      f"Release it with `gpu-remediate release {node} -r REASON`.")
+        if self.inp.dry_run:
+            return RemediationResult(node=node, outcome=Outcome.QUARANTINED, attempts=0,
+                                     message=f"GPU {plan.gpu} would be isolated by "
+                                             f"DeviceTaintRule {got.rule}")
+        await workflow.wait_condition(lambda: self.release_order is not None)
+        order = self.release_order
+        assert order is not None
+        await self._gpu_taint(None)
+        why = (f"GPU {plan.gpu} ({got.device}) released by {order.operator}: {order.reason}; "
+               f"DeviceTaintRule {got.rule} removed")
+        self.view.gpu_isolation = None
+        self._set(NodeState.HEALTHY, Step.HEALTHY)
+        await self._release_call(Outcome.HEALTHY, why, self._acknowledged_xids(),
+                                 node_untouched=True)
+        self.released = True
+        self._details(f"{Outcome.HEALTHY}: {why}")
+        return RemediationResult(node=node, outcome=Outcome.HEALTHY, attempts=0, message=why)
+
+    async def _gpu_taint(self, effect: Literal["NoSchedule", "NoExecute"] | None) -> None:
+        iso = self.view.gpu_isolation
+        assert iso is not None
+        done = await self._node_call(
+            act.set_gpu_taint,
+            GpuTaintInput(rule=iso.rule, api_version=iso.api_version, node=self.inp.node,
+                          effect=effect, dry_run=self.inp.dry_run),
+            summary=f"DeviceTaintRule {iso.rule}: " + (effect or "remove"),
+            check_cancel=effect is not None)
+        self._details(done)
+        if effect is not None:
+            self.view.gpu_isolation = iso.model_copy(update={"effect": effect})
+
+    async def _abort_gpu_isolation(self) -> None:
+        """An abort of a per-GPU remediation: its rule goes (the node was never touched)."""
+        iso = self.view.gpu_isolation
+        assert iso is not None
+        why = self._abort_reason()
+        self._set(NodeState.HEALTHY, Step.ABORTED)
+        try:
+            await self._gpu_taint(None)
+        except ActivityError as err:
+            workflow.logger.warning("could not remove %s: %s", iso.rule, _cause(err))
+        self.view.gpu_isolation = None
+        await self._release_call(Outcome.ABORTED, f"{why}; DeviceTaintRule {iso.rule} removed",
+                                 self._acknowledged_xids(), node_untouched=True)
+        self.released = True
