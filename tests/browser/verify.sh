@@ -20,9 +20,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here/../.."
 
 TIER=browser
-INPUTS=(tests/browser workflows/remediation.py workflows/messages.py workflows/ui_text.py
-        workflows/search_attributes.py worker/ui_links.py worker/stack pyproject.toml
-        constraints.txt tests/e2e/conftest.py tests/e2e/kit.py tests/polling.py)
+INPUTS=(tests/browser workflows/remediation.py workflows/steps workflows/messages.py
+        workflows/ui_text.py workflows/search_attributes.py worker/ui_links.py worker/stack
+        pyproject.toml constraints.txt tests/e2e/conftest.py tests/e2e/kit.py tests/polling.py)
 # shellcheck source=tests/tier.sh
 source tests/tier.sh
 tier_main "$@"

@@ -1,11 +1,14 @@
 """RemediationWorkflow is one class mixed from its step families (workflows/steps/): Temporal
 finds every handler the mixins define, every step one family calls in another is defined
-once at run time, and no family shadows another's method unseen."""
+once at run time, no family shadows another's method unseen, and the map in
+docs/architecture.md says where each step is."""
 
 from __future__ import annotations
 
 import ast
 import inspect
+import re
+import sys
 from pathlib import Path
 
 from temporalio import workflow
@@ -59,3 +62,19 @@ def test_no_family_shadows_another() -> None:
             seen[name] = cls.__name__
     assert clash == []
     assert len(FAMILIES) == 9  # eight step families and their base
+
+
+def test_the_architecture_map_names_each_family_and_its_steps() -> None:
+    """docs/architecture.md maps each step module to its mixin and the steps in it: every
+    module and mixin is there, and every step the map names is where it says."""
+    doc = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `(\w+)\.py` \| `(\w+)` \| (.*) \|$", doc, flags=re.M)
+    steps = Path(base.__file__).parent
+    assert {m for m, _, _ in rows} == {p.stem for p in steps.glob("*.py")} - {"__init__"}
+    mixins = {c.__name__: c for c in FAMILIES}
+    for module, mixin, text in rows:
+        cls = mixins[mixin]
+        assert cls.__module__ == f"workflows.steps.{module}", (mixin, module)
+        for name in re.findall(r"`(_[a-z]\w*|node_job_name|NodeGone)`", text):
+            where = vars(cls) if name.startswith("_") else vars(sys.modules[cls.__module__])
+            assert name in where, f"docs/architecture.md: {name} is not in {module}.py"
