@@ -37,7 +37,7 @@ BEFORE = {
             '"blocking_pdb":"","blocked_since":null,"previously_cordoned":false,"plan":[],'
             '"transitions":[{"at":"2026-01-02T03:04:05Z","state":"draining","step":"drain",'
             '"note":""},{"at":"2026-01-02T03:04:05Z","state":"draining",'
-            '"step":"drain-overdue","note":""}],"rejected_commands":[],"runs":1}',
+            '"step":"drain-overdue","note":""}],"rejected_commands":[],"runs":1,"lease_scope":"node"}',
     "state": '{"node":"n1","state":"repairing","reason":"XID 79","step":"gpu-reset",'
              '"now":"2026-01-02T03:04:05Z","attempt":0,"event_reason":"RepairStarted",'
              '"event_message":"m","event_type":"Normal","dry_run":false,"uid":""}',
