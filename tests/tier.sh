@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the opt-in tiers' verify.sh (tests/controlplane, tests/production, tests/browser):
 # the inputs hash, --check/--hash, and the run that records VERIFIED only when every test
 # passed and no input changed meanwhile. Sourced, never run; the caller sets TIER (its name),
