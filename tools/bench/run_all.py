@@ -27,6 +27,7 @@ FULL: list[list[str]] = [
     ["temporal_cost", "--ticks", "8"],
     ["fault_to_cordon", "--injections", "20", "--interval", "5"],
     ["drain", "--repeat", "3"],
+    ["node_behaviour"],
     ["throughput", "--nodes", "200"],
 ]
 QUICK: list[list[str]] = [
@@ -36,6 +37,7 @@ QUICK: list[list[str]] = [
     ["temporal_cost", "--ticks", "4"],
     ["fault_to_cordon", "--injections", "3", "--interval", "5"],
     ["drain", "--repeat", "1"],
+    ["node_behaviour"],
     ["throughput", "--nodes", "20"],
 ]
 
