@@ -65,6 +65,6 @@ def test_every_event_reason_named_is_emitted_somewhere() -> None:
     ours = {cell for row in table.splitlines() if row.startswith("| ")
             for cell in re.findall(r"`([A-Z][A-Za-z]+)`", row.split("|")[2])}
     code = "".join(p.read_text() for d in ("activities", "workflows")
-                   for p in (ROOT / d).glob("*.py"))
+                   for p in (ROOT / d).rglob("*.py"))
     for reason in ours:
         assert f'"{reason}"' in code, f"Event {reason} is in the doc but never recorded"

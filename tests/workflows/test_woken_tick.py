@@ -58,6 +58,10 @@ async def test_a_report_the_fresh_evaluation_finds_healthy_starts_nothing(time_s
         h = await start(client, queue, settings(interval=HOUR))
         try:
             await until(lambda: len(observations(cluster)) >= 1, what="first tick")
+
+            async def ticked() -> bool:  # the first tick's admission done, not only observed
+                return (await dview(h)).last_tick is not None
+            await until(ticked, what="the first tick's admission")
             first = (await dview(h)).last_tick
             await h.signal(NODE_REPORT_SIGNAL, report(names[0], xid=13))
 
