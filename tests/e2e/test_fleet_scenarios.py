@@ -316,7 +316,10 @@ def test_admin_cordon_survives_remediation(
     gpu.inject_fault(node, "0", "xid", 48)
     wait_for(fleet, f"{node} claimed", lambda: k8s.state(node) != "healthy", timeout=20)
     assert k8s.annotations(node)[A_PRECORDONED] == "true"
-    assert view_state(fleet, node).previously_cordoned
+    # The claim activity writes the node before the workflow reads its result: the view
+    # follows a moment later.
+    wait_for(fleet, "the view shows the admin's cordon",
+             lambda: view_state(fleet, node).previously_cordoned, timeout=20)
     assert result(fleet, node).outcome == "healthy"
     n = k8s.node(node)
     assert n.metadata.labels["gpu-remediate.io/state"] == "healthy"
