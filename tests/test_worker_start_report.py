@@ -54,6 +54,48 @@ async def test_not_polling_is_explained_until_the_worker_runs(
     assert lines[-1].startswith("worker polling task queue gpu-remediate")
 
 
+async def test_the_worker_is_built_only_once_the_namespace_answers(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """PostgreSQL down at start: the SDK's own start check gives up after a few retries and
+    a worker whose check failed never polls, so the wait for the namespace is ours: it asks
+    until the namespace answers, saying why meanwhile, however long that takes."""
+    monkeypatch.setattr(service, "NOT_POLLING_WARN_AFTER", 0.3)
+    monkeypatch.setattr(service, "NOT_POLLING_WARN_EVERY", 10.0)
+    monkeypatch.setattr(service, "NAMESPACE_POLL_SECONDS", 0.05)
+    api = _Service(fail=True)
+    client = SimpleNamespace(workflow_service=api)
+    caplog.set_level(logging.INFO, logger="gpu_remediate.worker")
+    task = asyncio.create_task(service._wait_for_namespace(
+        client, Settings.model_validate({})))  # type: ignore[arg-type]
+    await asyncio.sleep(0.6)
+    assert not task.done(), "still waiting while the database is down"
+    api.fail = False
+    await asyncio.wait_for(task, 5)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "UNAVAILABLE: GetNamespace operation failed" in warnings[0]
+    assert api.asked >= 5
+
+
+async def test_a_worker_stuck_in_its_start_check_is_not_waited_for_forever() -> None:
+    """One worker's start check failed while the other's still hangs in it: the hanging
+    one is cancelled, so the process ends (and is restarted) instead of hanging unready."""
+    class _Failing:
+        is_running = False
+
+        async def run(self) -> None:
+            raise RuntimeError("Worker validation failed: Namespace default was not found")
+
+    class _Hanging:
+        is_running = False
+
+        async def run(self) -> None:
+            await asyncio.Event().wait()
+
+    with pytest.raises(RuntimeError, match="validation failed"):
+        await asyncio.wait_for(service._run_both(_Failing(), _Hanging()),  # type: ignore[arg-type]
+                               5)
+
+
 async def test_a_worker_that_polls_at_once_says_only_that(
         caplog: pytest.LogCaptureFixture) -> None:
     worker = SimpleNamespace(is_running=True)

@@ -33,6 +33,30 @@ NOT_POLLING_WARN_AFTER = 10.0
 NOT_POLLING_WARN_EVERY = 30.0
 
 
+NAMESPACE_POLL_SECONDS = 1.0
+
+
+async def _wait_for_namespace(client: Client, settings: Settings) -> None:
+    """Until the server can serve the namespace (its database may be down, the namespace
+    missing), say why every NOT_POLLING_WARN_EVERY seconds and ask again. The SDK's own
+    check when a worker starts gives up after a few retries, and a worker whose check
+    failed never polls: it is built only once the namespace answers."""
+    t = settings.temporal
+    loop = asyncio.get_running_loop()
+    start, warn_at = loop.time(), NOT_POLLING_WARN_AFTER
+    while True:
+        problem = await _namespace_problem(client, t)
+        if problem == NAMESPACE_ANSWERS:
+            return
+        waited = loop.time() - start
+        if waited >= warn_at:
+            warn_at += NOT_POLLING_WARN_EVERY
+            log.warning("not polling yet after %.0fs: Temporal at %s cannot serve namespace "
+                        "%s (%s); retrying, /readyz answers 503 until it can",
+                        waited, t.address, t.namespace, problem)
+        await asyncio.sleep(NAMESPACE_POLL_SECONDS)
+
+
 async def _report_start(worker: Worker, client: Client, settings: Settings) -> None:
     """Say when the worker polls, and until then, why it does not: the server answers but
     cannot serve the namespace (its database is down, the namespace is missing). The SDK
@@ -114,7 +138,10 @@ async def _namespace_problem(client: Client, t: TemporalSettings) -> str:
         return f"{err.status.name}: {err.message}"
     except Exception as err:  # whatever it is, the warning is still written
         return f"{type(err).__name__}: {err}"
-    return "the namespace answers now"
+    return NAMESPACE_ANSWERS
+
+
+NAMESPACE_ANSWERS = "the namespace answers now"
 
 
 async def _run_both(worker: Worker, observer: Worker) -> None:
@@ -124,6 +151,9 @@ async def _run_both(worker: Worker, observer: Worker) -> None:
     for w in (worker, observer):
         if w.is_running:
             await w.shutdown()
+    for task, w in zip(tasks, (worker, observer), strict=True):
+        if task in pending and not w.is_running:
+            task.cancel()  # still in the SDK's start check: it would never end by itself
     await asyncio.gather(*pending, return_exceptions=True)
     for t in done:
         t.result()
@@ -163,6 +193,7 @@ async def run_worker(settings: Settings) -> None:
     health = Health()
     runner = await health.serve(w.bind, w.health_port) if w.health_port else None
     client = await connect(settings.temporal, runtime=runtime)
+    await _wait_for_namespace(client, settings)
     activities = worker_activities(settings, client)
     # Off by default: the endpoint nodes' watchers report faults to (gpu-remediate watch).
     reports = (await serve_reports(settings.reports, kube_client(settings), client)
