@@ -104,7 +104,8 @@ def test_a_token_refused_at_connect_says_why(tmp_path: Path,
                            "PermissionDenied, message: \"Request unauthorized.\" }")
 
     monkeypatch.setattr(commands, "connect", refused)
-    cfg = _config(tmp_path, token(perms=("prod:write",)))
+    live = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)  # the CLI reads the wall clock
+    cfg = _config(tmp_path, token(perms=("prod:write",), exp=live))
     result = CliRunner().invoke(app, ["status", "--config", str(cfg)])
     assert result.exit_code == 1, result.output
     assert "grants no role in namespace default" in result.output
