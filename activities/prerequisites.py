@@ -2,13 +2,15 @@
 ``gpu-remediate plan``): the GPU Operator operand DaemonSets a GPU reset pauses
 (``remediation.gpu_operator.operands``, in ``remediation.gpu_operator.namespace``).
 
-An operand with no DaemonSet that selects nodes by its deploy label
-(``nvidia.com/gpu.deploy.<operand>``, as the GPU Operator's own do) is most often a name the
-config got wrong, or an operator installed elsewhere: a reset would pause nothing by that
-name, and whatever holds the GPUs instead makes the reset fail (it then escalates to a
-reboot). So it is said, one line per operand, as a warning, never a refusal: refusing to
-start would stop every remediation, reboots included, for a step that already fails safe,
-and an operator installed after the worker is not an error.
+Every configured name is a GPU Operator operand (the config refuses any other, and the
+driver and the container toolkit, at start: policy/operands.py). A known operand with no
+DaemonSet that selects nodes by its deploy label (``nvidia.com/gpu.deploy.<operand>``, as
+the GPU Operator's own do) is an operand this cluster does not deploy (the standalone
+``dcgm`` is optional) or an operator installed in another namespace: a reset would pause
+nothing by that name, and whatever holds the GPUs instead makes the reset fail (it then
+escalates to a reboot). So it is said, one line per operand, as a warning, never a
+refusal: refusing to start would stop every remediation, reboots included, for a step that
+already fails safe, and an operator installed after the worker is not an error.
 
 The RuntimeClasses the Job templates name (``jobs.templates.<name>.runtime_class_name``;
 the built-in gpu-reset names ``nvidia``, which the GPU Operator installs) are different: a

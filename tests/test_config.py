@@ -32,6 +32,12 @@ def write(tmp_path: Path, text: str) -> Path:
     ("ledger:\n  lemon_faults: 0\n", "ledger.lemon_faults"),
     ("ledger:\n  probaton: PT1H\n", "ledger.probaton: unknown field"),
     ("ledger:\n  retention: P7D\n", "ledger.retention"),
+    # An operand the GPU Operator does not have pauses nothing; the driver must never pause.
+    ("remediation:\n  gpu_operator:\n    operands: [device-plugin, nvidia-mig-manager]\n",
+     "remediation.gpu_operator.operands: Value error, 'nvidia-mig-manager' is not a GPU "
+     "Operator operand"),
+    ("remediation:\n  gpu_operator:\n    operands: [driver]\n",
+     "'driver' is never paused around a reset"),
     ("- just\n- a list\n", "top level must be a mapping"),
     ("detector: [unclosed\n", "not valid YAML"),
     # A key given twice: YAML would keep the second silently.

@@ -23,6 +23,7 @@ from pydantic import (
 
 from policy.config import PolicySettings
 from policy.models import Action
+from policy.operands import operand_name_problem
 from workflows.isolation import GpuIsolation
 
 POOL_LABEL = "node-restriction.kubernetes.io/gpu-remediate-pool"
@@ -164,6 +165,8 @@ class GpuOperatorSettings(_Model):
         for name in value:
             if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,40}[a-z0-9])?", name):
                 raise ValueError(f"{name[:60]!r} is not an operand name (e.g. device-plugin)")
+            if problem := operand_name_problem(name):
+                raise ValueError(problem)
         return value
 
 

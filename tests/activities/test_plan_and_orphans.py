@@ -146,8 +146,8 @@ async def test_orphan_release_restores_the_operands_and_deletes_its_jobs(
 async def test_plan_names_a_gpu_operator_operand_a_reset_could_not_pause(
         tmp_path: Path, cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
     config = settings_for(tmp_path, cluster, gpu_sim, extra=(
-        "remediation: {gpu_operator: {operands: [device-plugin, nvidia-mig-manager]}}"))
+        "remediation: {gpu_operator: {operands: [device-plugin, nvsm]}}"))
     plan = await make_plan(load_settings(config))
     (line,) = plan.prerequisites
-    assert "'nvidia-mig-manager' missing" in line
-    assert "nvidia.com/gpu.deploy.nvidia-mig-manager" in line
+    assert "'nvsm' missing" in line
+    assert "nvidia.com/gpu.deploy.nvsm" in line
