@@ -93,8 +93,11 @@ async def test_a_report_does_not_start_another_flagged_node(time_skipping_env):
         h = await start(client, queue, settings(interval=HOUR, max_unavailable=1))
         try:
             await until(lambda: len(observations(cluster)) >= 1, what="first tick")
-            await until(lambda: any(c[0] == "claim_node" for c in cluster.calls),
-                        what="the first node's claim")
+
+            async def held() -> bool:  # the claim itself waits on the gate
+                v = await dview(h)
+                return v.in_flight == [names[0]] and len(v.waiting) == 1
+            await until(held, what="the first node's lease, the second waiting")
             # names[0] holds the slot; names[1] waits. names[3] reports, healthy: nothing
             # starts, names[1] still waits.
             await h.signal(NODE_REPORT_SIGNAL, report(names[3], xid=13))
@@ -103,6 +106,7 @@ async def test_a_report_does_not_start_another_flagged_node(time_skipping_env):
             view = await dview(h)
             assert view.in_flight == [names[0]]
             assert [w.split(" ", 1)[0] for w in view.waiting] == [names[1]]
+            assert not any(c[0] == "claim_node" for c in cluster.calls), "the gate held"
             gate.set()
         finally:
             await cleanup(client, h, cluster)
