@@ -103,11 +103,35 @@ def test_out_of_service_never_exceeds_the_budget(seed: int, model: FaultModel,
         assert r["max_waiting"] >= 1
 
 
+def test_node_watchers_wake_the_detector_at_the_fault_and_change_nothing_else() -> None:
+    """With node watchers (a config with reports.enabled) a kernel-log XID wakes a node-only
+    tick at its onset: the XID repairs start sooner than the full tick would have found them,
+    heat and HBM3 (no XID line) wait for the full tick as before, the faults are the same,
+    the budget holds, and the same seed gives the same JSON."""
+    s = settings(interval=timedelta(minutes=10))
+    scraped = asyncio.run(simulate(s, BUSY, nodes=30, gpus=8, domains=1, days=2, seed=3))
+    watched = [asyncio.run(simulate(s, BUSY, nodes=30, gpus=8, domains=1, days=2, seed=3,
+                                    watchers=True)).model_dump(mode="json")
+               for _ in range(2)]
+    assert watched[0] == watched[1]
+    w, plain = watched[0], scraped.model_dump(mode="json")
+    assert (w["node_watchers"], plain["node_watchers"]) == (True, False)
+    assert w["node_ticks"] > 0 and plain["node_ticks"] == 0
+    assert w["detector_ticks"] == plain["detector_ticks"] == 2 * 24 * 6
+    assert w["faults_by_cause"] == plain["faults_by_cause"]
+    assert w["mttr_by_action"]["reboot"]["mean_s"] < plain["mttr_by_action"]["reboot"]["mean_s"]
+    assert w["mttr_by_action"]["thermal"] == plain["mttr_by_action"]["thermal"]
+    assert w["max_out_of_service"] <= w["budget"]
+
+
 def test_compare_runs_both_configs_on_the_same_faults(tmp_path: Path) -> None:
     one = tmp_path / "one.yaml"
     five = tmp_path / "five.yaml"
     one.write_text("detector: {interval: 300, max_unavailable: 1}\n", encoding="utf-8")
-    five.write_text("detector: {interval: 300, max_unavailable: 5}\n", encoding="utf-8")
+    (tmp_path / "tls.pem").write_text("", encoding="utf-8")
+    five.write_text("detector: {interval: 300, max_unavailable: 5}\n"
+                    f"reports: {{enabled: true, tls_cert: {tmp_path / 'tls.pem'}, "
+                    f"tls_key: {tmp_path / 'tls.pem'}}}\n", encoding="utf-8")
     faults = tmp_path / "faults.yaml"
     faults.write_text(json.dumps({"rates_per_gpu_day": {"gpu": 0.02},
                                   "outcomes": {"success": 1.0}}), encoding="utf-8")
@@ -120,6 +144,7 @@ def test_compare_runs_both_configs_on_the_same_faults(tmp_path: Path) -> None:
     a, b = both["config"], both["compare"]
     assert (a["config"], b["config"]) == (str(one), str(five))
     assert (a["budget"], b["budget"]) == (1, 5)
+    assert (a["node_watchers"], b["node_watchers"]) == (False, True)  # its reports.enabled
     assert a["faults_by_cause"] == b["faults_by_cause"]
     assert a["faults_total"] > 0
 

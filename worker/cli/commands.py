@@ -131,20 +131,21 @@ def simulate(
         model = load_fault_model(faults)
     except FaultModelError as e:
         fail(str(e), EXIT_USAGE)
-    configs = [(config, settings_of(config))]
+    configs = [(config, settings_of(config), watchers_of(config))]
     if compare is not None:
-        configs.append((compare, settings_of(compare)))
+        configs.append((compare, settings_of(compare), watchers_of(compare)))
     size = {"nodes": nodes, "gpus": gpus_per_node, "days": days}
     try:
-        for _, s in configs:
+        for _, s, _ in configs:
             check_size(model, s, **size)  # type: ignore[arg-type]
     except SimulationTooLarge as e:
         fail(str(e), EXIT_USAGE)
 
     async def go() -> list[Any]:
         return [await run_simulation(s, model, **size, domains=domains,  # type: ignore[arg-type]
-                                     seed=seed, config=str(path or "defaults"))
-                for path, s in configs]
+                                     seed=seed, config=str(path or "defaults"),
+                                     watchers=watch)
+                for path, s, watch in configs]
 
     try:
         results = asyncio.run(go())
@@ -162,6 +163,14 @@ def settings_of(config: Path | None) -> Any:
     """The detector settings a config file runs with (the defaults without one)."""
     try:
         return load_settings(config).detector_settings()
+    except ConfigError as e:
+        fail(str(e), EXIT_USAGE)
+
+
+def watchers_of(config: Path | None) -> bool:
+    """Whether a config runs node watchers (its report endpoint is on: reports.enabled)."""
+    try:
+        return load_settings(config).reports.enabled
     except ConfigError as e:
         fail(str(e), EXIT_USAGE)
 

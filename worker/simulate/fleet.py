@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import copy
+import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from policy.models import SEVERITY, Action, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_node
 from worker.simulate.clock import CLOCK_WORKFLOW_ID, SimulationClockWorkflow
 from worker.simulate.faults import CAUSES, FaultModel
+from worker.simulate.watcher import WATCHER_WORKFLOW_ID, Due, SimulationWatcherWorkflow
 from workflows import errors
 from workflows.ids import DETECTOR_WORKFLOW_ID, shard_of
 from workflows.incidents import IncidentCordon, IncidentCordonResult
@@ -195,7 +197,7 @@ class SimFleet:
 
     def __init__(self, *, nodes: int, gpus: int, domains: int, faults: list[Fault],
                  model: FaultModel, settings: DetectorSettings, start: datetime,
-                 end: float | None = None) -> None:
+                 end: float | None = None, watchers: bool = False) -> None:
         self.size = nodes
         self.gpus = gpus
         self.domains = max(1, domains)
@@ -222,6 +224,12 @@ class SimFleet:
         self.tick_server = 0.0
         # What read_limits answers: the config's own limits (a client may only tighten).
         self.limits = LimitsSettings.from_settings(settings)
+        # Node watchers (worker/simulate/watcher.py): the next scheduled fault and the
+        # relapses already handed to them, and the node-only ticks their reports woke.
+        self.watchers = watchers
+        self.next_report = 0
+        self.reported_relapses: set[int] = set()
+        self.node_ticks = 0
 
     # ------------------------------------------------------------ the model
 
@@ -286,6 +294,34 @@ class SimFleet:
                                         generation=n.generation + 1, boot=n.boot + 1)
         for n in self.nodes.values():
             n.faults = [a for a in n.faults if a.cool_at is None or a.cool_at > now]
+
+    def dues(self, now: float) -> list[Due]:
+        """The kernel-log XIDs that appear after the tick at ``now`` and before the next
+        one, for the watchers (whole seconds after ``now``; one at the next tick's instant
+        or later is that tick's). Faults on lost nodes show nothing."""
+        until = now + self.settings.interval.total_seconds()
+        out: list[Due] = []
+
+        def due(fault: Fault) -> None:
+            xid = CAUSES[fault.cause].xid
+            after = math.ceil(fault.at) - now if fault.at > now else 0
+            if xid is not None and now + after < until and fault.node not in self.gone:
+                out.append(Due(after=int(after), node=self.name(fault.node), gpu=fault.gpu,
+                               xid=xid))
+
+        schedule = self.schedule
+        while self.next_report < len(schedule) and schedule[self.next_report].at < until:
+            fault = schedule[self.next_report]
+            self.next_report += 1
+            if fault.at > now:  # one at or before the tick is the tick's
+                due(fault)
+        for at, seq, fault in self.relapses:
+            if at >= until:
+                break
+            if seq not in self.reported_relapses and at > now:
+                self.reported_relapses.add(seq)
+                due(dataclasses.replace(fault, at=at))
+        return out
 
     def _show(self, fault: Fault, at: float, outcome: str) -> None:
         if fault.node in self.gone:
@@ -410,6 +446,7 @@ class SimFleet:
         run's own processing time."""
         if self.final is None:
             assert self.end_at is not None
+            self.advance(self.end_at)  # every fault of the period counts, seen or not
             self.end(self.end_at)
             self.final = copy.deepcopy(self.figures)
             await activity.client().get_workflow_handle(CLOCK_WORKFLOW_ID).signal(
@@ -433,18 +470,27 @@ class SimFleet:
 
         @activity.defn(name="observe_fleet")
         async def observe_fleet(inp: ObserveInput) -> FleetObservation:
-            if fleet.final is not None or (inp.shard == 0 and fleet.due_to_end()):
+            only = set(inp.nodes)  # a node-only tick: the nodes a watcher reported
+            if fleet.final is not None or (inp.shard == 0 and not only
+                                           and fleet.due_to_end()):
                 await fleet.close()
                 await asyncio.Event().wait()  # until the worker stops (cancelled)
-            now = fleet.ticked() if inp.shard == 0 else fleet.now()
+            now = fleet.ticked() if inp.shard == 0 and not only else fleet.now()
             fleet.advance(now)
             f.observations += 1
+            if only:
+                fleet.node_ticks += 1
+            elif fleet.watchers and inp.shard == 0 and (dues := fleet.dues(now)):
+                await activity.client().get_workflow_handle(WATCHER_WORKFLOW_ID).signal(
+                    SimulationWatcherWorkflow.due, dues)
             fleet._sample()
             verdicts: list[Verdict] = []
             remediating: list[NodeStatus] = []
             gone_here = 0
             for i in sorted(fleet.nodes):
                 n = fleet.nodes[i]
+                if only and n.name not in only:
+                    continue
                 if inp.shards > 1 and shard_of(n.name, inp.shards) != inp.shard:
                     continue
                 if i in fleet.gone:

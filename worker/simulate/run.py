@@ -47,6 +47,7 @@ from temporalio.worker import (
 from worker.simulate.clock import CLOCK_WORKFLOW_ID, SimulationClockWorkflow
 from worker.simulate.faults import FaultModel
 from worker.simulate.fleet import DAY, SimFleet, draw_faults
+from worker.simulate.watcher import WATCHER_WORKFLOW_ID, SimulationWatcherWorkflow
 from workflows.detector import DetectorWorkflow
 from workflows.ids import DETECTOR_WORKFLOW_ID
 from workflows.messages import DetectorInput, DetectorView
@@ -120,6 +121,11 @@ class SimResult(BaseModel):
     outcomes: dict[str, int]
     nodes_lost: int
     detector_ticks: int
+    node_watchers: bool = Field(
+        default=False, description="The config runs node watchers (reports.enabled): each "
+                                   "kernel-log XID wakes a node-only tick at once.")
+    node_ticks: int = Field(default=0, description="Node-only ticks the watchers' reports "
+                                                   "woke.")
 
 
 def test_server() -> str:
@@ -238,8 +244,9 @@ def _mttr(values: list[float]) -> Mttr:
 
 async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int, gpus: int,
                    domains: int, days: float, seed: int, config: str = "defaults",
-                   sandboxed: bool = False) -> SimResult:
-    """One config over the seed's fault sequence."""
+                   sandboxed: bool = False, watchers: bool = False) -> SimResult:
+    """One config over the seed's fault sequence; ``watchers``: the fleet runs node
+    watchers (worker/simulate/watcher.py), as a config with ``reports.enabled`` does."""
     for name in ("temporalio.activity", "temporalio.workflow", "temporalio.worker"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     queue = f"simulate-{uuid.uuid4().hex[:8]}"
@@ -268,7 +275,7 @@ async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int,
         start = await env.get_current_time()
         seconds = days * DAY
         fleet = SimFleet(nodes=nodes, gpus=gpus, domains=domains, faults=faults, model=model,
-                         settings=settings, start=start, end=seconds)
+                         settings=settings, start=start, end=seconds, watchers=watchers)
         runner = {} if sandboxed else {"workflow_runner": UnsandboxedWorkflowRunner()}
         # The worker on a plain client: the test environment's client locks and unlocks
         # the server's time skipping around each wait for a result, which is the clock's
@@ -280,10 +287,13 @@ async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int,
         with _long_lived_heap():
             async with Worker(plain, task_queue=queue, interceptors=[pulse],
                               workflows=[DetectorWorkflow, RemediationWorkflow,
-                                         SimulationClockWorkflow],
+                                         SimulationClockWorkflow, SimulationWatcherWorkflow],
                               activities=fleet.activities(), max_concurrent_activities=200,
                               build_id="simulate",
                               **runner):  # type: ignore[arg-type]
+                if watchers:
+                    await client.start_workflow(SimulationWatcherWorkflow.run,
+                                                id=WATCHER_WORKFLOW_ID, task_queue=queue)
                 handle = await client.start_workflow(
                     DetectorWorkflow.run, DetectorInput(settings=settings),
                     id=DETECTOR_WORKFLOW_ID, task_queue=queue)
@@ -325,7 +335,8 @@ def _result(fleet: SimFleet, view: DetectorView, settings: DetectorSettings, *, 
         breaker_open_at_end=view.breaker_open,
         incidents=len(incidents) if isinstance(incidents, list | dict) else int(incidents or 0),
         remediations_started=view.started_total, outcomes=dict(sorted(f.outcomes.items())),
-        nodes_lost=f.nodes_lost, detector_ticks=view.ticks_total)
+        nodes_lost=f.nodes_lost, detector_ticks=view.ticks_total,
+        node_watchers=fleet.watchers, node_ticks=fleet.node_ticks)
 
 
 class Comparison(BaseModel):
