@@ -36,24 +36,37 @@ NOT_POLLING_WARN_EVERY = 30.0
 NAMESPACE_POLL_SECONDS = 1.0
 
 
+class _NotPollingYet:
+    """Says why the worker does not poll yet: first after NOT_POLLING_WARN_AFTER seconds,
+    then every NOT_POLLING_WARN_EVERY (the same line while it waits for the namespace and
+    while the SDK's own start check retries)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.t = settings.temporal
+        self.loop = asyncio.get_running_loop()
+        self.start, self.warn_at = self.loop.time(), NOT_POLLING_WARN_AFTER
+
+    def due(self) -> bool:
+        if self.loop.time() - self.start < self.warn_at:
+            return False
+        self.warn_at += NOT_POLLING_WARN_EVERY
+        return True
+
+    def say(self, problem: str) -> None:
+        log.warning("not polling yet after %.0fs: Temporal at %s cannot serve namespace %s "
+                    "(%s); retrying, /readyz answers 503 until it can",
+                    self.loop.time() - self.start, self.t.address, self.t.namespace, problem)
+
+
 async def _wait_for_namespace(client: Client, settings: Settings) -> None:
     """Until the server can serve the namespace (its database may be down, the namespace
-    missing), say why every NOT_POLLING_WARN_EVERY seconds and ask again. The SDK's own
-    check when a worker starts gives up after a few retries, and a worker whose check
-    failed never polls: it is built only once the namespace answers."""
-    t = settings.temporal
-    loop = asyncio.get_running_loop()
-    start, warn_at = loop.time(), NOT_POLLING_WARN_AFTER
-    while True:
-        problem = await _namespace_problem(client, t)
-        if problem == NAMESPACE_ANSWERS:
-            return
-        waited = loop.time() - start
-        if waited >= warn_at:
-            warn_at += NOT_POLLING_WARN_EVERY
-            log.warning("not polling yet after %.0fs: Temporal at %s cannot serve namespace "
-                        "%s (%s); retrying, /readyz answers 503 until it can",
-                        waited, t.address, t.namespace, problem)
+    missing), say why now and then and ask again. The SDK's own check when a worker starts
+    gives up after a few retries, and a worker whose check failed never polls: it is built
+    only once the namespace answers."""
+    warner = _NotPollingYet(settings)
+    while (problem := await _namespace_problem(client, settings.temporal)) != NAMESPACE_ANSWERS:
+        if warner.due():
+            warner.say(problem)
         await asyncio.sleep(NAMESPACE_POLL_SECONDS)
 
 
@@ -62,16 +75,11 @@ async def _report_start(worker: Worker, client: Client, settings: Settings) -> N
     cannot serve the namespace (its database is down, the namespace is missing). The SDK
     retries by itself; /readyz answers 503 meanwhile."""
     t = settings.temporal
-    loop = asyncio.get_running_loop()
-    start, warn_at = loop.time(), NOT_POLLING_WARN_AFTER
+    warner = _NotPollingYet(settings)
     while not worker.is_running:
         await asyncio.sleep(0.25)
-        waited = loop.time() - start
-        if waited >= warn_at:
-            warn_at += NOT_POLLING_WARN_EVERY
-            log.warning("not polling yet after %.0fs: Temporal at %s cannot serve namespace "
-                        "%s (%s); retrying, /readyz answers 503 until it can",
-                        waited, t.address, t.namespace, await _namespace_problem(client, t))
+        if warner.due():
+            warner.say(await _namespace_problem(client, t))
     log.info("worker polling task queue %s on %s (namespace %s)", t.task_queue, t.address,
              t.namespace)
 
