@@ -316,8 +316,7 @@ class DetectorWorkflow:
         if refused is not None or cmd is None:
             self._reject_signal(name, cmd, refused or "no command")
             return
-        workflow.logger.info("signal %s from %s applied: %s", name, cmd.operator,
-                             apply(cmd).message)
+        workflow.logger.info("signal %s applied: %s", name, apply(cmd).message)
 
     def _reject_signal(self, name: str, cmd: OperatorCommand | None, why: str) -> None:
         who = self._who(cmd.operator[:100]) if cmd else ""

@@ -219,7 +219,7 @@ class OperatorOrders(RemediationBase):
             await self._reject_signal(name, cmd, refused or "no command")
             return
         ack = apply(cmd)
-        workflow.logger.info("signal %s from %s applied: %s", name, cmd.operator, ack.message)
+        workflow.logger.info("signal %s applied: %s", name, ack.message)  # names who, as recorded
 
     async def _reject_signal(self, name: str, cmd: OperatorCommand | None, why: str) -> None:
         why = why[:500]
