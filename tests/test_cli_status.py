@@ -89,3 +89,22 @@ def test_a_view_from_a_worker_without_the_fields_shows_no_order() -> None:
     view = RemediationView.model_validate_json(json.dumps(older))
     assert view.quarantine_ordered_by is None and view.quarantine_policy_reason is None
     assert cli._quarantine_orders(view) == []
+
+
+def test_a_name_recorded_unverified_is_shown_with_its_mark_everywhere(
+        answering: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """The mark is the workflow's (workflows/operator_identity.py): the CLI shows the name as
+    recorded, in the one-node view, the list and JSON, never cutting the mark off."""
+    order = OperatorCommand(operator="carol (unverified)", reason="fan failure")
+    answering(quarantined(quarantine_ordered_by=order))
+    printed = " ".join(rendered(lambda: cli.status("gpu-node-07", "table", False, None)).split())
+    assert "quarantine ordered by operator carol (unverified): fan failure" in printed
+    answering([quarantined(quarantine_ordered_by=order)])
+    listed = " ".join(rendered(lambda: cli.status(None, "table", False, None)).split())
+    assert "gpu-node-07: quarantine ordered by operator carol (unverified): fan failure" in listed
+    answering(quarantined(quarantine_ordered_by=order))
+    capsys.readouterr()
+    with contextlib.suppress(typer.Exit):
+        cli.status("gpu-node-07", "json", False, None)
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["quarantine_ordered_by"]["operator"] == "carol (unverified)"

@@ -58,3 +58,29 @@ def test_records_live_in_the_jobs_namespace_unless_configured(tmp_path: Path) ->
     with pytest.raises(ConfigError) as err:
         _load(tmp_path, "kubernetes:\n  record_namespace: Not_A_Namespace\n")
     assert "kubernetes.record_namespace" in str(err.value)
+
+
+SHIPPED_CONFIGS = sorted(Path(__file__).parent.parent.joinpath("deploy").rglob("config.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=lambda p: str(p.parent.name))
+def test_no_shipped_config_claims_a_server_that_authorizes(path: Path) -> None:
+    """The project ships no Temporal server: whether one authenticates its callers is for
+    whoever runs it to say, so every shipped config marks operator names unverified, and
+    its limits let no client turn the mark off."""
+    settings = load_settings(path)
+    assert settings.detector_settings().remediation.server_authorizes is False
+    assert settings.limits_settings().server_authorizes_allowed is False
+
+
+def test_server_authorizes_is_read_from_the_remediation_section(tmp_path: Path) -> None:
+    settings = _load(tmp_path, "remediation:\n  server_authorizes: true\n")
+    assert settings.detector_settings().remediation.server_authorizes is True
+    assert settings.limits_settings().server_authorizes_allowed is True
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, "remediation:\n  server_authorizes: true\n"
+                        "limits:\n  server_authorizes_allowed: false\n")
+    assert "remediation.server_authorizes" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, "remediation:\n  server_authorizes: maybe\n")
+    assert "server_authorizes" in str(err.value)

@@ -49,6 +49,10 @@ def _problem(error: Any) -> str:
     return f"{where}: {msg}" if where else msg
 
 
+CANCEL_REQUESTER = "a cancel request"
+"""Who aborted, when a cancel's reason names no one."""
+
+
 def abort_requester(reason: str) -> tuple[str, str]:
     """Who and why from a cancel request's reason. The CLI sends "by OPERATOR: WHY"; a
     cancel from the UI or `temporal workflow cancel` carries whatever its user typed."""
@@ -56,7 +60,7 @@ def abort_requester(reason: str) -> tuple[str, str]:
         who, why = reason[3:].split(": ", 1)
         if who.strip():
             return who.strip()[:100], why[:500] or "no reason given"
-    return "a cancel request", reason[:500] or "workflow cancelled (no reason given)"
+    return CANCEL_REQUESTER, reason[:500] or "workflow cancelled (no reason given)"
 
 
 def checked_command(raw: RawValue, check: Callable[[OperatorCommand], None],

@@ -86,6 +86,7 @@ with workflow.unsafe.imports_passed_through():
         SlotRequest,
         merge_observations,
     )
+    from workflows.operator_identity import OPERATOR_MARK_PATCH, shown_operator
     from workflows.reports import (
         MAX_NODE_TICK_NODES,
         NODE_REPORT_PATCH,
@@ -211,6 +212,7 @@ class DetectorWorkflow:
         return self._do_pause(cmd)
 
     def _do_pause(self, cmd: OperatorCommand) -> OperatorAck:
+        cmd = cmd.model_copy(update={"operator": self._who(cmd.operator)})
         self.state.paused, self.state.paused_by = True, f"{cmd.operator}: {cmd.reason}"
         return self._ack(f"paused by {cmd.operator}")
 
@@ -234,7 +236,7 @@ class DetectorWorkflow:
         self.state.recently_flagged = {}  # the operator has seen these: count afresh
         self.state.recently_quarantined = {}
         self.wake = True
-        return self._ack(f"{was} by {cmd.operator}")
+        return self._ack(f"{was} by {self._who(cmd.operator)}")
 
     @resume.validator
     def _check_resume(self, cmd: OperatorCommand) -> None:
@@ -314,11 +316,10 @@ class DetectorWorkflow:
         if refused is not None or cmd is None:
             self._reject_signal(name, cmd, refused or "no command")
             return
-        workflow.logger.info("signal %s from %s applied: %s", name, cmd.operator,
-                             apply(cmd).message)
+        workflow.logger.info("signal %s applied: %s", name, apply(cmd).message)
 
     def _reject_signal(self, name: str, cmd: OperatorCommand | None, why: str) -> None:
-        who = cmd.operator[:100] if cmd else ""
+        who = self._who(cmd.operator[:100]) if cmd else ""
         self.rejected = [*self.rejected, RejectedCommand(
             at=workflow.now(), name=name[:100], operator=who, why=why[:500])][-20:]
         workflow.logger.warning("signal %s%s rejected: %s", name[:100],
@@ -358,6 +359,7 @@ class DetectorWorkflow:
 
     @workflow.update(description="Remediate a node now, through the same budget.")
     async def remediate(self, req: ManualRemediation) -> OperatorAck:
+        req = req.model_copy(update={"operator": self._who(req.operator)})
         self.state.manual = [*self.state.manual, req]
         self.wake = True
         return self._ack(f"{req.node} queued for {req.action.value} by {req.operator}")
@@ -380,6 +382,7 @@ class DetectorWorkflow:
                                  "gone (terminated): remove our label and taint, uncordon if "
                                  "we cordoned it.")
     async def release_orphan(self, req: OrphanRelease) -> OperatorAck:
+        req = req.model_copy(update={"operator": self._who(req.operator)})
         lease = self.state.leases.get(req.node)
         try:
             await workflow.execute_activity(
@@ -417,6 +420,7 @@ class DetectorWorkflow:
     async def resolve_incident(self, cmd: IncidentCommand) -> OperatorAck:
         inc, _ = find(self.state.incidents, cmd.domain)
         assert inc is not None  # the validator saw it
+        cmd = cmd.model_copy(update={"operator": self._who(cmd.operator)})
         inc.closed_at = workflow.now()
         inc.closed_by = f"resolved by {cmd.operator}: {cmd.reason}"
         self.wake = True
@@ -433,6 +437,7 @@ class DetectorWorkflow:
     async def release_incident(self, cmd: IncidentCommand) -> OperatorAck:
         inc, _ = find(self.state.incidents, cmd.domain)
         assert inc is not None
+        cmd = cmd.model_copy(update={"operator": self._who(cmd.operator)})
         inc.released_by = f"{cmd.operator}: {cmd.reason}"
         self.wake = True
         return self._ack(f"incident {inc.label}={domain_name(inc.domain)} released by "
@@ -482,6 +487,13 @@ class DetectorWorkflow:
 
     def _ack(self, message: str) -> OperatorAck:
         return OperatorAck(state=NodeState.HEALTHY, message=message)
+
+    def _who(self, operator: str) -> str:
+        """An operator's name as this detector records it: marked unverified unless its
+        own settings say the server authenticates callers; as before in older histories."""
+        if not workflow.patched(OPERATOR_MARK_PATCH):
+            return operator
+        return shown_operator(operator, self.settings.remediation.server_authorizes)
 
     # ------------------------------------------------------------ the loop
 

@@ -60,6 +60,9 @@ class LimitsSettings(BaseModel):
         default=False, description="Whether a node that did not return may be marked "
                                    "node.kubernetes.io/out-of-service (its pods and volumes "
                                    "are then released elsewhere).")
+    server_authorizes_allowed: bool = Field(
+        default=False, description="Whether operator names may be shown as verified "
+                                   "(remediation.server_authorizes).")
     node_writable_labels_allowed: bool = Field(
         default=False, description="Whether pools may be read from labels a kubelet can "
                                    "write (detector.trust_node_writable_labels).")
@@ -141,6 +144,7 @@ class LimitsSettings(BaseModel):
             cordons_may_skip_budget=not detector.cordoned_counts_against_budget,
             dry_run_may_end=not detector.dry_run,
             node_writable_labels_allowed=detector.trust_node_writable_labels,
+            server_authorizes_allowed=r.server_authorizes,
             out_of_service_taint_allowed=r.drain.out_of_service_taint,
             interval_min=detector.interval,
             thermal_debounce_min=detector.thermal_debounce,
@@ -424,6 +428,9 @@ CHECKS: dict[str, _Check] = {
         "remediation.drain.out_of_service_taint", "out_of_service_taint_allowed",
         lambda v: bool(v), "a node not back would have its pods and volumes released "
                            "elsewhere (wrong if it is only cut off, not down)"),
+    "remediation.server_authorizes": _switch(
+        "remediation.server_authorizes", "server_authorizes_allowed", lambda v: bool(v),
+        "a name any client can claim would be shown as if the server had checked it"),
     "trust_node_writable_labels": _switch(
         "trust_node_writable_labels", "node_writable_labels_allowed", lambda v: bool(v),
         "a node could move itself between pools and let one admit past its limit"),

@@ -289,6 +289,14 @@ class RemediationSettings(_Model):
                     "touching the node, frees its lease and says why (Event ClaimFailed). "
                     "Its lease holds the slot meanwhile, however long the API browns out.",
     )
+    server_authorizes: bool = Field(
+        default=False,
+        description="Whether the Temporal server is known to authenticate every caller of "
+                    "the namespace (JWT authorizer, or Temporal Cloud): set by whoever "
+                    "deployed it. False: every operator name a remediation or the detector "
+                    "records is shown as 'NAME (unverified)', since a client can claim any "
+                    "name. A reconfigure may turn it off, never on past the limits.",
+    )
 
     @model_validator(mode="after")
     def _heartbeats_outlast_pauses(self) -> RemediationSettings:

@@ -212,7 +212,8 @@ async def test_abort_in_every_step_and_activity_state_releases_the_node(
         assert n.history == [] and "claim" not in " ".join(cluster.mutations), \
             "a claim that never landed leaves nothing to undo"
         return
-    assert n.history and n.history[-1].outcome == "aborted: aborted by alice: wrong node", \
+    assert n.history and \
+        n.history[-1].outcome == "aborted: aborted by alice (unverified): wrong node", \
         [h.outcome for h in n.history]
     jobs_after = [s for s in unkind.started if s.startswith("poll_node_job")]
     assert jobs_after == jobs_before, f"{label}: a Job started after the abort"
@@ -306,7 +307,7 @@ async def test_abort_acknowledges_the_xids_shown_so_the_detector_does_not_restar
             await asyncio.wait_for(handle.result(), 30)
     n = cluster.nodes[node]
     assert n.state == NodeState.HEALTHY and not n.tainted and not n.cordoned, read
-    assert n.history[-1].outcome == "aborted: aborted by alice: wrong node"
+    assert n.history[-1].outcome == "aborted: aborted by alice (unverified): wrong node"
     assert n.acked == {f"GPU-{node}-0": 48 if read == "shows" else 79}, read
     if read == "failing":
         reads = [c for c in unkind.started if c == "read_node_health"]

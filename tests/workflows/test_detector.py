@@ -319,7 +319,7 @@ async def test_pause_stops_admissions_and_resume_restarts_them(local_env):
             ack = await detector.execute_update(DetectorWorkflow.pause, OP)
             assert "paused by alice" in ack.message
             why = await rejected(detector, DetectorWorkflow.pause, OP)
-            assert "already paused" in why and "alice: maintenance" in why
+            assert "already paused" in why and "alice (unverified): maintenance" in why
             cluster.verdicts = [xid_verdict(names[0])]
             view = await ticks(detector, 2)
             assert view.paused and view.waiting == [f"{names[0]} (reboot: paused)"]
@@ -392,7 +392,7 @@ async def test_manual_remediation_goes_through_budget_and_validator(local_env):
             await until(lambda: started_children(cluster) == [target], what="manual start")
             child = await local_env.client.get_workflow_handle(f"remediation-{target}").describe()
             details = await child.static_details()
-            assert details is not None and "Requested by **bob**" in details
+            assert details is not None and r"Requested by **bob \(unverified\)**" in details
             assert "user report: NaNs" in details
         finally:
             await cleanup(local_env.client, detector, cluster)

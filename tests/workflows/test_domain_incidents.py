@@ -110,7 +110,7 @@ async def test_a_domain_failing_together_is_one_incident_beside_an_unrelated_rep
             # The rest go one by one, under the domain's budget of 1.
             await until(lambda: d0[2] in cluster.claimed, 20, "a remaining node remediated")
             view = await dview(detector)
-            assert view.incidents[0].closed_by.startswith("resolved by alice")
+            assert view.incidents[0].closed_by.startswith("resolved by alice (unverified): ")
             with cluster.lock:
                 assert d0[3] not in cluster.claimed
                 assert cluster.nodes[d0[3]].cordoned, "still held by our cordon until its turn"

@@ -76,6 +76,7 @@ CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
     "trust_node_writable_labels": ({"node_writable_labels_allowed": False}, True, False),
     "remediation.drain.out_of_service_taint": ({"out_of_service_taint_allowed": False}, True,
                                                False),
+    "remediation.server_authorizes": ({"server_authorizes_allowed": False}, True, False),
     "interval": ({"interval_min": timedelta(seconds=30)}, timedelta(seconds=1),
                  timedelta(minutes=1)),
     "thermal_debounce": ({"thermal_debounce_min": timedelta(minutes=1)}, timedelta(0),

@@ -184,7 +184,7 @@ async def test_quarantine_from_draining_stops_the_drain_and_runs_no_repair(local
         n = cluster.nodes[node]
         assert cluster.jobs_run() == []
         assert n.cordoned and n.tainted
-        assert "fan failure (by carol)" in n.history[-1].outcome
+        assert "fan failure (by carol (unverified))" in n.history[-1].outcome
         drains = sum(1 for c in cluster.calls if c[0] == "drain_node")
         await asyncio.sleep(0.6)
         assert sum(1 for c in cluster.calls if c[0] == "drain_node") == drains, \
@@ -210,7 +210,7 @@ async def test_the_view_shows_an_operators_quarantine_order_apart_from_the_polic
             shown[:] = [v]
             return v.runs >= 2
         await until(held, 10, "the quarantine hold")
-        assert shown[0].quarantine_ordered_by == cmd("carol", "fan failure")
+        assert shown[0].quarantine_ordered_by == cmd("carol (unverified)", "fan failure")
         assert shown[0].quarantine_policy_reason is None
         await handle.execute_update(RemediationWorkflow.release, cmd("erin", "fan fixed"))
         assert (await result_within(handle)).outcome == NodeState.HEALTHY
@@ -437,7 +437,7 @@ async def test_note_abort_then_cancel_records_the_operator(local_env):
         with pytest.raises(WorkflowFailureError):
             await asyncio.wait_for(handle.result(), 15)
     n = cluster.nodes[node]
-    assert n.history[-1].outcome == "aborted: aborted by grace: wrong node"
+    assert n.history[-1].outcome == "aborted: aborted by grace (unverified): wrong node"
     assert n.state == NodeState.HEALTHY and not n.cordoned and not n.tainted
     assert cluster.jobs_run() == []
 

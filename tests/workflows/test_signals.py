@@ -69,7 +69,7 @@ async def test_bad_signals_are_recorded_with_the_reason_and_change_nothing(local
     assert "missing or not JSON" in whys[2][1]
     assert whys[3][0] == "aprove" and "unknown signal" in whys[3][1]
     assert whys[4][0] == "release" and "applies only when quarantined" in whys[4][1]
-    assert got[4].operator == "alice"
+    assert got[4].operator == "alice (unverified)"
     events = [e for e in cluster.events if e[1] == "OperatorSignalRejected"]
     assert len(events) == 5 and "aprove" in events[3][2]
     # The rejection shows in the UI's current details too.
@@ -126,7 +126,7 @@ async def test_detector_pause_signal_and_a_rejected_resume(local_env) -> None:
         await until(two, 15, "two rejected detector signals")
         got = (await detector.query(DetectorWorkflow.view)).rejected_commands
         await detector.terminate("test over")
-    assert "already paused" in got[0].why and got[0].operator == "erin"
+    assert "already paused" in got[0].why and got[0].operator == "erin (unverified)"
     assert got[1].name == "pasue" and "unknown signal" in got[1].why
 
 

@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         RemediationView,
         SlotGrant,
     )
+    from workflows.operator_identity import OPERATOR_MARK_PATCH, shown_operator
     from workflows.transitions import NodeState, Step
 
 from workflows.steps.base import NODE_CALL, RemediationBase, _cause
@@ -57,6 +58,7 @@ class OperatorOrders(RemediationBase):
         self._undecided()
 
     def _do_approve(self, cmd: OperatorCommand) -> OperatorAck:
+        cmd = self._received(cmd)
         self.decision, self.decided_by = "approve", cmd
         return self._ack(f"approved by {cmd.operator}")
 
@@ -71,6 +73,7 @@ class OperatorOrders(RemediationBase):
         self._undecided()
 
     def _do_reject(self, cmd: OperatorCommand) -> OperatorAck:
+        cmd = self._received(cmd)
         self.decision, self.decided_by = "reject", cmd
         return self._ack(f"rejected by {cmd.operator}")
 
@@ -99,6 +102,7 @@ class OperatorOrders(RemediationBase):
                 type=errors.REJECTED)
 
     def _do_quarantine(self, cmd: OperatorCommand) -> OperatorAck:
+        cmd = self._received(cmd)
         self.quarantine_order = self.view.quarantine_ordered_by = cmd
         return self._ack(f"quarantine ordered by {cmd.operator}; takes effect at the end of "
                          f"the current step ({self.view.step})")
@@ -117,6 +121,7 @@ class OperatorOrders(RemediationBase):
             raise ApplicationError("a release is already in progress", type=errors.REJECTED)
 
     def _do_release(self, cmd: OperatorCommand) -> OperatorAck:
+        cmd = self._received(cmd)
         self.release_order = cmd
         return self._ack(f"release ordered by {cmd.operator}; validating")
 
@@ -138,13 +143,14 @@ class OperatorOrders(RemediationBase):
                 f"{self.view.state.value}, step {self.view.step})", type=errors.REJECTED)
 
     def _do_repaired(self, cmd: OperatorCommand) -> OperatorAck:
+        cmd = self._received(cmd)
         self.repaired_order = cmd
         return self._ack(f"repair reported by {cmd.operator}; validating")
 
     @workflow.update(description="Record who aborts and why, for clients that cannot put it "
                                  "in the cancel request's reason; the cancel cleans up.")
     async def note_abort(self, cmd: OperatorCommand) -> OperatorAck:
-        self.abort_note = cmd
+        self.abort_note = cmd = self._received(cmd)
         return self._ack(f"abort noted for {cmd.operator}")
 
     @workflow.signal(name="approve", description="For operators: same as the approve update, "
@@ -213,11 +219,11 @@ class OperatorOrders(RemediationBase):
             await self._reject_signal(name, cmd, refused or "no command")
             return
         ack = apply(cmd)
-        workflow.logger.info("signal %s from %s applied: %s", name, cmd.operator, ack.message)
+        workflow.logger.info("signal %s applied: %s", name, ack.message)  # names who, as recorded
 
     async def _reject_signal(self, name: str, cmd: OperatorCommand | None, why: str) -> None:
         why = why[:500]
-        who = cmd.operator if cmd else ""
+        who = self._received(cmd).operator if cmd else ""
         self.view.rejected_commands = [*self.view.rejected_commands, RejectedCommand(
             at=workflow.now(), name=name[:100], operator=who[:100], why=why)][-REJECTIONS_KEPT:]
         workflow.logger.warning("signal %s%s rejected: %s", name[:100],
@@ -239,6 +245,16 @@ class OperatorOrders(RemediationBase):
         except ActivityError as err:
             # The rejection is in the view and the log; a lost Event must not fail the run.
             workflow.logger.warning("could not record the rejected signal: %s", _cause(err))
+
+    def _received(self, cmd: OperatorCommand) -> OperatorCommand:
+        """The order as recorded: its operator marked unverified unless this worker's own
+        settings say the server authenticates callers (the payload cannot say so). Marked
+        once, here, so every later use (annotation, Event, details, view) shows the same
+        name; a history from before the mark replays unmarked."""
+        if not workflow.patched(OPERATOR_MARK_PATCH):
+            return cmd
+        shown = shown_operator(cmd.operator, self.inp.settings.server_authorizes)
+        return cmd if shown == cmd.operator else cmd.model_copy(update={"operator": shown})
 
     def _require(self, state: NodeState, verb: str) -> None:
         if self.view.state != state:

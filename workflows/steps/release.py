@@ -16,7 +16,7 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from workflows import activity_refs as act
     from workflows import errors
-    from workflows.commands import abort_requester
+    from workflows.commands import CANCEL_REQUESTER, abort_requester
     from workflows.ledger import (
         LedgerEntry,
         LedgerInput,
@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         step_times,
     )
     from workflows.messages import HistoryEntry, NodeJobResult, ReleaseInput, RemediationResult
+    from workflows.operator_identity import OPERATOR_MARK_PATCH, shown_operator
     from workflows.transitions import NodeState, Outcome, Step
 
 from workflows.steps.base import NODE_CALL, NODE_RETRY, NodeGone, RemediationBase, _cause
@@ -239,4 +240,7 @@ class ReleaseSteps(RemediationBase):
         if self.abort_note is not None:
             return f"aborted by {self.abort_note.operator}: {self.abort_note.reason}"
         operator, text = abort_requester(workflow.cancellation_reason() or "")
+        if operator != CANCEL_REQUESTER and workflow.patched(OPERATOR_MARK_PATCH):
+            # the cancel's reason names whom its sender claims to be
+            operator = shown_operator(operator, self.inp.settings.server_authorizes)
         return f"aborted by {operator}: {text}"
