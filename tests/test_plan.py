@@ -141,4 +141,39 @@ def test_with_gpu_isolation_the_plan_says_which_gpu_or_why_the_whole_node(
                             "GPU, no node slot",
                       "n2": "whole node: action reboot is a whole-node repair; lease: the node"}
     assert plan.waiting == []
+    assert plan.gpus is not None and (plan.gpus.out_of_service, plan.gpus.isolated) == (0, 0)
     assert {s.scope for s in plan_from(settings(tmp_path), observation(), NOW).start} == {""}
+
+
+def test_the_plan_counts_gpus_out_of_service_with_the_running_detectors_gpu_leases(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from worker.cli import app
+    from worker.cli import plan as plan_module
+    from workflows.leases import Lease
+
+    path = tmp_path / "config.yaml"
+    path.write_text("temporal: {address: '127.0.0.1:1'}\n"
+                    "detector: {max_unavailable: 2, max_unavailable_gpus: 10}\n"
+                    "remediation: {gpu_isolation: dra}\n")
+    running = DetectorView(
+        paused=False, breaker_open=False, breaker_reason="", budget=2, in_flight=[],
+        waiting=[], last_tick=None, last_errors=[], ticks_total=1, started_total=2, leases=[
+            Lease(node="n1", token="t", granted_at=NOW, workflow_id="remediation-n1",
+                  scope="gpu", gpus=1, slot=False),
+            Lease(node="n2", token="u", granted_at=NOW, workflow_id="remediation-n2", gpus=8)])
+    obs = FleetObservation(managed_nodes=10, readable_nodes=10, managed_gpus=80)
+    plan = plan_from(load_settings(path), obs, NOW, running=running)
+    assert plan.gpus is not None
+    assert (plan.gpus.out_of_service, plan.gpus.isolated, plan.gpus.budget, plan.gpus.gpus) \
+        == (9, 1, 10, 80)
+
+    async def planned(settings: object, source: str = "") -> object:
+        return plan
+
+    monkeypatch.setattr(plan_module, "make_plan", planned)
+    result = CliRunner().invoke(app, ["plan", "-c", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "GPUs 9/10 out of service (1 isolated GPUs, node in service) of 80" in \
+        " ".join(result.output.split())

@@ -27,6 +27,7 @@ from workflows.messages import (
     DetectorState,
     DomainUse,
     FleetObservation,
+    GpuUse,
     ManualRemediation,
     PendingStart,
 )
@@ -364,6 +365,15 @@ class Admission:
         if self._largest is None:
             self._largest = max(self.obs.gpus_of.values(), default=1) or 1
         return self.obs.gpus_of.get(node) or self._largest
+
+    def gpu_use(self) -> GpuUse:
+        """The fleet's GPUs out of service as the GPU budget counts them (the nodes in use
+        with all their GPUs, each isolated GPU as one), and the isolated GPUs."""
+        obs = self.obs
+        return GpuUse(gpus=obs.managed_gpus,
+                      out_of_service=sum(self.gpus_of(n) for n in [*self.in_use, *self.isolated]),
+                      isolated=len(self.isolated),
+                      budget=self.settings.gpu_budget_for(obs.managed_gpus))
 
     def domain_uses(self) -> list[DomainUse]:
         """Every domain with a node in use, and every level's unlabelled nodes (shown, so a

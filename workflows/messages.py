@@ -880,6 +880,9 @@ class DetectorView(_Message):
     domains: list[DomainUse] = Field(
         default_factory=list,
         description="Each fault domain with nodes out of service or a budget in use.")
+    gpus: GpuUse | None = Field(
+        default=None, description="GPUs out of service fleet-wide at the last tick (node "
+                                  "leases' GPUs and isolated GPUs) against the GPU budget.")
 
 
 class DomainUse(_Message):
@@ -895,6 +898,17 @@ class DomainUse(_Message):
     gpu_budget: int | None = None
 
 
+class GpuUse(_Message):
+    """The fleet's GPUs out of service, as admission counts them against the GPU budget:
+    every GPU of a node that holds a node slot (as its lease recorded them) and each
+    isolated GPU (a GPU-scoped lease: its node stays in service)."""
+
+    gpus: int = Field(default=0, ge=0, description="GPUs of the managed nodes.")
+    out_of_service: int = Field(default=0, ge=0)
+    isolated: int = Field(default=0, ge=0, description="GPU-scoped leases, one GPU each.")
+    budget: int | None = Field(default=None, description="max_unavailable_gpus; null: none.")
+
+
 class AdmissionReport(_Message):
     budget: int
     in_use: int
@@ -907,6 +921,12 @@ class AdmissionReport(_Message):
         default_factory=list, description="Open domain incidents (label=value).")
     incident_nodes: dict[str, list[str]] = Field(
         default_factory=dict, description="The nodes of each open incident.")
+    gpus: GpuUse | None = Field(
+        default=None, description="GPUs out of service fleet-wide (none: a detector run "
+                                  "recorded before GPU counts were reported).")
+    domains: list[DomainUse] = Field(
+        default_factory=list, description="Each fault domain with GPUs or nodes out, and "
+                                          "every level's unlabelled nodes.")
 
 
 RemediationInput.model_rebuild()

@@ -179,3 +179,29 @@ def test_an_adopted_lease_that_asks_for_the_node_is_granted_what_it_holds() -> N
     state = DetectorState(leases={"a-0": adopted}, slot_requests={"a-0": NOW})
     adm = Admission(s, state, fleet(racks(a=2), flagged=[]), NOW, gpu_scope=False)
     assert adm.queue == [] and state.slot_requests == {}
+
+
+def test_gpus_out_of_service_count_node_leases_gpus_and_each_isolated_gpu() -> None:
+    nodes = racks(a=2, b=2)
+    s = calm(max_unavailable=2, max_unavailable_gpus=12, remediation=DRA)
+    state = DetectorState(leases={"a-0": lease("a-0", scope="gpu", gpus=1,
+                                               state=NodeState.HEALTHY),
+                                  "b-0": lease("b-0", rack="b", gpus=4)})
+    o = fleet(nodes, flagged=[])
+    o.verdicts = [one_gpu("a-1"), one_gpu("b-1")]
+    adm = Admission(s, state, o, NOW)
+    # The node lease's 4 GPUs (as recorded, not the 8 observed) and one isolated GPU.
+    use = adm.gpu_use()
+    assert (use.gpus, use.out_of_service, use.isolated, use.budget) == (32, 5, 1, 12)
+    started, waiting = run(adm)
+    assert sorted(started) == ["a-1:gpu", "b-1:gpu"] and waiting == []
+    # This tick's GPU-scoped starts count one GPU each, before their leases are written.
+    use = adm.gpu_use()
+    assert (use.out_of_service, use.isolated) == (7, 3)
+
+
+def test_without_a_gpu_budget_the_gpus_out_are_still_counted() -> None:
+    nodes = racks(a=2)
+    state = DetectorState(leases={"a-0": lease("a-0", gpus=8)})
+    use = Admission(calm(), state, fleet(nodes, flagged=[]), NOW).gpu_use()
+    assert (use.out_of_service, use.isolated, use.budget) == (8, 0, None)
