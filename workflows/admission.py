@@ -415,6 +415,14 @@ class Admission:
             used = sum(self.gpus_of(n) for n in holders)
             if used + need > gpu_budget:
                 return f"GPU budget full ({used} + {need} > {gpu_budget} GPUs)"
+        if s.pool_label and s.pool_max_unavailable_gpus:
+            pool = self._pool(c.node)
+            limit = s.pool_gpu_budget_for(pool, obs.pool_gpus.get(pool, 0))
+            if limit is not None:
+                used = sum(self.gpus_of(n) for n in holders if self._pool(n) == pool)
+                if used + need > limit:
+                    return (f"pool {pool or '(none)'} GPU budget full "
+                            f"({used} + {need} > {limit} GPUs)")
         for d in s.fault_domains:
             dom = self.domain_of(c.node, d.label)
             name = f"{d.label}={domain_name(dom)}"

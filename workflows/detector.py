@@ -921,7 +921,7 @@ class DetectorWorkflow:
         is carried (a detector run recorded before them had none)."""
         s, st = self.settings, self.state
         if not (s.fault_domains or s.max_unavailable_gpus is not None or st.incidents
-                or st.incident_cordons):
+                or st.incident_cordons or (s.pool_label and s.pool_max_unavailable_gpus)):
             return False
         return workflow.patched(DOMAINS_PATCH)
 

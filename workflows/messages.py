@@ -815,6 +815,9 @@ class FleetObservation(_Message):
         description="GPUs of each node named in verdicts, remediating or held (its "
                     "capacity, or what its exporter shows where that is more).")
     managed_gpus: int = Field(default=0, ge=0, description="GPUs of the managed nodes.")
+    pool_gpus: dict[str, int] = Field(
+        default_factory=dict, description="GPUs per pool (with a pool_label), counted as "
+                                          "gpus_of counts a node's.")
 
 
 class OrphanRelease(_OperatorMessage):
@@ -826,9 +829,12 @@ class OrphanRelease(_OperatorMessage):
 def merge_observations(parts: list[FleetObservation]) -> FleetObservation:
     """One observation from the shards' observations of disjoint node sets."""
     pool_sizes: dict[str, int] = {}
+    pool_gpus: dict[str, int] = {}
     for p in parts:
         for pool, n in p.pool_sizes.items():
             pool_sizes[pool] = pool_sizes.get(pool, 0) + n
+        for pool, n in p.pool_gpus.items():
+            pool_gpus[pool] = pool_gpus.get(pool, 0) + n
 
     def summed(which: str) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -854,6 +860,7 @@ def merge_observations(parts: list[FleetObservation]) -> FleetObservation:
         domain_sizes=summed("domain_sizes"), domain_gpus=summed("domain_gpus"),
         gpus_of={k: v for p in parts for k, v in p.gpus_of.items()},
         managed_gpus=sum(p.managed_gpus for p in parts),
+        pool_gpus=pool_gpus,
     )
 
 
