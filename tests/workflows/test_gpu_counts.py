@@ -62,3 +62,38 @@ async def test_an_isolated_gpu_and_a_node_out_are_counted_in_view_details_and_re
     assert (view.gpus.out_of_service, view.gpus.isolated) == (per_node + 1, 1), view.gpus
     assert f"**GPUs** {per_node + 1}/{per_node + 2} out of service (1 isolated)" \
         in meta.current_details, meta.current_details
+
+
+async def test_the_detector_holds_a_pools_gpu_budget(local_env):
+    """Only a pool GPU budget configured (no fault domain, no fleet GPU budget): the detector
+    counts it. Two whole-node faults in one pool of 8-GPU nodes under a budget of 8 GPUs:
+    one starts, the other waits naming the pool; a fault in another pool starts."""
+    pool = "node-restriction.kubernetes.io/pool"
+    cluster = FakeCluster()
+    tag = uuid.uuid4().hex[:6]
+    a0, a1, b0 = f"a0-{tag}", f"a1-{tag}", f"b0-{tag}"
+    for n, p in ((a0, "a"), (a1, "a"), (b0, "b"), (f"b1-{tag}", "b")):
+        cluster.node(n).labels[pool] = p
+    per_node = cluster.nodes[a0].gpus
+    cluster.verdicts = [xid_verdict(a0), xid_verdict(a1), xid_verdict(b0)]
+    settings = DetectorSettings(interval=timedelta(milliseconds=300), max_unavailable=3,
+                                pool_label=pool,
+                                pool_max_unavailable_gpus={"*": per_node},
+                                breaker_max_flagged_percent=100.0,
+                                remediation=DRA.model_copy(update={"gpu_isolation": "off"}))
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await local_env.client.start_workflow(
+            DetectorWorkflow.run, DetectorInput(settings=settings),
+            id=f"detector-{tag}", task_queue=queue)
+        cluster.detector_id = detector.id
+        try:
+            await until(lambda: b0 in cluster.claimed and (a0 in cluster.claimed
+                                                          or a1 in cluster.claimed),
+                        30, "one node of each pool claimed")
+            view = await detector.query("view", result_type=DetectorView)
+        finally:
+            await detector.terminate("test over")
+    assert not (a0 in cluster.claimed and a1 in cluster.claimed)
+    waiting = [w for w in view.waiting if w.startswith((a0, a1))]
+    assert len(waiting) == 1, view.waiting
+    assert f"pool a GPU budget full ({per_node} + {per_node} > {per_node} GPUs)" in waiting[0]
