@@ -177,3 +177,38 @@ def test_the_plan_counts_gpus_out_of_service_with_the_running_detectors_gpu_leas
     assert result.exit_code == 0, result.output
     assert "GPUs 9/10 out of service (1 isolated GPUs, node in service) of 80" in \
         " ".join(result.output.split())
+
+
+def test_a_node_the_plan_would_not_admit_names_the_level_and_its_count(
+        tmp_path: Path) -> None:
+    """Pool GPUs, domain nodes, fleet GPUs: each refusal says which level and
+    how full it is."""
+    pool, rack = "node-restriction.kubernetes.io/pool", "node-restriction.kubernetes.io/rack"
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "temporal: {address: '127.0.0.1:1'}\n"
+        f"detector: {{max_unavailable: 4, max_unavailable_gpus: 24, pool_label: '{pool}',\n"
+        "  pool_max_unavailable_gpus: {p1: 8}, breaker_max_flagged_percent: 100,\n"
+        f"  fault_domains: [{{label: '{rack}', max_unavailable: 1}}]}}\n")
+
+    def reboot(node: str) -> Verdict:
+        return Verdict(node=node, action=Action.REBOOT, findings=[Finding(
+            gpu="0", signal="DCGM_FI_DEV_XID_ERRORS", value=79, rule="xid-79",
+            action=Action.REBOOT)])
+
+    where = {"n1": ("p1", "r1"), "n2": ("p1", "r2"), "n3": ("p2", "r1"), "n4": ("p2", "r3"),
+             "n5": ("p2", "r4"), "n6": ("p2", "r5")}
+    obs = FleetObservation(
+        managed_nodes=10, readable_nodes=10, verdicts=[reboot(n) for n in where],
+        pool_of={n: p for n, (p, _) in where.items()}, pool_sizes={"p1": 4, "p2": 6},
+        pool_gpus={"p1": 32, "p2": 48}, gpus_of={n: 8 for n in where}, managed_gpus=80,
+        domains_of={n: {rack: r} for n, (_, r) in where.items()},
+        domain_sizes={rack: {"r1": 2, "r2": 2, "r3": 2, "r4": 2, "r5": 2}},
+        domain_gpus={rack: {"r1": 16, "r2": 16, "r3": 16, "r4": 16, "r5": 16}})
+    plan = plan_from(load_settings(path), obs, NOW)
+    assert [s.node for s in plan.start] == ["n1", "n4", "n5"]
+    assert plan.waiting == [
+        "n2 (reboot: pool p1 GPU budget full (8 + 8 > 8 GPUs))",
+        f"n3 (reboot: domain {rack}=r1 full (1/1))",
+        "n6 (reboot: GPU budget full (24 + 8 > 24 GPUs))"]
+    assert plan.gpus is not None and plan.gpus.budget == 24
