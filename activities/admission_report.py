@@ -91,6 +91,11 @@ def _report_gpus(report: AdmissionReport) -> None:
     metrics.GPUS_OUT.labels("fleet", "").set(report.gpus.out_of_service)
     if report.gpus.budget is not None:
         metrics.GPU_BUDGET.labels("fleet", "").set(report.gpus.budget)
+    for pool, used in report.gpus.pools.items():
+        metrics.GPUS_OUT.labels("pool", pool or "(none)").set(used)
+        if pool in report.gpus.pool_budgets:
+            metrics.GPU_BUDGET.labels("pool", pool or "(none)").set(
+                report.gpus.pool_budgets[pool])
     for u in report.domains:
         domain = u.domain or "unlabelled"
         metrics.GPUS_OUT.labels(u.label, domain).set(u.gpus_in_use)

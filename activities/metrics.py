@@ -55,8 +55,9 @@ DOMAIN_INCIDENT_NODES = Gauge(
 GPUS_OUT = Gauge(
     "gpu_remediate_gpus_out_of_service",
     "GPUs out of service as the GPU budgets count them (every GPU of a node in remediation, "
-    "each isolated GPU as one), at the fleet (level=fleet, domain='') and in each fault "
-    "domain with GPUs out (level: the domain's label).", ["level", "domain"])
+    "each isolated GPU as one), at the fleet (level=fleet, domain=''), in each pool with a "
+    "GPU budget and GPUs out (level=pool, domain: the pool) and in each fault domain with "
+    "GPUs out (level: the domain's label).", ["level", "domain"])
 GPU_BUDGET = Gauge(
     "gpu_remediate_gpu_budget",
     "GPUs a GPU budget lets out of service at once (max_unavailable_gpus), where one is set; "

@@ -369,11 +369,23 @@ class Admission:
     def gpu_use(self) -> GpuUse:
         """The fleet's GPUs out of service as the GPU budget counts them (the nodes in use
         with all their GPUs, each isolated GPU as one), and the isolated GPUs."""
-        obs = self.obs
-        return GpuUse(gpus=obs.managed_gpus,
-                      out_of_service=sum(self.gpus_of(n) for n in [*self.in_use, *self.isolated]),
-                      isolated=len(self.isolated),
-                      budget=self.settings.gpu_budget_for(obs.managed_gpus))
+        s, obs = self.settings, self.obs
+        out = [*self.in_use, *self.isolated]
+        pools: dict[str, int] = {}
+        budgets: dict[str, int] = {}
+        if s.pool_label and s.pool_max_unavailable_gpus:
+            for n in out:
+                pool = self._pool(n)
+                pools[pool] = pools.get(pool, 0) + self.gpus_of(n)
+            for pool in list(pools):
+                limit = s.pool_gpu_budget_for(pool, obs.pool_gpus.get(pool, 0))
+                if limit is None:
+                    del pools[pool]
+                else:
+                    budgets[pool] = limit
+        return GpuUse(gpus=obs.managed_gpus, out_of_service=sum(self.gpus_of(n) for n in out),
+                      isolated=len(self.isolated), budget=s.gpu_budget_for(obs.managed_gpus),
+                      pools=pools, pool_budgets=budgets)
 
     def domain_uses(self) -> list[DomainUse]:
         """Every domain with a node in use, and every level's unlabelled nodes (shown, so a

@@ -1083,10 +1083,13 @@ class DetectorWorkflow:
                          + f" — {plain(inc.reason, 300)}")
         over = [u for u in self.domain_uses if u.budget is not None and u.in_use >= u.budget]
         gpus = self.gpu_use
-        if gpus is not None and (gpus.budget is not None or gpus.isolated):
+        if gpus is not None and (gpus.budget is not None or gpus.isolated or gpus.pools):
             lines.append(f"**GPUs** {gpus.out_of_service}/"
                          f"{'-' if gpus.budget is None else gpus.budget} out of service "
-                         f"({gpus.isolated} isolated) · {gpus.gpus} GPUs")
+                         f"({gpus.isolated} isolated) · {gpus.gpus} GPUs"
+                         + "".join(f" · pool {plain(p or '(none)', 63)} {used}/"
+                                   f"{gpus.pool_budgets.get(p, '-')}"
+                                   for p, used in sorted(gpus.pools.items())[:10]))
         over += [u for u in self.domain_uses if u not in over and u.gpu_budget is not None
                  and u.gpus_in_use >= u.gpu_budget]
         if over:

@@ -914,6 +914,11 @@ class GpuUse(_Message):
     out_of_service: int = Field(default=0, ge=0)
     isolated: int = Field(default=0, ge=0, description="GPU-scoped leases, one GPU each.")
     budget: int | None = Field(default=None, description="max_unavailable_gpus; null: none.")
+    pools: dict[str, int] = Field(
+        default_factory=dict, description="GPUs out of service per pool (pools with any out, "
+                                          "where pool GPU budgets are set).")
+    pool_budgets: dict[str, int] = Field(
+        default_factory=dict, description="The GPU budget of each pool in ``pools``.")
 
 
 class AdmissionReport(_Message):

@@ -16,7 +16,8 @@ def report(gpus: GpuUse | None, domains: list[DomainUse] | None = None) -> Admis
 
 
 def test_gpus_out_per_level_and_isolated_gpus_are_published_and_a_freed_domain_goes() -> None:
-    report_admission(report(GpuUse(gpus=64, out_of_service=9, isolated=1, budget=12), [
+    report_admission(report(GpuUse(gpus=64, out_of_service=9, isolated=1, budget=12,
+                                   pools={"p1": 9}, pool_budgets={"p1": 10}), [
         DomainUse(label=RACK, domain="r1", nodes=4, in_use=1, gpus=32, gpus_in_use=8,
                   gpu_budget=16),
         DomainUse(label=RACK, domain="r2", nodes=4, in_use=0, gpus=32, gpus_in_use=1),
@@ -24,6 +25,8 @@ def test_gpus_out_per_level_and_isolated_gpus_are_published_and_a_freed_domain_g
     assert metric("gpu_remediate_gpus_out_of_service", level="fleet", domain="") == 9
     assert metric("gpu_remediate_gpu_budget", level="fleet", domain="") == 12
     assert metric("gpu_remediate_isolated_gpus") == 1
+    assert metric("gpu_remediate_gpus_out_of_service", level="pool", domain="p1") == 9
+    assert metric("gpu_remediate_gpu_budget", level="pool", domain="p1") == 10
     assert metric("gpu_remediate_gpus_out_of_service", level=RACK, domain="r1") == 8
     assert metric("gpu_remediate_gpu_budget", level=RACK, domain="r1") == 16
     assert metric("gpu_remediate_gpus_out_of_service", level=RACK, domain="r2") == 1
@@ -33,6 +36,7 @@ def test_gpus_out_per_level_and_isolated_gpus_are_published_and_a_freed_domain_g
     report_admission(report(GpuUse(gpus=64, out_of_service=1, isolated=0), [
         DomainUse(label=RACK, domain="r2", nodes=4, in_use=0, gpus=32, gpus_in_use=1)]))
     assert metric("gpu_remediate_gpus_out_of_service", level=RACK, domain="r1") is None
+    assert metric("gpu_remediate_gpus_out_of_service", level="pool", domain="p1") is None
     assert metric("gpu_remediate_gpu_budget", level=RACK, domain="r1") is None
     assert metric("gpu_remediate_gpu_budget", level="fleet", domain="") is None
     assert metric("gpu_remediate_gpus_out_of_service", level="fleet", domain="") == 1

@@ -91,9 +91,15 @@ async def test_the_detector_holds_a_pools_gpu_budget(local_env):
                                                           or a1 in cluster.claimed),
                         30, "one node of each pool claimed")
             view = await detector.query("view", result_type=DetectorView)
+            meta = await detector.query("__temporal_workflow_metadata",
+                                        result_type=WorkflowMetadata)
         finally:
             await detector.terminate("test over")
     assert not (a0 in cluster.claimed and a1 in cluster.claimed)
     waiting = [w for w in view.waiting if w.startswith((a0, a1))]
     assert len(waiting) == 1, view.waiting
     assert f"pool a GPU budget full ({per_node} + {per_node} > {per_node} GPUs)" in waiting[0]
+    assert view.gpus is not None
+    assert view.gpus.pools == {"a": per_node, "b": per_node}
+    assert f"pool a {per_node}/{per_node} · pool b {per_node}/{per_node}" in \
+        meta.current_details, meta.current_details

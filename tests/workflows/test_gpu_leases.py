@@ -222,9 +222,13 @@ def test_a_pool_gpu_budget_counts_node_leases_and_isolated_gpus_of_that_pool_onl
     o.pool_gpus = {"p1": 32, "p2": 16}
     o.verdicts.append(one_gpu("a-3"))
     o.pool_of["a-3"] = "p1"
-    started, waiting = run(Admission(s, state, o, NOW))
+    adm = Admission(s, state, o, NOW)
+    assert (adm.gpu_use().pools, adm.gpu_use().pool_budgets) == ({"p1": 1}, {"p1": 9})
+    started, waiting = run(adm)
     # p1: the isolated GPU and a-1's eight make nine; p2: 50% of 16 GPUs is one node.
     assert sorted(started) == ["a-1:node", "b-0:node"]
+    assert (adm.gpu_use().pools, adm.gpu_use().pool_budgets) == ({"p1": 9, "p2": 8},
+                                                                 {"p1": 9, "p2": 8})
     assert sorted(waiting) == ["a-2: pool p1 GPU budget full (9 + 8 > 9 GPUs)",
                                "a-3: pool p1 GPU budget full (9 + 1 > 9 GPUs)",
                                "b-1: pool p2 GPU budget full (8 + 8 > 8 GPUs)"]

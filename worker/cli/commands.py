@@ -563,7 +563,9 @@ def detector_status(config: ConfigOpt = None, output: OutputOpt = "table") -> No
 def gpu_line(g: GpuUse) -> str:
     """GPUs out of service against the GPU budget, and how many are isolated."""
     return (f"{g.out_of_service}/{'-' if g.budget is None else g.budget} out of service "
-            f"({g.isolated} isolated GPUs, node in service) of {g.gpus}")
+            f"({g.isolated} isolated GPUs, node in service) of {g.gpus}"
+            + "".join(f"; pool {pool or '(none)'} {used}/{g.pool_budgets.get(pool, '-')}"
+                      for pool, used in sorted(g.pools.items())[:20]))
 
 
 def incident_rows(incidents: list[DomainIncident]) -> list[tuple[str, ...]]:
