@@ -80,6 +80,29 @@ class AdmissionReporting:
         return list(view.waiting)
 
 
+def _report_gpus(report: AdmissionReport) -> None:
+    """GPUs out and GPU budgets per level: only the fleet and the domains the report names
+    are series (those with GPUs or nodes out), so a domain back in service goes."""
+    if report.gpus is None:
+        return  # a detector run from before GPU counts: leave them unset
+    metrics.GPUS_OUT.clear()
+    metrics.GPU_BUDGET.clear()
+    metrics.ISOLATED_GPUS.set(report.gpus.isolated)
+    metrics.GPUS_OUT.labels("fleet", "").set(report.gpus.out_of_service)
+    if report.gpus.budget is not None:
+        metrics.GPU_BUDGET.labels("fleet", "").set(report.gpus.budget)
+    for pool, used in report.gpus.pools.items():
+        metrics.GPUS_OUT.labels("pool", pool or "(none)").set(used)
+        if pool in report.gpus.pool_budgets:
+            metrics.GPU_BUDGET.labels("pool", pool or "(none)").set(
+                report.gpus.pool_budgets[pool])
+    for u in report.domains:
+        domain = u.domain or "unlabelled"
+        metrics.GPUS_OUT.labels(u.label, domain).set(u.gpus_in_use)
+        if u.gpu_budget is not None:
+            metrics.GPU_BUDGET.labels(u.label, domain).set(u.gpu_budget)
+
+
 @activity.defn
 def report_admission(report: AdmissionReport) -> None:
     """Publish the detector's admission figures as metrics (workflows never touch metrics)."""
@@ -96,5 +119,6 @@ def report_admission(report: AdmissionReport) -> None:
         metrics.DOMAIN_INCIDENTS.labels(label, domain or "unlabelled").set(1)
         metrics.DOMAIN_INCIDENT_NODES.labels(label, domain or "unlabelled").set(
             len(report.incident_nodes.get(key, [])))
+    _report_gpus(report)
     if report.breaker_open:
         log.warning("circuit breaker open: %s", report.breaker_reason)

@@ -185,6 +185,14 @@ async def _heartbeat_every(seconds: float) -> None:
         await asyncio.sleep(seconds)
 
 
+def _node_gpus(n: GpuNode, readings: dict[str, NodeReadings]) -> int:
+    """A node's GPUs for the GPU budgets: its capacity, or what its exporter showed where
+    that is more (GPUs that fell off the bus still count)."""
+    r = readings.get(n.name)
+    return max(n.capacity_gpus, len(r.gpus) if r is not None else 0,
+               (r.declared_gpus or 0) if r is not None else 0)
+
+
 def _domains(labels: list[str], nodes: list[GpuNode], readings: dict[str, NodeReadings],
              named: set[str]) -> dict[str, Any]:
     """The fault domain fields of the observation: each level's nodes and GPUs per domain
@@ -192,9 +200,7 @@ def _domains(labels: list[str], nodes: list[GpuNode], readings: dict[str, NodeRe
     GPUs of the nodes admission may count. A node's GPUs: its capacity, or what its
     exporter showed where that is more (GPUs that fell off the bus still count)."""
     def gpus(n: GpuNode) -> int:
-        r = readings.get(n.name)
-        return max(n.capacity_gpus, len(r.gpus) if r is not None else 0,
-                   (r.declared_gpus or 0) if r is not None else 0)
+        return _node_gpus(n, readings)
 
     sizes: dict[str, dict[str, int]] = {label: {} for label in labels}
     gpu_sizes: dict[str, dict[str, int]] = {label: {} for label in labels}
@@ -369,11 +375,13 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
                        for n in labelled if n.name not in unclaimed]
         pool_of: dict[str, str] = {}
         pool_sizes: dict[str, int] = {}
+        pool_gpus: dict[str, int] = {}
         if inp.pool_label:
             named = {v.node for v in verdicts} | {r.node for r in remediating}
             for gpu_node in nodes:
                 pool = gpu_node.labels.get(inp.pool_label, "")
                 pool_sizes[pool] = pool_sizes.get(pool, 0) + 1
+                pool_gpus[pool] = pool_gpus.get(pool, 0) + _node_gpus(gpu_node, readings)
                 if gpu_node.name in named:
                     pool_of[gpu_node.name] = pool
         if whole:
@@ -409,7 +417,7 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
             managed_nodes=len(nodes), readable_nodes=len(readings),
             verdicts=sorted(verdicts, key=lambda v: v.node), remediating=remediating,
             errors=sorted([*errors.values(), *notes])[:50], orphans=orphans, pool_of=pool_of,
-            pool_sizes=pool_sizes, held=held, **domains,
+            pool_sizes=pool_sizes, pool_gpus=pool_gpus, held=held, **domains,
             ledger={n: x for n, x in ledger.items()
                     if x.last_repair is not None or x.serial_faults},
         ))

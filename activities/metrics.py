@@ -52,6 +52,19 @@ DOMAIN_INCIDENT_NODES = Gauge(
     "gpu_remediate_domain_incident_nodes",
     "Flagged nodes held (cordoned, not drained) by each open domain incident.",
     ["label", "domain"])
+GPUS_OUT = Gauge(
+    "gpu_remediate_gpus_out_of_service",
+    "GPUs out of service as the GPU budgets count them (every GPU of a node in remediation, "
+    "each isolated GPU as one), at the fleet (level=fleet, domain=''), in each pool with a "
+    "GPU budget and GPUs out (level=pool, domain: the pool) and in each fault domain with "
+    "GPUs out (level: the domain's label).", ["level", "domain"])
+GPU_BUDGET = Gauge(
+    "gpu_remediate_gpu_budget",
+    "GPUs a GPU budget lets out of service at once (max_unavailable_gpus), where one is set; "
+    "the same labels as gpu_remediate_gpus_out_of_service.", ["level", "domain"])
+ISOLATED_GPUS = Gauge(
+    "gpu_remediate_isolated_gpus",
+    "GPUs isolated on their own (a GPU-scoped lease: the node stays in service).")
 PAUSED = Gauge("gpu_remediate_detector_paused", "1 while an operator has paused admissions.")
 ORPHANS = Gauge("gpu_remediate_orphaned_nodes",
                 "Nodes labelled in remediation whose workflow is not running.")

@@ -401,6 +401,31 @@ def test_a_gpu_scoped_lease_shows_in_detector_status_and_status_node(
     assert "lease: one GPU, no node slot" in text
 
 
+def test_detector_status_shows_gpus_out_of_service_against_the_gpu_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from workflows.messages import DetectorView, DomainUse, GpuUse
+
+    dv = DetectorView(paused=False, breaker_open=False, breaker_reason="", budget=1,
+                      in_flight=["gpu-node-02"], waiting=[], last_tick=None, last_errors=[],
+                      ticks_total=1, started_total=2,
+                      gpus=GpuUse(gpus=64, out_of_service=9, isolated=1, budget=12,
+                                  pools={"p1": 9}, pool_budgets={"p1": 16}),
+                      domains=[DomainUse(label="rack", domain="r1", nodes=4, in_use=1,
+                                         gpus=32, gpus_in_use=9, gpu_budget=16)])
+    monkeypatch.setattr(cli, "with_client", lambda config, work, hint=None, needs="write": dv)
+    text = " ".join(invoke("detector", "status").output.split())
+    assert "GPUs 9/12 out of service (1 isolated GPUs, node in service) of 64; pool p1 " \
+           "9/16" in text
+    assert "rack=r1: 1/- nodes of 4, 9/16 GPUs" in text
+    shown_json = json.loads(invoke("detector", "status", "-o", "json").output)
+    assert shown_json["gpus"] == {"gpus": 64, "out_of_service": 9, "isolated": 1,
+                                  "budget": 12, "pools": {"p1": 9},
+                                  "pool_budgets": {"p1": 16}}
+    # A detector from before the count (no `gpus` in its view): no GPU line.
+    dv.gpus = None
+    assert "out of service" not in invoke("detector", "status").output
+
+
 def test_incident_list_as_json_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
     from workflows.messages import DetectorView
 

@@ -64,3 +64,21 @@ def test_one_level_per_label(tmp_path: Path) -> None:
         _load(tmp_path, f"detector:\n  fault_domains:\n    - label: {RACK}\n"
                         f"    - label: {RACK}\n")
     assert "given twice" in str(err.value)
+
+
+def test_pool_gpu_budgets_need_a_pool_label_and_no_more_than_the_fleets(
+        tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, "detector:\n  pool_max_unavailable_gpus: {'*': 8}\n")
+    assert "detector.pool_max_unavailable_gpus: needs detector.pool_label" in str(err.value)
+    pooled = f"detector:\n  pool_label: {RACK}\n  max_unavailable_gpus: 8\n"
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, pooled + "  pool_max_unavailable_gpus: {big: 16, '*': 4}\n")
+    assert "detector.pool_max_unavailable_gpus.big: 16 is larger than the fleet's " \
+           "detector.max_unavailable_gpus: 8" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, pooled + "  pool_max_unavailable_gpus: {big: lots}\n")
+    assert "pool_max_unavailable_gpus" in str(err.value)
+    ok = _load(tmp_path, pooled + "  pool_max_unavailable_gpus: {big: 8, '*': '25%'}\n")
+    assert ok.detector.pool_gpu_budget_for("big", 64) == 8
+    assert ok.detector.pool_gpu_budget_for("small", 16) == 4

@@ -141,4 +141,74 @@ def test_with_gpu_isolation_the_plan_says_which_gpu_or_why_the_whole_node(
                             "GPU, no node slot",
                       "n2": "whole node: action reboot is a whole-node repair; lease: the node"}
     assert plan.waiting == []
+    assert plan.gpus is not None and (plan.gpus.out_of_service, plan.gpus.isolated) == (0, 0)
     assert {s.scope for s in plan_from(settings(tmp_path), observation(), NOW).start} == {""}
+
+
+def test_the_plan_counts_gpus_out_of_service_with_the_running_detectors_gpu_leases(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from worker.cli import app
+    from worker.cli import plan as plan_module
+    from workflows.leases import Lease
+
+    path = tmp_path / "config.yaml"
+    path.write_text("temporal: {address: '127.0.0.1:1'}\n"
+                    "detector: {max_unavailable: 2, max_unavailable_gpus: 10}\n"
+                    "remediation: {gpu_isolation: dra}\n")
+    running = DetectorView(
+        paused=False, breaker_open=False, breaker_reason="", budget=2, in_flight=[],
+        waiting=[], last_tick=None, last_errors=[], ticks_total=1, started_total=2, leases=[
+            Lease(node="n1", token="t", granted_at=NOW, workflow_id="remediation-n1",
+                  scope="gpu", gpus=1, slot=False),
+            Lease(node="n2", token="u", granted_at=NOW, workflow_id="remediation-n2", gpus=8)])
+    obs = FleetObservation(managed_nodes=10, readable_nodes=10, managed_gpus=80)
+    plan = plan_from(load_settings(path), obs, NOW, running=running)
+    assert plan.gpus is not None
+    assert (plan.gpus.out_of_service, plan.gpus.isolated, plan.gpus.budget, plan.gpus.gpus) \
+        == (9, 1, 10, 80)
+
+    async def planned(settings: object, source: str = "") -> object:
+        return plan
+
+    monkeypatch.setattr(plan_module, "make_plan", planned)
+    result = CliRunner().invoke(app, ["plan", "-c", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "GPUs 9/10 out of service (1 isolated GPUs, node in service) of 80" in \
+        " ".join(result.output.split())
+
+
+def test_a_node_the_plan_would_not_admit_names_the_level_and_its_count(
+        tmp_path: Path) -> None:
+    """Pool GPUs, domain nodes, fleet GPUs: each refusal says which level and
+    how full it is."""
+    pool, rack = "node-restriction.kubernetes.io/pool", "node-restriction.kubernetes.io/rack"
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "temporal: {address: '127.0.0.1:1'}\n"
+        f"detector: {{max_unavailable: 4, max_unavailable_gpus: 24, pool_label: '{pool}',\n"
+        "  pool_max_unavailable_gpus: {p1: 8}, breaker_max_flagged_percent: 100,\n"
+        f"  fault_domains: [{{label: '{rack}', max_unavailable: 1}}]}}\n")
+
+    def reboot(node: str) -> Verdict:
+        return Verdict(node=node, action=Action.REBOOT, findings=[Finding(
+            gpu="0", signal="DCGM_FI_DEV_XID_ERRORS", value=79, rule="xid-79",
+            action=Action.REBOOT)])
+
+    where = {"n1": ("p1", "r1"), "n2": ("p1", "r2"), "n3": ("p2", "r1"), "n4": ("p2", "r3"),
+             "n5": ("p2", "r4"), "n6": ("p2", "r5")}
+    obs = FleetObservation(
+        managed_nodes=10, readable_nodes=10, verdicts=[reboot(n) for n in where],
+        pool_of={n: p for n, (p, _) in where.items()}, pool_sizes={"p1": 4, "p2": 6},
+        pool_gpus={"p1": 32, "p2": 48}, gpus_of={n: 8 for n in where}, managed_gpus=80,
+        domains_of={n: {rack: r} for n, (_, r) in where.items()},
+        domain_sizes={rack: {"r1": 2, "r2": 2, "r3": 2, "r4": 2, "r5": 2}},
+        domain_gpus={rack: {"r1": 16, "r2": 16, "r3": 16, "r4": 16, "r5": 16}})
+    plan = plan_from(load_settings(path), obs, NOW)
+    assert [s.node for s in plan.start] == ["n1", "n4", "n5"]
+    assert plan.waiting == [
+        "n2 (reboot: pool p1 GPU budget full (8 + 8 > 8 GPUs))",
+        f"n3 (reboot: domain {rack}=r1 full (1/1))",
+        "n6 (reboot: GPU budget full (24 + 8 > 24 GPUs))"]
+    assert plan.gpus is not None and plan.gpus.budget == 24

@@ -340,6 +340,7 @@ class Settings(BaseSettings):
                 f"under node-restriction.kubernetes.io/, e.g. {POOL_LABEL}, or set "
                 "detector.trust_node_writable_labels: true")
         problems += _fault_domain_problems(self.detector)
+        problems += _pool_gpu_problems(self.detector)
         if self.remediation.heartbeat_timeout < min_heartbeat_timeout():
             problems.append(
                 f"remediation.heartbeat_timeout: at least {min_heartbeat_timeout()}: a drain "
@@ -476,6 +477,20 @@ def format_errors(err: ValidationError) -> str:
             continue
         parts.append(f"{loc or '(top level)'}: {msg}")
     return "; ".join(parts)
+
+
+def _pool_gpu_problems(d: DetectorSettings) -> list[str]:
+    """Pool GPU budgets without a pool label (no pools: they would limit nothing), and a
+    pool's GPU budget larger than the fleet's where both are counts."""
+    if not d.pool_max_unavailable_gpus:
+        return []
+    if not d.pool_label:
+        return ["detector.pool_max_unavailable_gpus: needs detector.pool_label (without it "
+                "there are no pools, and these budgets would limit nothing)"]
+    return [f"detector.pool_max_unavailable_gpus.{pool}: {mine} is larger than the fleet's "
+            f"detector.max_unavailable_gpus: {d.max_unavailable_gpus} (a pool is part of the "
+            "fleet)" for pool, mine in sorted(d.pool_max_unavailable_gpus.items())
+            if _larger(mine, d.max_unavailable_gpus)]
 
 
 def _fault_domain_problems(d: DetectorSettings) -> list[str]:

@@ -27,6 +27,7 @@ from workflows.messages import (
     DetectorState,
     DomainUse,
     FleetObservation,
+    GpuUse,
     ManualRemediation,
     PendingStart,
 )
@@ -365,6 +366,27 @@ class Admission:
             self._largest = max(self.obs.gpus_of.values(), default=1) or 1
         return self.obs.gpus_of.get(node) or self._largest
 
+    def gpu_use(self) -> GpuUse:
+        """The fleet's GPUs out of service as the GPU budget counts them (the nodes in use
+        with all their GPUs, each isolated GPU as one), and the isolated GPUs."""
+        s, obs = self.settings, self.obs
+        out = [*self.in_use, *self.isolated]
+        pools: dict[str, int] = {}
+        budgets: dict[str, int] = {}
+        if s.pool_label and s.pool_max_unavailable_gpus:
+            for n in out:
+                pool = self._pool(n)
+                pools[pool] = pools.get(pool, 0) + self.gpus_of(n)
+            for pool in list(pools):
+                limit = s.pool_gpu_budget_for(pool, obs.pool_gpus.get(pool, 0))
+                if limit is None:
+                    del pools[pool]
+                else:
+                    budgets[pool] = limit
+        return GpuUse(gpus=obs.managed_gpus, out_of_service=sum(self.gpus_of(n) for n in out),
+                      isolated=len(self.isolated), budget=s.gpu_budget_for(obs.managed_gpus),
+                      pools=pools, pool_budgets=budgets)
+
     def domain_uses(self) -> list[DomainUse]:
         """Every domain with a node in use, and every level's unlabelled nodes (shown, so a
         missing label is never a silent exemption)."""
@@ -405,6 +427,14 @@ class Admission:
             used = sum(self.gpus_of(n) for n in holders)
             if used + need > gpu_budget:
                 return f"GPU budget full ({used} + {need} > {gpu_budget} GPUs)"
+        if s.pool_label and s.pool_max_unavailable_gpus:
+            pool = self._pool(c.node)
+            limit = s.pool_gpu_budget_for(pool, obs.pool_gpus.get(pool, 0))
+            if limit is not None:
+                used = sum(self.gpus_of(n) for n in holders if self._pool(n) == pool)
+                if used + need > limit:
+                    return (f"pool {pool or '(none)'} GPU budget full "
+                            f"({used} + {need} > {limit} GPUs)")
         for d in s.fault_domains:
             dom = self.domain_of(c.node, d.label)
             name = f"{d.label}={domain_name(dom)}"

@@ -69,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         DetectorView,
         DomainUse,
         FleetObservation,
+        GpuUse,
         IncidentCommand,
         ManualRemediation,
         MirrorRepair,
@@ -121,6 +122,9 @@ DOMAINS_PATCH = "fault-domains-and-incidents"
 # A verdict the remediation isolates on one GPU gets a GPU-scoped lease (no node slot);
 # asked only where gpu_isolation is dra, so runs recorded without it replay without a marker.
 GPU_LEASE_PATCH = "gpu-scoped-leases"
+# The admission report carries the GPUs out of service (fleet and each fault domain) and
+# the isolated GPUs, for their metrics: a report then changes when only they do.
+GPU_COUNT_PATCH = "gpu-counts-reported"
 # A cordon of ours on a node someone else had cordoned is marked so: never uncordoned.
 NOT_OURS = "!"
 _NO_PAYLOAD = RawValue(Payload())
@@ -179,6 +183,8 @@ class DetectorWorkflow:
         self.mismatches: dict[str, str] = {}
         # Each fault domain's use of its budget at the last tick (the view).
         self.domain_uses: list[DomainUse] = []
+        # The fleet's GPUs out of service at the last tick (the view and its details).
+        self.gpu_use: GpuUse | None = None
 
     pinned = False
     """True in PinnedDetectorWorkflow: what a versioned worker registers."""
@@ -200,6 +206,7 @@ class DetectorWorkflow:
             incidents=sorted(self.state.incidents.values(),
                              key=lambda i: (i.closed_at is not None, i.opened_at, i.key)),
             domains=self.domain_uses,
+            gpus=self.gpu_use,
         )
 
     @workflow.query(name="settings", description="The detector's effective settings.")
@@ -887,6 +894,9 @@ class DetectorWorkflow:
             "counted in the budget" for n in sorted(self.elsewhere))]
         self.in_flight = adm.in_use
         self.waiting = waiting
+        self.gpu_use = adm.gpu_use()
+        if domains:  # again, with this tick's starts
+            self.domain_uses = adm.domain_uses()
         self._show(obs, adm.in_use)
         open_ = sorted((i for i in st.incidents.values() if i.closed_at is None),
                        key=lambda i: i.key)
@@ -896,6 +906,8 @@ class DetectorWorkflow:
                                  breaker_nodes=st.breaker_nodes,
                                  incidents=[i.key for i in open_],
                                  incident_nodes={i.key: i.nodes for i in open_})
+        if workflow.patched(GPU_COUNT_PATCH):
+            report.gpus, report.domains = self.gpu_use, self.domain_uses
         if report != self.last_report:
             try:
                 await workflow.execute_activity(
@@ -921,7 +933,7 @@ class DetectorWorkflow:
         is carried (a detector run recorded before them had none)."""
         s, st = self.settings, self.state
         if not (s.fault_domains or s.max_unavailable_gpus is not None or st.incidents
-                or st.incident_cordons):
+                or st.incident_cordons or (s.pool_label and s.pool_max_unavailable_gpus)):
             return False
         return workflow.patched(DOMAINS_PATCH)
 
@@ -1082,10 +1094,22 @@ class DetectorWorkflow:
                          + plain(", ".join(inc.nodes[:20]), 1000)
                          + f" — {plain(inc.reason, 300)}")
         over = [u for u in self.domain_uses if u.budget is not None and u.in_use >= u.budget]
+        gpus = self.gpu_use
+        if gpus is not None and (gpus.budget is not None or gpus.isolated or gpus.pools):
+            lines.append(f"**GPUs** {gpus.out_of_service}/"
+                         f"{'-' if gpus.budget is None else gpus.budget} out of service "
+                         f"({gpus.isolated} isolated) · {gpus.gpus} GPUs"
+                         + "".join(f" · pool {plain(p or '(none)', 63)} {used}/"
+                                   f"{gpus.pool_budgets.get(p, '-')}"
+                                   for p, used in sorted(gpus.pools.items())[:10]))
+        over += [u for u in self.domain_uses if u not in over and u.gpu_budget is not None
+                 and u.gpus_in_use >= u.gpu_budget]
         if over:
             lines.append("domains at their budget: " + ", ".join(
                 f"{plain(u.label, 100)}={plain(domain_name(u.domain), 63)} "
-                f"{u.in_use}/{u.budget}" for u in over[:10]))
+                f"{u.in_use}/{'-' if u.budget is None else u.budget} nodes"
+                + ("" if u.gpu_budget is None else f", {u.gpus_in_use}/{u.gpu_budget} GPUs")
+                for u in over[:10]))
         if self.waiting:
             lines.append("waiting: " + ", ".join(self.waiting[:20]))
         if obs.errors:

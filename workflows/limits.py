@@ -45,6 +45,10 @@ class LimitsSettings(BaseModel):
         description="Largest budget of each pool ('*': pools not named). A pool limited "
                     "here must keep a budget of its own.")
     max_quarantined: Budget | None = Field(description="Largest quarantine cap; null: none.")
+    pool_max_unavailable_gpus: dict[str, Budget] = Field(
+        default_factory=dict,
+        description="Largest GPU budget of each pool ('*': pools not named). A pool limited "
+                    "here must keep a GPU budget of its own.")
     max_unavailable_gpus: Budget | None = Field(
         default=None, description="Largest fleet GPU budget; null: a reconfigure may set any "
                                   "(the node budgets still hold).")
@@ -124,7 +128,7 @@ class LimitsSettings(BaseModel):
     def _budget(cls, v: Budget | None) -> Budget | None:
         return None if v is None else parse_limit(v)
 
-    @field_validator("pool_max_unavailable")
+    @field_validator("pool_max_unavailable", "pool_max_unavailable_gpus")
     @classmethod
     def _pools(cls, v: dict[str, Budget]) -> dict[str, Budget]:
         return {pool: parse_limit(b) for pool, b in v.items()}
@@ -137,6 +141,7 @@ class LimitsSettings(BaseModel):
             max_unavailable=detector.max_unavailable,
             pool_label=detector.pool_label,
             pool_max_unavailable=dict(detector.pool_max_unavailable),
+            pool_max_unavailable_gpus=dict(detector.pool_max_unavailable_gpus),
             max_quarantined=detector.max_quarantined,
             max_unavailable_gpus=detector.max_unavailable_gpus,
             fault_domains=[d.model_copy() for d in detector.fault_domains],
@@ -340,16 +345,27 @@ def _pinned(field: str, limit_field: str, why: str,
 
 
 def _pool_budgets(s: DetectorSettings, lim: LimitsSettings) -> list[LimitViolation]:
+    return _pools_within(s.pool_max_unavailable, lim.pool_max_unavailable,
+                         "pool_max_unavailable", "nodes")
+
+
+def _pool_gpu_budgets(s: DetectorSettings, lim: LimitsSettings) -> list[LimitViolation]:
+    return _pools_within(s.pool_max_unavailable_gpus, lim.pool_max_unavailable_gpus,
+                         "pool_max_unavailable_gpus", "GPUs")
+
+
+def _pools_within(mine: dict[str, Budget], ceilings: dict[str, Budget], name: str,
+                  what: str) -> list[LimitViolation]:
+    """Each pool's budget (its own, else '*') no larger than the limits' for that pool."""
     out = []
-    pools = sorted(set(s.pool_max_unavailable) | set(lim.pool_max_unavailable) | {"*"})
-    for pool in pools:
-        limit = lim.pool_max_unavailable.get(pool, lim.pool_max_unavailable.get("*"))
-        requested = s.pool_max_unavailable.get(pool, s.pool_max_unavailable.get("*"))
+    for pool in sorted(set(mine) | set(ceilings) | {"*"}):
+        limit = ceilings.get(pool, ceilings.get("*"))
+        requested = mine.get(pool, mine.get("*"))
         if budget_may_exceed(requested, limit):
             out.append(LimitViolation(
-                field=f"pool_max_unavailable.{pool}", requested=_show(requested),
-                limit_field=f"pool_max_unavailable.{pool}", limit=_show(limit),
-                why="no budget of its own" if requested is None else "more nodes of the "
+                field=f"{name}.{pool}", requested=_show(requested),
+                limit_field=f"{name}.{pool}", limit=_show(limit),
+                why="no budget of its own" if requested is None else f"more {what} of the "
                     "pool out at once"))
     return out
 
@@ -412,9 +428,11 @@ def _auto_approves(s: DetectorSettings) -> bool:
 CHECKS: dict[str, _Check] = {
     "max_unavailable": _budget("max_unavailable", "max_unavailable"),
     "pool_max_unavailable": _pool_budgets,
+    "pool_max_unavailable_gpus": _pool_gpu_budgets,
     "pool_label": _pinned("pool_label", "pool_label",
                           "another label regroups the nodes under the pool budgets",
-                          when=lambda lim: bool(lim.pool_max_unavailable)),
+                          when=lambda lim: bool(lim.pool_max_unavailable
+                                                or lim.pool_max_unavailable_gpus)),
     "max_quarantined": _budget("max_quarantined", "max_quarantined"),
     "max_unavailable_gpus": _budget("max_unavailable_gpus", "max_unavailable_gpus"),
     "fault_domains": _fault_domains,

@@ -815,6 +815,9 @@ class FleetObservation(_Message):
         description="GPUs of each node named in verdicts, remediating or held (its "
                     "capacity, or what its exporter shows where that is more).")
     managed_gpus: int = Field(default=0, ge=0, description="GPUs of the managed nodes.")
+    pool_gpus: dict[str, int] = Field(
+        default_factory=dict, description="GPUs per pool (with a pool_label), counted as "
+                                          "gpus_of counts a node's.")
 
 
 class OrphanRelease(_OperatorMessage):
@@ -826,9 +829,12 @@ class OrphanRelease(_OperatorMessage):
 def merge_observations(parts: list[FleetObservation]) -> FleetObservation:
     """One observation from the shards' observations of disjoint node sets."""
     pool_sizes: dict[str, int] = {}
+    pool_gpus: dict[str, int] = {}
     for p in parts:
         for pool, n in p.pool_sizes.items():
             pool_sizes[pool] = pool_sizes.get(pool, 0) + n
+        for pool, n in p.pool_gpus.items():
+            pool_gpus[pool] = pool_gpus.get(pool, 0) + n
 
     def summed(which: str) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -854,6 +860,7 @@ def merge_observations(parts: list[FleetObservation]) -> FleetObservation:
         domain_sizes=summed("domain_sizes"), domain_gpus=summed("domain_gpus"),
         gpus_of={k: v for p in parts for k, v in p.gpus_of.items()},
         managed_gpus=sum(p.managed_gpus for p in parts),
+        pool_gpus=pool_gpus,
     )
 
 
@@ -880,6 +887,9 @@ class DetectorView(_Message):
     domains: list[DomainUse] = Field(
         default_factory=list,
         description="Each fault domain with nodes out of service or a budget in use.")
+    gpus: GpuUse | None = Field(
+        default=None, description="GPUs out of service fleet-wide at the last tick (node "
+                                  "leases' GPUs and isolated GPUs) against the GPU budget.")
 
 
 class DomainUse(_Message):
@@ -895,6 +905,22 @@ class DomainUse(_Message):
     gpu_budget: int | None = None
 
 
+class GpuUse(_Message):
+    """The fleet's GPUs out of service, as admission counts them against the GPU budget:
+    every GPU of a node that holds a node slot (as its lease recorded them) and each
+    isolated GPU (a GPU-scoped lease: its node stays in service)."""
+
+    gpus: int = Field(default=0, ge=0, description="GPUs of the managed nodes.")
+    out_of_service: int = Field(default=0, ge=0)
+    isolated: int = Field(default=0, ge=0, description="GPU-scoped leases, one GPU each.")
+    budget: int | None = Field(default=None, description="max_unavailable_gpus; null: none.")
+    pools: dict[str, int] = Field(
+        default_factory=dict, description="GPUs out of service per pool (pools with any out, "
+                                          "where pool GPU budgets are set).")
+    pool_budgets: dict[str, int] = Field(
+        default_factory=dict, description="The GPU budget of each pool in ``pools``.")
+
+
 class AdmissionReport(_Message):
     budget: int
     in_use: int
@@ -907,6 +933,12 @@ class AdmissionReport(_Message):
         default_factory=list, description="Open domain incidents (label=value).")
     incident_nodes: dict[str, list[str]] = Field(
         default_factory=dict, description="The nodes of each open incident.")
+    gpus: GpuUse | None = Field(
+        default=None, description="GPUs out of service fleet-wide (none: a detector run "
+                                  "recorded before GPU counts were reported).")
+    domains: list[DomainUse] = Field(
+        default_factory=list, description="Each fault domain with GPUs or nodes out, and "
+                                          "every level's unlabelled nodes.")
 
 
 RemediationInput.model_rebuild()

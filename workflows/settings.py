@@ -494,6 +494,24 @@ class DetectorSettings(_Model):
         spec = self.pool_max_unavailable.get(pool, self.pool_max_unavailable.get("*"))
         return None if spec is None else limit_for(spec, pool_nodes)
 
+    pool_max_unavailable_gpus: dict[str, int | str] = Field(
+        default_factory=dict,
+        description="Per-pool GPU budgets (count or percent of the pool's GPUs) under the "
+                    "fleet's: GPUs of one pool out of service at once, a node in remediation "
+                    "counting all its GPUs and an isolated GPU one; the key '*' applies to "
+                    "pools not named. Needs pool_label.")
+
+    @field_validator("pool_max_unavailable_gpus")
+    @classmethod
+    def _pool_gpu_budgets(cls, v: dict[str, int | str]) -> dict[str, int | str]:
+        return {pool: parse_limit(limit) for pool, limit in v.items()}
+
+    def pool_gpu_budget_for(self, pool: str, pool_gpus: int) -> int | None:
+        """The GPU budget of one pool, or None when the pool has none of its own."""
+        spec = self.pool_max_unavailable_gpus.get(
+            pool, self.pool_max_unavailable_gpus.get("*"))
+        return None if spec is None else limit_for(spec, pool_gpus)
+
 
 def parse_limit(v: int | str) -> int | str:
     """A count (>= 0) or a percent string like '10%'."""

@@ -571,3 +571,18 @@ def test_a_declared_count_is_read_as_a_plain_number_only(value: str,
     from activities.gpus import GPU_COUNT_LABEL, declared_gpus
 
     assert declared_gpus({GPU_COUNT_LABEL: value}) == expected
+
+
+async def test_observe_fleet_counts_each_pools_gpus_for_the_pool_gpu_budgets(
+        cluster: Cluster, gpu_sim: ThreadedGpuSim) -> None:
+    pool = "node-restriction.kubernetes.io/pool"
+    for node, name in (("gpu-node-01", "a"), ("gpu-node-02", "a"), ("gpu-node-03", "b")):
+        cluster.core.patch_node(node, {"metadata": {"labels": {pool: name}}})
+    obs = await ActivityEnvironment().run(
+        FleetActivities(cluster.api, template(gpu_sim)).observe_fleet,
+        ObserveInput(policy=POLICY, pool_label=pool))
+    per_node = obs.managed_gpus // 4
+    assert per_node > 0
+    # gpu-node-04 has no pool label: the pool '' (as pool_sizes counts it).
+    assert obs.pool_gpus == {"a": 2 * per_node, "b": per_node, "": per_node}
+    assert obs.pool_sizes == {"a": 2, "b": 1, "": 1}

@@ -1089,7 +1089,7 @@ SCENARIOS = (
     Scenario("detector_incident", v5_detector_incident, ("fault-domains-and-incidents",)),
     Scenario("gpu_isolated", v5_gpu_isolated, ("gpu-isolation-dra",)),
     Scenario("detector_gpu_lease", v5_detector_gpu_lease,
-             ("gpu-scoped-leases", "gpu-lease-waits-for-the-node")),
+             ("gpu-scoped-leases", "gpu-lease-waits-for-the-node", "gpu-counts-reported")),
     Scenario("detector_woken", v5_detector_woken, ("node-only-woken-tick",)),
     Scenario("detector", v5_detector,
              ("slots-are-leases", "thermal-cordons-outside-budget", "detector-bounded-by-limits",

@@ -492,7 +492,17 @@ class FakeCluster:
                         v = n.labels.get(label, "")
                         sizes[label][v] = sizes[label].get(v, 0) + 1
                         gpus[label][v] = gpus[label].get(v, 0) + n.gpus
+                pool_sizes: dict[str, int] = {}
+                pool_gpus: dict[str, int] = {}
+                if inp.pool_label:  # as the real observation counts pools
+                    for n in mine.values():
+                        p = n.labels.get(inp.pool_label, "")
+                        pool_sizes[p] = pool_sizes.get(p, 0) + 1
+                        pool_gpus[p] = pool_gpus.get(p, 0) + n.gpus
                 return FleetObservation(
+                    pool_of={n.name: n.labels.get(inp.pool_label, "") for n in mine.values()}
+                    if inp.pool_label else {},
+                    pool_sizes=pool_sizes, pool_gpus=pool_gpus,
                     domains_of={n.name: {label: n.labels.get(label, "") for label in labels}
                                 for n in mine.values()} if labels else {},
                     domain_sizes=sizes if labels else {},

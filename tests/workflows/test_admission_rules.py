@@ -228,11 +228,12 @@ def test_shards_split_the_fleet_disjointly_and_merge_back() -> None:
     parts = [FleetObservation(managed_nodes=len(b), readable_nodes=len(b) - 1,
                               verdicts=[xid_verdict(b[0])], errors=[f"{b[1]}: down"],
                               remediating=[NodeStatus(node=b[2], state=NodeState.DRAINING)],
-                              pool_sizes={"a": len(b)}) for b in buckets]
+                              pool_sizes={"a": len(b)}, pool_gpus={"a": 8 * len(b)})
+             for b in buckets]
     merged = merge_observations(parts)
     assert merged.managed_nodes == 1000 and merged.readable_nodes == 997
     assert len(merged.verdicts) == 3 and len(merged.remediating) == 3
-    assert merged.pool_sizes == {"a": 1000}
+    assert merged.pool_sizes == {"a": 1000} and merged.pool_gpus == {"a": 8000}
 
 
 def test_an_operators_request_is_not_held_back_by_the_quarantine_cap() -> None:

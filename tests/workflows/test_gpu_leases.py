@@ -179,3 +179,60 @@ def test_an_adopted_lease_that_asks_for_the_node_is_granted_what_it_holds() -> N
     state = DetectorState(leases={"a-0": adopted}, slot_requests={"a-0": NOW})
     adm = Admission(s, state, fleet(racks(a=2), flagged=[]), NOW, gpu_scope=False)
     assert adm.queue == [] and state.slot_requests == {}
+
+
+def test_gpus_out_of_service_count_node_leases_gpus_and_each_isolated_gpu() -> None:
+    nodes = racks(a=2, b=2)
+    s = calm(max_unavailable=2, max_unavailable_gpus=12, remediation=DRA)
+    state = DetectorState(leases={"a-0": lease("a-0", scope="gpu", gpus=1,
+                                               state=NodeState.HEALTHY),
+                                  "b-0": lease("b-0", rack="b", gpus=4)})
+    o = fleet(nodes, flagged=[])
+    o.verdicts = [one_gpu("a-1"), one_gpu("b-1")]
+    adm = Admission(s, state, o, NOW)
+    # The node lease's 4 GPUs (as recorded, not the 8 observed) and one isolated GPU.
+    use = adm.gpu_use()
+    assert (use.gpus, use.out_of_service, use.isolated, use.budget) == (32, 5, 1, 12)
+    started, waiting = run(adm)
+    assert sorted(started) == ["a-1:gpu", "b-1:gpu"] and waiting == []
+    # This tick's GPU-scoped starts count one GPU each, before their leases are written.
+    use = adm.gpu_use()
+    assert (use.out_of_service, use.isolated) == (7, 3)
+
+
+def test_without_a_gpu_budget_the_gpus_out_are_still_counted() -> None:
+    nodes = racks(a=2)
+    state = DetectorState(leases={"a-0": lease("a-0", gpus=8)})
+    use = Admission(calm(), state, fleet(nodes, flagged=[]), NOW).gpu_use()
+    assert (use.out_of_service, use.isolated, use.budget) == (8, 0, None)
+
+
+POOL = "node-restriction.kubernetes.io/pool"
+
+
+def test_a_pool_gpu_budget_counts_node_leases_and_isolated_gpus_of_that_pool_only() -> None:
+    nodes = racks(a=4, b=2)
+    pools = {n: ("p1" if n.startswith("a") else "p2") for n in nodes}
+    s = calm(max_unavailable=4, pool_label=POOL, remediation=DRA,
+             pool_max_unavailable_gpus={"p1": 9, "*": "50%"})
+    isolated = lease("a-0", scope="gpu", gpus=1, state=NodeState.HEALTHY)
+    isolated.pool = "p1"
+    state = DetectorState(leases={"a-0": isolated})
+    o = fleet(nodes, flagged=["a-1", "a-2", "b-0", "b-1"], pools=pools)
+    o.pool_gpus = {"p1": 32, "p2": 16}
+    o.verdicts.append(one_gpu("a-3"))
+    o.pool_of["a-3"] = "p1"
+    adm = Admission(s, state, o, NOW)
+    assert (adm.gpu_use().pools, adm.gpu_use().pool_budgets) == ({"p1": 1}, {"p1": 9})
+    started, waiting = run(adm)
+    # p1: the isolated GPU and a-1's eight make nine; p2: 50% of 16 GPUs is one node.
+    assert sorted(started) == ["a-1:node", "b-0:node"]
+    assert (adm.gpu_use().pools, adm.gpu_use().pool_budgets) == ({"p1": 9, "p2": 8},
+                                                                 {"p1": 9, "p2": 8})
+    assert sorted(waiting) == ["a-2: pool p1 GPU budget full (9 + 8 > 9 GPUs)",
+                               "a-3: pool p1 GPU budget full (9 + 1 > 9 GPUs)",
+                               "b-1: pool p2 GPU budget full (8 + 8 > 8 GPUs)"]
+    # Without a pool label there are no pools to count.
+    unpooled = s.model_copy(update={"pool_label": None})
+    started, waiting = run(Admission(unpooled, DetectorState(leases={"a-0": isolated}), o, NOW))
+    assert waiting == [] and len(started) == 5

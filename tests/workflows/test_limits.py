@@ -62,6 +62,8 @@ DAY = timedelta(days=1)
 CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
     "max_unavailable": ({"max_unavailable": 2}, 3, 1),
     "pool_max_unavailable": ({"pool_max_unavailable": {"a": 1}}, {"a": 2}, {"a": 0, "*": 1}),
+    "pool_max_unavailable_gpus": ({"pool_max_unavailable_gpus": {"a": 8, "*": "10%"}},
+                                  {"a": 16, "*": "10%"}, {"a": 4, "*": "5%"}),
     "pool_label": ({"pool_label": "rack", "pool_max_unavailable": {"*": 1}}, "zone", "rack"),
     "max_quarantined": ({"max_quarantined": "5%"}, "6%", "4%"),
     "max_unavailable_gpus": ({"max_unavailable_gpus": 16}, 17, 8),
@@ -282,3 +284,14 @@ def test_a_fault_domain_level_cannot_be_loosened_past_its_limit(
     found = violations(put(DetectorSettings(), "fault_domains", requested), limits)
     assert [v.field.split(".")[0] for v in found] == ["fault_domains"], found
     assert why in found[0].why
+
+
+def test_a_pool_gpu_budget_cannot_be_dropped_or_regrouped_by_a_client() -> None:
+    running = DetectorSettings(pool_label="rack", pool_max_unavailable_gpus={"*": 8})
+    limits = LimitsSettings.from_settings(running)
+    assert violations(running, limits) == []
+    dropped = violations(DetectorSettings(pool_label="rack"), limits)
+    assert [(v.field, v.requested, v.why) for v in dropped] == [
+        ("pool_max_unavailable_gpus.*", "null", "no budget of its own")]
+    moved = violations(running.model_copy(update={"pool_label": "zone"}), limits)
+    assert [v.field for v in moved] == ["pool_label"]

@@ -53,6 +53,7 @@ from workflows.ids import DETECTOR_WORKFLOW_ID, MAX_REASON_CHARS
 from workflows.incidents import DomainIncident
 from workflows.messages import (
     DetectorInput,
+    GpuUse,
     IncidentCommand,
     ManualRemediation,
     OperatorAck,
@@ -536,6 +537,7 @@ def detector_status(config: ConfigOpt = None, output: OutputOpt = "table") -> No
         return
     rows: list[tuple[str, str]] = [
         ("budget", f"{len(view.in_flight)}/{view.budget} in use"),
+        *((("GPUs", gpu_line(view.gpus)),) if view.gpus is not None else ()),
         ("in flight", ", ".join(view.in_flight) or "-"),
         *(("GPU lease", f"{lease.node}: {lease.gpus} GPU, no node slot (the node in "
                         "service)") for lease in view.leases if lease.isolating),
@@ -556,6 +558,14 @@ def detector_status(config: ConfigOpt = None, output: OutputOpt = "table") -> No
           for u in view.domains),
     ]
     print_table(out, ("field", "value"), rows)
+
+
+def gpu_line(g: GpuUse) -> str:
+    """GPUs out of service against the GPU budget, and how many are isolated."""
+    return (f"{g.out_of_service}/{'-' if g.budget is None else g.budget} out of service "
+            f"({g.isolated} isolated GPUs, node in service) of {g.gpus}"
+            + "".join(f"; pool {pool or '(none)'} {used}/{g.pool_budgets.get(pool, '-')}"
+                      for pool, used in sorted(g.pools.items())[:20]))
 
 
 def incident_rows(incidents: list[DomainIncident]) -> list[tuple[str, ...]]:
@@ -670,7 +680,8 @@ def plan(config: ConfigOpt = None, output: OutputOpt = "table") -> None:
     header = Text(f"budget {len(result.in_use)}/{result.budget} in use · "
                   f"{result.managed_nodes} GPU nodes, {result.readable_nodes} readable"
                   + (f" · {len(result.gpu_leases)} GPU leases (no node slot)"
-                     if result.gpu_leases else ""))
+                     if result.gpu_leases else "")
+                  + (f" · GPUs {gpu_line(result.gpus)}" if result.gpus is not None else ""))
     if result.dry_run:
         header.append(" · ").append("dry-run", style="bold")
     out.print(header)

@@ -23,7 +23,13 @@ from policy.models import Verdict
 from worker.config import Settings
 from workflows.admission import Admission
 from workflows.isolation import GpuIsolation, IsolationDecision, IsolationPlan
-from workflows.messages import DetectorState, DetectorView, FleetObservation, ObserveInput
+from workflows.messages import (
+    DetectorState,
+    DetectorView,
+    FleetObservation,
+    GpuUse,
+    ObserveInput,
+)
 from workflows.settings import DetectorSettings, limit_for
 
 # How long `plan` waits for Temporal to say whether a detector runs (a plan made before
@@ -47,6 +53,9 @@ class Plan(BaseModel):
     gpu_leases: list[str] = Field(
         default_factory=list, description="Nodes whose lease holds one isolated GPU and no "
                                           "node slot (in service), before this plan's starts.")
+    gpus: GpuUse | None = Field(
+        default=None, description="GPUs out of service before this plan's starts (node "
+                                  "leases' GPUs and isolated GPUs) against the GPU budget.")
     start: list[PlannedStart] = Field(default_factory=list)
     waiting: list[str] = Field(default_factory=list)
     breaker: str = ""
@@ -108,6 +117,7 @@ def plan_from(settings: Settings, obs: FleetObservation, now: datetime,
     # (a fresh detector adopts what runs, and orphans under our taint, the same way).
     adm = Admission(used, state, obs, now, leases=running is not None)
     plan = Plan(budget=adm.budget, in_use=list(adm.in_use), gpu_leases=list(adm.isolated),
+                gpus=adm.gpu_use(),
                 managed_nodes=obs.managed_nodes,
                 readable_nodes=obs.readable_nodes, errors=obs.errors, orphans=obs.orphans,
                 breaker=adm.state.breaker_reason, detector=detector, settings_from=whose,
