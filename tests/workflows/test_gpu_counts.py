@@ -5,16 +5,34 @@ metrics. On the dev server (the details are read with the metadata query)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import Client, WorkflowHandle
 
 from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
 from tests.workflows.test_gpu_isolation_workflow import DRA, one_gpu
 from workflows.detector import DetectorWorkflow
 from workflows.messages import DetectorInput, DetectorView
 from workflows.settings import DetectorSettings, DrainSettings
+
+
+@contextlib.asynccontextmanager
+async def running_detector(client: Client, cluster: FakeCluster, settings: DetectorSettings,
+                           tag: str) -> AsyncIterator[WorkflowHandle]:
+    """A detector on the fake cluster's worker, terminated on the way out."""
+    async with worker_for(client, cluster) as queue:
+        detector = await client.start_workflow(
+            DetectorWorkflow.run, DetectorInput(settings=settings),
+            id=f"detector-{tag}", task_queue=queue)
+        cluster.detector_id = detector.id
+        try:
+            yield detector
+        finally:
+            await detector.terminate("test over")
 
 
 async def test_an_isolated_gpu_and_a_node_out_are_counted_in_view_details_and_report(
@@ -32,26 +50,19 @@ async def test_an_isolated_gpu_and_a_node_out_are_counted_in_view_details_and_re
     settings = DetectorSettings(interval=timedelta(milliseconds=300), max_unavailable=1,
                                 max_unavailable_gpus=per_node + 2,
                                 breaker_max_flagged_percent=100.0, remediation=fast)
-    async with worker_for(local_env.client, cluster) as queue:
-        detector = await local_env.client.start_workflow(
-            DetectorWorkflow.run, DetectorInput(settings=settings),
-            id=f"detector-{tag}", task_queue=queue)
-        cluster.detector_id = detector.id
-        try:
-            await until(lambda: any(r.gpus is not None and r.gpus.isolated == 1
-                                    and r.in_use == 1 for r in cluster.reports),
-                        30, "both admitted and reported")
-            # The view and details as the same tick counted them, once both are out.
-            for _ in range(100):
-                meta = await detector.query("__temporal_workflow_metadata",
-                                            result_type=WorkflowMetadata)
-                view = await detector.query("view", result_type=DetectorView)
-                if view.gpus is not None and view.gpus.isolated == 1 and \
-                        len(view.in_flight) == 1 and "**GPUs**" in meta.current_details:
-                    break
-                await asyncio.sleep(0.1)
-        finally:
-            await detector.terminate("test over")
+    async with running_detector(local_env.client, cluster, settings, tag) as detector:
+        await until(lambda: any(r.gpus is not None and r.gpus.isolated == 1
+                                and r.in_use == 1 for r in cluster.reports),
+                    30, "both admitted and reported")
+        # The view and details as the same tick counted them, once both are out.
+        for _ in range(100):
+            meta = await detector.query("__temporal_workflow_metadata",
+                                        result_type=WorkflowMetadata)
+            view = await detector.query("view", result_type=DetectorView)
+            if view.gpus is not None and view.gpus.isolated == 1 and \
+                    len(view.in_flight) == 1 and "**GPUs**" in meta.current_details:
+                break
+            await asyncio.sleep(0.1)
     report = next(r for r in cluster.reports if r.gpus is not None and r.gpus.isolated == 1
                   and r.in_use == 1)
     assert report.gpus is not None
@@ -81,20 +92,13 @@ async def test_the_detector_holds_a_pools_gpu_budget(local_env):
                                 pool_max_unavailable_gpus={"*": per_node},
                                 breaker_max_flagged_percent=100.0,
                                 remediation=DRA.model_copy(update={"gpu_isolation": "off"}))
-    async with worker_for(local_env.client, cluster) as queue:
-        detector = await local_env.client.start_workflow(
-            DetectorWorkflow.run, DetectorInput(settings=settings),
-            id=f"detector-{tag}", task_queue=queue)
-        cluster.detector_id = detector.id
-        try:
-            await until(lambda: b0 in cluster.claimed and (a0 in cluster.claimed
-                                                          or a1 in cluster.claimed),
-                        30, "one node of each pool claimed")
-            view = await detector.query("view", result_type=DetectorView)
-            meta = await detector.query("__temporal_workflow_metadata",
-                                        result_type=WorkflowMetadata)
-        finally:
-            await detector.terminate("test over")
+    async with running_detector(local_env.client, cluster, settings, tag) as detector:
+        await until(lambda: b0 in cluster.claimed and (a0 in cluster.claimed
+                                                      or a1 in cluster.claimed),
+                    30, "one node of each pool claimed")
+        view = await detector.query("view", result_type=DetectorView)
+        meta = await detector.query("__temporal_workflow_metadata",
+                                    result_type=WorkflowMetadata)
     assert not (a0 in cluster.claimed and a1 in cluster.claimed)
     waiting = [w for w in view.waiting if w.startswith((a0, a1))]
     assert len(waiting) == 1, view.waiting
