@@ -116,6 +116,12 @@ def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
     }
 
 
+GENERIC_CALLS: dict[str, set[tuple[str, str, str]]] = {
+    # CustomObjectsApi method verb -> the RBAC permission: the pinned validation's claim,
+    # in the job namespace (tests/deploy/test_rbac.py cannot read it off a generic path).
+    "create": {("resource.k8s.io", "resourceclaims", "create")},
+    "delete": {("resource.k8s.io", "resourceclaims", "delete")},
+}
 CLAIM_REF = "gpu"
 CLAIM_VERSIONS = ("v1", "v1beta2")
 """ResourceClaim versions whose requests take ``exactly`` (v1 from Kubernetes 1.34)."""
