@@ -207,6 +207,24 @@ async def test_an_abort_mid_validation_deletes_the_job_its_claim_and_the_rule(
     assert cluster.nodes["n7"].history[-1].outcome.startswith("aborted")
 
 
+async def test_a_dry_run_plans_the_pinned_validation_and_writes_nothing(time_skipping_env):
+    cluster = FakeCluster()
+    client = time_skipping_env.client
+    async with worker_for(client, cluster) as queue:
+        handle = await client.start_workflow(
+            RemediationWorkflow.run,
+            RemediationInput(node="n8", verdict=one_gpu("n8"), settings=DRA, dry_run=True),
+            id=f"remediation-n8-{uuid.uuid4()}", task_queue=queue)
+        result = await handle.result()
+        plan = (await _view(handle)).plan
+    assert result.outcome == "quarantined" and "would be isolated" in result.message
+    assert cluster.mutations == [] and cluster.gpu_rules == {}
+    jobs = [c[1] for c in cluster.calls if c[0] == "run_node_job"]
+    assert [(j.dry_run, j.device_uuid) for j in jobs] == [(True, GPU_UUID)]
+    assert any("pinned to GPU 3" in line and "ResourceClaim" in line for line in plan), plan
+    assert not any(e[1] == "GpuQuarantined" for e in cluster.events)
+
+
 @workflow.defn(name="LeaseKeeper", sandboxed=False)
 class LeaseKeeper:
     """The detector's side of a GPU-scoped lease, and nothing else: it starts the
