@@ -132,3 +132,19 @@ def test_no_claim_is_made_in_a_dry_run(k: Cluster) -> None:
                                     pinned().model_copy(update={"dry_run": True}))
     assert out.succeeded and "would run" in out.message
     assert k.writes() == []
+
+
+def test_the_simulated_dcgmi_diag_honours_its_gpu_list_only() -> None:
+    from sim.cluster import dcgmi
+    from sim.cluster.gpulink import Outcome
+
+    shipped = 'exec dcgmi diag -r 2 -j --host "$NODE_IP" ${GPU_INDEX:+-i "$GPU_INDEX"}'
+    assert dcgmi.gpu_list(shipped, {"GPU_INDEX": "3"}) == [3]
+    assert dcgmi.gpu_list(shipped, {}) is None  # unset: every GPU, as the shell expands it
+    assert dcgmi.gpu_list("dcgmi diag -r 2 -i 1,2", {}) == [1, 2]
+    engine = dcgmi.HostEngine(False, "10.0.0.1")
+    sick5 = Outcome(ok=False, problems=["GPU 5: XID 79 fallen off the bus"])
+    assert dcgmi.run("dcgmi diag -r 2 -j", engine, 8, "570", sick5)[0] != 0
+    assert dcgmi.run("dcgmi diag -r 2 -j", engine, 8, "570", sick5, [3])[0] == 0
+    assert dcgmi.run("dcgmi diag -r 2 -j", engine, 8, "570", sick5, [5])[0] != 0
+    assert dcgmi.run("dcgmi diag -r 2 -j", engine, 8, "570", None, [9])[0] != 0
