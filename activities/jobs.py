@@ -275,6 +275,9 @@ class JobActivities:
         self.batch = client.BatchV1Api(api)
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.unscheduled: dict[str, str] = {}
+        """Pinned validations whose pod was last seen unscheduled, and why: the Job's
+        deadline deletes the pod, and with it the reason."""
         self.jobs = jobs or JobsSettings()
         self.namespace = self.jobs.namespace
 
@@ -405,8 +408,10 @@ class JobActivities:
             ).items
         except ApiException:
             pods = []
-        if inp.device_uuid and unschedulable(pods):
-            parts.append(unschedulable(pods))
+        if inp.device_uuid:
+            seen = unschedulable(pods) or self.unscheduled.pop(inp.name, "")
+            if seen:
+                parts.append(seen)
         for pod in pods:
             # A pod the kubelet rejected (e.g. OutOfnvidia.com/gpu: something still holds
             # GPUs) never ran a container: the reason is only on the pod.
@@ -500,6 +505,12 @@ class JobActivities:
                 _request_timeout=REQUEST_TIMEOUT).items
         except ApiException:
             return  # the next look tries again
+        if inp.device_uuid:
+            waiting = unschedulable(pods)
+            if waiting:
+                self.unscheduled[inp.name] = waiting
+            else:
+                self.unscheduled.pop(inp.name, None)
         why = pull_failure(pods)
         if not why:
             return
@@ -514,6 +525,8 @@ class JobActivities:
             return None
         if inp.device_uuid:
             self._delete_claim(inp)
+            if complete:
+                self.unscheduled.pop(inp.name, None)
         reads_output = self._template(inp).output == "dcgmi-json"
         report, unreadable = self._diag_report(inp) if reads_output else (None, "")
         if complete and not reads_output:

@@ -148,3 +148,24 @@ def test_the_simulated_dcgmi_diag_honours_its_gpu_list_only() -> None:
     assert dcgmi.run("dcgmi diag -r 2 -j", engine, 8, "570", sick5, [3])[0] == 0
     assert dcgmi.run("dcgmi diag -r 2 -j", engine, 8, "570", sick5, [5])[0] != 0
     assert dcgmi.run("dcgmi diag -r 2 -j", engine, 8, "570", None, [9])[0] != 0
+
+
+def test_a_claim_that_cannot_be_allocated_fails_by_the_deadline_saying_why(
+        k: Cluster) -> None:
+    """No device with the UUID in the node's slices (no DRA driver, another naming): the
+    pod is never scheduled; the Job's deadline ends it and the failure says why."""
+    from datetime import timedelta
+
+    from activities.job_templates import VALIDATION_COMMAND, JobTemplate
+
+    short = JobTemplate(purpose="validate", image="nvcr.io/nvidia/cloud-native/dcgm:4.2.3",
+                        command=["/bin/sh", "-c", VALIDATION_COMMAND],
+                        deadline=timedelta(seconds=2), output="dcgmi-json")
+    acts = JobActivities(k.api, JobsSettings(namespace=NS, templates={"validation": short}))
+    nowhere = "GPU-00000000-0000-0000-0000-000000000000"
+    inp = pinned("gr-validate-gpu3-c-1").model_copy(
+        update={"device_uuid": nowhere, "gpu_uuids": [nowhere]})
+    out = ActivityEnvironment().run(acts.run_node_job, inp)
+    assert not out.succeeded
+    assert "cannot be scheduled" in out.message or "not scheduled" in out.message, out.message
+    assert _claims(k) == []
