@@ -169,3 +169,16 @@ def test_a_claim_that_cannot_be_allocated_fails_by_the_deadline_saying_why(
     assert not out.succeeded
     assert "cannot be scheduled" in out.message or "not scheduled" in out.message, out.message
     assert _claims(k) == []
+
+
+def test_an_abort_deletes_the_pinned_job_and_its_claim(k: Cluster) -> None:
+    _isolated(k)
+    acts = JobActivities(k.api, JobsSettings(namespace=NS))
+    inp = pinned("gr-validate-gpu3-d-1")
+    with pytest.raises(ApplicationError):
+        ActivityEnvironment().run(acts.poll_node_job, inp)
+    assert [c["metadata"]["name"] for c in _claims(k)] == [inp.name]
+    ActivityEnvironment().run(acts.delete_node_job, inp)
+    wait_for(lambda: not _claims(k), timeout=15)
+    wait_for(lambda: not [j for j in k.batch.list_namespaced_job(NS).items
+                          if j.metadata.name == inp.name], timeout=15)
