@@ -119,11 +119,14 @@ VALIDATION_COMMAND = (
     # creates the Job (DCGM_HOST_ENGINE): the node's standalone engine (the GPU Operator's
     # dcgm operand, hostPort 5555 on the node's IP), or, with dcgm-exporter and its
     # embedded engine paused, one of the Job's own, as root (MIG and NVSwitch diagnostics
-    # need it). Then the medium diagnostic (memory, PCIe; about 2 minutes) as JSON.
+    # need it). Then the medium diagnostic (memory, PCIe; about 2 minutes) as JSON, on
+    # the one GPU at GPU_INDEX where the worker sets it (a validation pinned to a GPU),
+    # else on all of them.
     'case "${DCGM_HOST_ENGINE:-}" in '
-    'standalone) exec dcgmi diag -r 2 -j --host "$NODE_IP" ;; '
+    'standalone) exec dcgmi diag -r 2 -j --host "$NODE_IP" ${GPU_INDEX:+-i "$GPU_INDEX"} ;; '
     "embedded) nv-hostengine --pid /tmp/nv-hostengine.pid "
-    "--log-filename /tmp/nv-hostengine.log && exec dcgmi diag -r 2 -j ;; "
+    '--log-filename /tmp/nv-hostengine.log && exec dcgmi diag -r 2 -j '
+    '${GPU_INDEX:+-i "$GPU_INDEX"} ;; '
     "*) echo \"DCGM_HOST_ENGINE is ${DCGM_HOST_ENGINE:-unset}: no host engine chosen\"; "
     "exit 3 ;; esac")
 

@@ -24,6 +24,7 @@ from activities.kube import REQUEST_TIMEOUT, raise_typed, status_message
 from activities.node_keys import A_RUN, JOB_LABEL, NODE_LABEL, label_value
 from policy.diag import DiagReport, DiagUnparseable, parse_dcgmi_json
 from workflows import errors
+from workflows.isolation import DRA_DRIVER, TAINT_KEY
 from workflows.messages import NodeJobInput, NodeJobResult
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,10 @@ def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
             {"name": "DCGM_HOST_ENGINE", "value": host_engine},
             # The standalone engine listens on the node (hostPort 5555).
             {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
-    if inp.kind == "validate" and inp.gpus > 0:
+    if inp.device_uuid:
+        # One GPU through its own ResourceClaim (claim_manifest), no nvidia.com/gpu.
+        container["resources"] = {"claims": [{"name": CLAIM_REF}]}
+    elif inp.kind == "validate" and inp.gpus > 0:
         container["resources"] = {"limits": {GPU_RESOURCE: str(inp.gpus)}}
     pod_spec: dict[str, Any] = {
         "nodeName": inp.node,
@@ -72,6 +76,15 @@ def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
         "tolerations": [{"operator": "Exists"}],
         "containers": [container],
     }
+    if inp.device_uuid:
+        # The scheduler allocates a claim; a pod bound by nodeName skips it and would wait
+        # for an allocation that never comes. Pinned to the node by affinity instead.
+        del pod_spec["nodeName"]
+        pod_spec["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                  "values": [inp.node]}]}]}}}
+        pod_spec["resourceClaims"] = [{"name": CLAIM_REF, "resourceClaimName": inp.name}]
     if template.service_account:
         pod_spec["serviceAccountName"] = template.service_account
     if template.runtime_class_name:
@@ -100,6 +113,37 @@ def job_manifest(inp: NodeJobInput, template: JobTemplate, namespace: str,
             "template": {"metadata": {"labels": labels, "annotations": annotations},
                          "spec": pod_spec},
         },
+    }
+
+
+GENERIC_CALLS: dict[str, set[tuple[str, str, str]]] = {
+    # CustomObjectsApi method verb -> the RBAC permission: the pinned validation's claim,
+    # in the job namespace (tests/deploy/test_rbac.py cannot read it off a generic path).
+    "create": {("resource.k8s.io", "resourceclaims", "create")},
+    "delete": {("resource.k8s.io", "resourceclaims", "delete")},
+}
+CLAIM_REF = "gpu"
+CLAIM_VERSIONS = ("v1", "v1beta2")
+"""ResourceClaim versions whose requests take ``exactly`` (v1 from Kubernetes 1.34)."""
+
+
+def claim_manifest(inp: NodeJobInput, namespace: str, version: str) -> dict[str, Any]:
+    """The ResourceClaim of a validation pinned to one GPU: exactly the device with the
+    UUID, tolerating our own device taint only (the GPU is isolated by it), named and
+    labelled as its Job."""
+    labels = {JOB_LABEL: inp.kind, NODE_LABEL: label_value(inp.node),
+              "app.kubernetes.io/managed-by": "gpu-remediate"}
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceClaim",
+        "metadata": {"name": inp.name, "namespace": namespace, "labels": labels,
+                     "annotations": {NODE_LABEL: inp.node}},
+        "spec": {"devices": {"requests": [{"name": CLAIM_REF, "exactly": {
+            "deviceClassName": DRA_DRIVER, "allocationMode": "ExactCount", "count": 1,
+            "selectors": [{"cel": {"expression":
+                f'device.attributes["{DRA_DRIVER}"].uuid == "{inp.device_uuid}"'}}],
+            "tolerations": [{"key": TAINT_KEY, "operator": "Exists"}],
+        }}]}},
     }
 
 
@@ -149,6 +193,18 @@ def pull_failure(pods: list[Any]) -> str:
 _COMPUTE_APP = re.compile(
     r"^\s*((?:GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{7,63}),\s*(\d{1,10}),\s*([^\n,]{1,200}?)\s*"
     r"(?:,[^\n]*)?$", re.MULTILINE)
+
+
+def unschedulable(pods: list[Any]) -> str:
+    """Why a pinned validation's pod is not scheduled (its claim cannot be allocated: no
+    DRA driver, the device gone, or still held by the claim the isolation evicts), or "".
+    Not a failure by itself: the scheduler retries until the Job's deadline."""
+    for pod in pods:
+        for cond in (pod.status.conditions or []) if pod.status else []:
+            if cond.type == "PodScheduled" and cond.status == "False" and \
+                    cond.reason == "Unschedulable":
+                return f"its pod cannot be scheduled: {cond.message or cond.reason}"
+    return ""
 
 
 def reset_holders(text: str) -> list[str]:
@@ -218,6 +274,10 @@ class JobActivities:
     def __init__(self, api: client.ApiClient, jobs: JobsSettings | None = None) -> None:
         self.batch = client.BatchV1Api(api)
         self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.unscheduled: dict[str, str] = {}
+        """Pinned validations whose pod was last seen unscheduled, and why: the Job's
+        deadline deletes the pod, and with it the reason."""
         self.jobs = jobs or JobsSettings()
         self.namespace = self.jobs.namespace
 
@@ -249,6 +309,8 @@ class JobActivities:
             log.info("%s Job %s on %s: DCGM host engine %s%s", inp.kind, inp.name, inp.node,
                      engine, f" ({who})" if who else "")
         manifest = job_manifest(inp, template, self.namespace, run_id, engine)
+        if inp.device_uuid:
+            self._ensure_claim(inp)
         try:
             self.batch.create_namespaced_job(
                 self.namespace, client.V1Job.model_validate(manifest),
@@ -258,6 +320,42 @@ class JobActivities:
             if err.status != 409:
                 raise_typed(err, f"create job {self.namespace}/{inp.name}")
             self._adopt(inp, run_id)
+
+    def _ensure_claim(self, inp: NodeJobInput) -> None:
+        """The pinned validation's ResourceClaim (adopted when a retry finds it)."""
+        for version in CLAIM_VERSIONS:
+            try:
+                self.custom.create_namespaced_custom_object(
+                    "resource.k8s.io", version, self.namespace, "resourceclaims",
+                    claim_manifest(inp, self.namespace, version),
+                    _request_timeout=REQUEST_TIMEOUT)
+                return
+            except ApiException as err:
+                if err.status == 409:
+                    return
+                if err.status == 404 and version != CLAIM_VERSIONS[-1]:
+                    continue  # that version is not served: the next
+                if err.status == 404:
+                    raise ApplicationError(
+                        f"{inp.kind} Job {inp.name} not created: the API server serves no "
+                        "ResourceClaim (resource.k8s.io v1 or v1beta2)",
+                        type=errors.JOB_NOT_STARTED, non_retryable=True) from err
+                raise_typed(err, f"create ResourceClaim {self.namespace}/{inp.name}")
+
+    def _delete_claim(self, inp: NodeJobInput) -> None:
+        """The pinned validation's claim goes with its Job (its device returns to the pool)."""
+        for version in CLAIM_VERSIONS:
+            try:
+                self.custom.delete_namespaced_custom_object(
+                    "resource.k8s.io", version, self.namespace, "resourceclaims", inp.name,
+                    _request_timeout=REQUEST_TIMEOUT)
+                return
+            except ApiException as err:
+                if err.status == 404:
+                    continue  # gone, or that version not served: the next says which
+                log.warning("could not delete ResourceClaim %s/%s: %s %s",
+                            self.namespace, inp.name, err.status, err.reason)
+                return
 
     def _pods_on_node(self, node: str) -> list[dict[str, Any]]:
         try:
@@ -310,6 +408,10 @@ class JobActivities:
             ).items
         except ApiException:
             pods = []
+        if inp.device_uuid:
+            seen = unschedulable(pods) or self.unscheduled.pop(inp.name, "")
+            if seen:
+                parts.append(seen)
         for pod in pods:
             # A pod the kubelet rejected (e.g. OutOfnvidia.com/gpu: something still holds
             # GPUs) never ran a container: the reason is only on the pod.
@@ -403,6 +505,12 @@ class JobActivities:
                 _request_timeout=REQUEST_TIMEOUT).items
         except ApiException:
             return  # the next look tries again
+        if inp.device_uuid:
+            waiting = unschedulable(pods)
+            if waiting:
+                self.unscheduled[inp.name] = waiting
+            else:
+                self.unscheduled.pop(inp.name, None)
         why = pull_failure(pods)
         if not why:
             return
@@ -415,6 +523,10 @@ class JobActivities:
         complete, failed = _ended(job, "Complete"), _ended(job, "Failed")
         if not complete and not failed:
             return None
+        if inp.device_uuid:
+            self._delete_claim(inp)
+            if complete:
+                self.unscheduled.pop(inp.name, None)
         reads_output = self._template(inp).output == "dcgmi-json"
         report, unreadable = self._diag_report(inp) if reads_output else (None, "")
         if complete and not reads_output:
@@ -467,6 +579,8 @@ class JobActivities:
     def _delete(self, inp: NodeJobInput, why: str = "") -> None:
         """Stop the Job and its pod (background deletion: the pod gets its grace period),
         so an aborted validation does not keep every GPU of a node back in service."""
+        if inp.device_uuid:
+            self._delete_claim(inp)
         try:
             self.batch.delete_namespaced_job(
                 inp.name, self.namespace, propagation_policy="Background",

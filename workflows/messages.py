@@ -539,6 +539,11 @@ class NodeJobInput(_Message):
         default_factory=list, max_length=64,
         description="GPU reset: the target GPUs by UUID (the Job's GPU_UUIDS), which "
                     "survives re-enumeration; empty: GPU_INDEX, else every GPU.")
+    device_uuid: str = Field(
+        default="", max_length=80,
+        description="Validation pinned to one GPU (gpu_isolation: dra): the pod gets exactly "
+                    "the DRA device with this UUID through a ResourceClaim of its own, and "
+                    "no nvidia.com/gpu; empty: the whole node's GPUs.")
 
     @field_validator("gpu_uuids")
     @classmethod
@@ -547,6 +552,14 @@ class NodeJobInput(_Message):
         for u in value:
             if not GPU_UUID.fullmatch(u):
                 raise ValueError(f"gpu_uuids: {u[:60]!r} is not a GPU UUID (GPU-<hex and ->)")
+        return value
+
+    @field_validator("device_uuid")
+    @classmethod
+    def _device_uuid(cls, value: str) -> str:
+        # Goes into a CEL expression: a UUID only.
+        if value and not GPU_UUID.fullmatch(value):
+            raise ValueError(f"device_uuid: {value[:60]!r} is not a GPU UUID (GPU-<hex and ->)")
         return value
 
 

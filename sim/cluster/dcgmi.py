@@ -166,8 +166,8 @@ def _failing_tests(kind: str, level: int) -> set[str]:
     return fails
 
 
-def diag_report(level: int, gpus: int, driver: str, problems: dict[int, list[str]]
-                ) -> dict[str, Any]:
+def diag_report(level: int, gpus: int, driver: str, problems: dict[int, list[str]],
+                only: list[int] | None = None) -> dict[str, Any]:
     """`dcgmi diag -r LEVEL -j` output as DCGM 4.x writes it."""
     categories: list[dict[str, Any]] = []
     for category, tests, since in _CATEGORIES:
@@ -176,7 +176,7 @@ def diag_report(level: int, gpus: int, driver: str, problems: dict[int, list[str
         out_tests = []
         for test in tests:
             results: list[dict[str, Any]] = []
-            for gpu in range(gpus):
+            for gpu in (range(gpus) if only is None else only):
                 entry: dict[str, Any] = {"entity_group": "GPU", "entity_group_id": 1,
                                          "entity_id": gpu, "status": "Pass"}
                 warnings = []
@@ -218,9 +218,27 @@ def _text_report(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_GPU_LIST = re.compile(r"""(?:^|\s)(?:-i|--gpuList|--entity-id)[\s=]+['"]?([0-9][0-9,]*)""")
+_GPU_LIST_FROM_ENV = re.compile(
+    r"""\$\{(\w+):\+(?:-i|--gpuList|--entity-id)[\s=]+["']?\$\{?(\w+)\}?["']?\}""")
+
+
+def gpu_list(command: str, env: dict[str, str]) -> list[int] | None:
+    """The GPUs `dcgmi diag -i LIST` is restricted to (a ``${VAR:+-i "$VAR"}`` expanded
+    from the container's environment), or None: every GPU of the node."""
+    def expand(m: re.Match[str]) -> str:
+        return f"-i {env[m.group(2)]}" if env.get(m.group(1)) and m.group(2) in env else ""
+    m = _GPU_LIST.search(_GPU_LIST_FROM_ENV.sub(expand, command))
+    if m is None:
+        return None
+    return sorted({int(x) for x in m.group(1).split(",") if x})
+
+
 def run(command: str, engine: HostEngine, gpus: int, driver: str,
-        health: Outcome | None) -> tuple[int, str]:
-    """Act out the container's command: (exit code, stdout)."""
+        health: Outcome | None, only: list[int] | None = None) -> tuple[int, str]:
+    """Act out the container's command: (exit code, stdout). ``only``: the GPUs of
+    `dcgmi diag -i` (a GPU the node lacks fails as dcgmi does); problems of the others
+    are not in the report."""
     out = HOST_ENGINE_STARTED + "\n" if engine.embedded else ""
     if not engine.embedded and engine.host is None:
         return CONNECT_EXIT, out + NO_HOST_ENGINE.format(host="localhost")
@@ -234,7 +252,12 @@ def run(command: str, engine: HostEngine, gpus: int, driver: str,
                 # No answer about the GPUs (the GPU simulator unreachable): no report.
                 return DIAG_FAIL_EXIT, out + f"Error: Unable to complete diagnostic: {problem}\n"
             problems.setdefault(int(m.group(1)), []).append(problem)
-    report = diag_report(diag_level(command), gpus, driver, problems)
+    if only is not None:
+        missing = [g for g in only if g >= gpus]
+        if missing or not only:
+            return DIAG_FAIL_EXIT, out + (f"Error: Unable to complete diagnostic: GPU "
+                                          f"{missing} not found on this host\n")
+    report = diag_report(diag_level(command), gpus, driver, problems, only)
     failed = any(t["test_summary"]["status"] == "Fail"
                  for c in report["DCGM Diagnostic"]["test_categories"] for t in c["tests"])
     body = json.dumps(report, indent=4) + "\n" if _JSON.search(command) else _text_report(report)

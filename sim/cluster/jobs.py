@@ -165,7 +165,8 @@ class JobPrograms:
             health = None
             if (engine.embedded or engine.host is not None) and dcgmi.runs_diag(command):
                 health = await self.gpu.health(node)
-            code, out = dcgmi.run(command, engine, self._gpu_count(node), driver, health)
+            code, out = dcgmi.run(command, engine, self._gpu_count(node), driver, health,
+                                  dcgmi.gpu_list(command, _env_of(pod)))
         self.kubelet.write_log(pod, out)
         return code, dcgmi.termination_message(pod, code, out)
 
@@ -410,3 +411,10 @@ class JobController:
         if admission.pod_refusal(self.store, pod) is not None:
             return None
         return self.store.create(r.PODS, pod)
+
+
+def _env_of(pod: Obj) -> dict[str, str]:
+    """The environment of the pod's first container (the Job's one)."""
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return {str(e.get("name")): str(e.get("value", "")) for e in containers[0].get("env") or []
+            if "value" in e}

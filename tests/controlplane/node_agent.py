@@ -973,8 +973,11 @@ class NodeAgent:
             if (engine.embedded or engine.host is not None) and dcgmi.runs_diag(command) \
                     and self.gpu_url:
                 health = asyncio.run(_gpu_call(self.gpu_url, "validate", node, None))
+            env = {str(e.get("name")): str(e.get("value", "")) for c in
+                   ((pod.get("spec") or {}).get("containers") or [])[:1]
+                   for e in c.get("env") or [] if "value" in e}
             code, out = dcgmi.run(command, engine, self.gpus[node], dcgmi.DEFAULT_DRIVER,
-                                  health)
+                                  health, dcgmi.gpu_list(command, env))
         self.write_log(pod, out)
         return code, dcgmi.termination_message(pod, code, out) or (
             out.strip().splitlines()[-1][:200] if code and out.strip() else "")

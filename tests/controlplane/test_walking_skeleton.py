@@ -146,6 +146,10 @@ def test_granted_permissions_used_or_accounted_for(pdb_stack: ControlPlaneStack)
         # Only release-orphan lists a dead per-GPU remediation's rules to delete them
         # (tests/activities/test_gpu_isolation.py); no orphan here.
         ("resource.k8s.io", "devicetaintrules", "list"),
+        # Only a validation pinned to an isolated GPU makes (and deletes) a ResourceClaim
+        # (tests/activities/test_pinned_validation.py); isolation is off here.
+        ("resource.k8s.io", "resourceclaims", "create"),
+        ("resource.k8s.io", "resourceclaims", "delete"),
     }
     unused = granted - used - not_exercised_here
     report = {"used": sorted(map(list, used)), "granted_unused": sorted(map(list, unused))}

@@ -80,6 +80,8 @@ the ids it is there for):
 - v5_reset.json                      XID 48 on one GPU: operands off, reset by the GPU's UUID
 - v5_gpu_isolated.json               gpu_isolation dra, XID 48 on one GPU: a DeviceTaintRule
                                      (NoSchedule, NoExecute), no claim; `release`, healthy
+- v5_gpu_validated.json              gpu_isolation dra, XID 48 on one GPU: a DeviceTaintRule,
+                                     a validation pinned to that GPU passes, the rule removed
 - v5_abort_in_operands_pause.json    cancelled while the operands are turned off: restored,
                                      the XIDs shown acknowledged
 - v5_abort_in_quarantine_write.json  cancelled while the quarantine is written: the abort is
@@ -702,6 +704,17 @@ async def v5_gpu_isolated(client: Client, name: str) -> None:
         await save(name, handle)
 
 
+async def v5_gpu_validated(client: Client, name: str) -> None:
+    """remediation.gpu_isolation: dra, XID 48 on one GPU: a DeviceTaintRule, then a
+    validation pinned to that GPU (its own ResourceClaim) passes: the rule removed, healthy."""
+    async with worker_for(client, FakeCluster()) as queue:
+        handle = await start(client, queue, name,
+                             settings=FAST.model_copy(update={"gpu_isolation": "dra"}),
+                             verdict=reset_verdict(name.replace("_", "-")))
+        await handle.result()
+        await save(name, handle)
+
+
 async def held(client: Client, name: str, hold: Hold, verdict: Verdict) -> None:
     """Start on a worker whose ``hold`` activity waits, cancel it there, let it finish."""
     unkind = Unkind(FakeCluster(), hold)
@@ -1088,6 +1101,7 @@ SCENARIOS = (
     Scenario("release_cleared", v5_release_cleared, ("release-clear-bounded",)),
     Scenario("detector_incident", v5_detector_incident, ("fault-domains-and-incidents",)),
     Scenario("gpu_isolated", v5_gpu_isolated, ("gpu-isolation-dra",)),
+    Scenario("gpu_validated", v5_gpu_validated, ("gpu-validation-pinned",)),
     Scenario("detector_gpu_lease", v5_detector_gpu_lease,
              ("gpu-scoped-leases", "gpu-lease-waits-for-the-node", "gpu-counts-reported")),
     Scenario("detector_woken", v5_detector_woken, ("node-only-woken-tick",)),

@@ -3,6 +3,7 @@ test server, with in-memory activities."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,9 +43,58 @@ async def _view(handle: WorkflowHandle) -> RemediationView:
     return await handle.query(RemediationWorkflow.view_state)
 
 
-async def test_one_gpu_is_isolated_held_and_released_without_touching_the_node(
+async def test_a_gpu_that_passes_its_pinned_validation_gets_its_rule_removed(
         time_skipping_env):
     cluster = FakeCluster()
+    client = time_skipping_env.client
+    async with worker_for(client, cluster) as queue:
+        result = await client.execute_workflow(
+            RemediationWorkflow.run,
+            RemediationInput(node="n5", verdict=one_gpu("n5"), settings=DRA),
+            id=f"remediation-n5-{uuid.uuid4()}", task_queue=queue)
+    rule = rule_name("n5", "gpu-3")
+    assert result.outcome == "healthy" and "passed its pinned validation" in result.message
+    assert cluster.gpu_rules == {}
+    jobs = [c[1] for c in cluster.calls if c[0] == "run_node_job"]
+    # One validation, pinned to exactly that GPU; the node was never claimed or drained.
+    assert [(j.kind, j.device_uuid, j.gpu_index, j.gpu_uuids) for j in jobs] == [
+        ("validate", GPU_UUID, "3", [GPU_UUID])]
+    assert "gpu3" in jobs[0].name
+    assert not any(c[0] in ("claim_node", "drain_node") for c in cluster.calls)
+    reasons = [e[1] for e in cluster.events]
+    assert reasons == ["GpuIsolated", "GpuIsolationEvicts", "GpuValidated"]
+    assert rule in cluster.events[-1][2]
+    node = cluster.nodes["n5"]
+    assert node.state == NodeState.HEALTHY and not node.cordoned and not node.tainted
+    assert "passed its pinned validation" in node.history[-1].outcome
+
+
+async def test_a_row_remap_failure_is_held_without_validation(time_skipping_env):
+    cluster = FakeCluster()
+    client = time_skipping_env.client
+    async with worker_for(client, cluster) as queue:
+        handle = await client.start_workflow(
+            RemediationWorkflow.run,
+            RemediationInput(node="n6", verdict=one_gpu("n6", Action.QUARANTINE),
+                             settings=DRA),
+            id=f"remediation-n6-{uuid.uuid4()}", task_queue=queue)
+        async def held() -> bool:
+            return (await _view(handle)).step == Step.GPU_QUARANTINED
+        await until(held, what="the GPU held")
+        async def told() -> bool:
+            return any(e[1] == "GpuQuarantined" for e in cluster.events)
+        await until(told, what="the GpuQuarantined Event")
+        assert cluster.jobs_run() == []
+        assert "without validation" in next(
+            e[2] for e in cluster.events if e[1] == "GpuQuarantined")
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+
+
+async def test_one_gpu_that_fails_validation_is_held_and_released_without_touching_the_node(
+        time_skipping_env):
+    cluster = FakeCluster(job_results={"validate": [False]})
     client = time_skipping_env.client
     async with worker_for(client, cluster) as queue:
         handle = await client.start_workflow(
@@ -62,10 +112,15 @@ async def test_one_gpu_is_isolated_held_and_released_without_touching_the_node(
         assert (view.gpu_isolation.rule, view.gpu_isolation.effect) == (rule, "NoExecute")
         assert view.gpu_isolation.owner == handle.id
         # Not claimed, cordoned or drained: its other GPUs stay in service.
-        assert not any(c[0] in ("claim_node", "drain_node", "run_node_job")
-                       for c in cluster.calls)
+        assert not any(c[0] in ("claim_node", "drain_node") for c in cluster.calls)
+        assert cluster.jobs_run() == ["validate"]
+        async def told() -> bool:
+            return any(e[1] == "GpuQuarantined" for e in cluster.events)
+        await until(told, what="the GpuQuarantined Event")
         reasons = [e[1] for e in cluster.events]
-        assert reasons == ["GpuIsolated", "GpuIsolationEvicts"]
+        assert reasons == ["GpuIsolated", "GpuIsolationEvicts", "GpuValidationFailed",
+                           "GpuQuarantined"]
+        assert "diag failed" in cluster.events[2][2] and rule in cluster.events[2][2]
         assert rule in cluster.events[0][2] and handle.id in cluster.events[0][2]
         ack = await handle.execute_update(RemediationWorkflow.release,
                                           OperatorCommand(operator="alice",
@@ -123,6 +178,51 @@ async def test_an_abort_removes_the_rule(time_skipping_env):
     assert cluster.gpu_rules == {}
     assert cluster.nodes["n4"].history[-1].outcome.startswith("aborted")
     assert not any(c[0] == "claim_node" for c in cluster.calls)
+
+
+async def test_an_abort_mid_validation_deletes_the_job_its_claim_and_the_rule(
+        time_skipping_env):
+    cluster = FakeCluster()
+    gate = threading.Event()
+    cluster.job_gates["validate"] = gate
+    client = time_skipping_env.client
+    try:
+        async with worker_for(client, cluster) as queue:
+            handle = await client.start_workflow(
+                RemediationWorkflow.run,
+                RemediationInput(node="n7", verdict=one_gpu("n7"), settings=DRA),
+                id=f"remediation-n7-{uuid.uuid4()}", task_queue=queue)
+            async def validating() -> bool:
+                return (await _view(handle)).step == Step.VALIDATE
+            await until(validating, what="the pinned validation")
+            await handle.cancel()
+            with pytest.raises(WorkflowFailureError):
+                await handle.result()
+    finally:
+        gate.set()
+    deleted = [c[1] for c in cluster.calls if c[0] == "delete_node_job"]
+    # delete_node_job removes the pinned Job and its ResourceClaim (activities/jobs.py).
+    assert [(d.kind, d.device_uuid) for d in deleted] == [("validate", GPU_UUID)]
+    assert cluster.gpu_rules == {}
+    assert cluster.nodes["n7"].history[-1].outcome.startswith("aborted")
+
+
+async def test_a_dry_run_plans_the_pinned_validation_and_writes_nothing(time_skipping_env):
+    cluster = FakeCluster()
+    client = time_skipping_env.client
+    async with worker_for(client, cluster) as queue:
+        handle = await client.start_workflow(
+            RemediationWorkflow.run,
+            RemediationInput(node="n8", verdict=one_gpu("n8"), settings=DRA, dry_run=True),
+            id=f"remediation-n8-{uuid.uuid4()}", task_queue=queue)
+        result = await handle.result()
+        plan = (await _view(handle)).plan
+    assert result.outcome == "quarantined" and "would be isolated" in result.message
+    assert cluster.mutations == [] and cluster.gpu_rules == {}
+    jobs = [c[1] for c in cluster.calls if c[0] == "run_node_job"]
+    assert [(j.dry_run, j.device_uuid) for j in jobs] == [(True, GPU_UUID)]
+    assert any("pinned to GPU 3" in line and "ResourceClaim" in line for line in plan), plan
+    assert not any(e[1] == "GpuQuarantined" for e in cluster.events)
 
 
 @workflow.defn(name="LeaseKeeper", sandboxed=False)

@@ -1,6 +1,8 @@
 """One GPU held alone (gpu_isolation: dra): a DeviceTaintRule keeps it out of scheduling
 (NoSchedule, then NoExecute where its claim must go) while the node stays in service,
-until an operator's release or an abort removes the rule.
+then a validation pinned to that GPU (a Job with a ResourceClaim for exactly that device):
+it passes, the rule goes; it fails, or the catalog holds the fault without one, the rule
+stays as a per-GPU quarantine until an operator's release (an abort removes it).
 """
 
 from __future__ import annotations
@@ -57,11 +59,24 @@ class GpuIsolationSteps(RemediationBase):
             await self._note_event("GpuIsolationEvicts",
                                    f"DeviceTaintRule {got.rule} NoExecute: the claim using "
                                    f"GPU {plan.gpu} must go ({plan.why})")
-        # Held as a per-GPU quarantine until an operator's release: a validation pinned to
-        # the GPU is not run yet (docs/operations.md).
+        held_why = ""
+        if workflow.patched("gpu-validation-pinned"):
+            if plan.then == "validate":
+                passed, held_why = await self._validate_gpu(plan, got.rule, got.device)
+                if passed:
+                    return await self._gpu_validated(plan, got.rule, got.device, held_why)
+            else:
+                held_why = (f"the catalog holds this fault without validation: "
+                            f"{plan.why}")
+        # Held as a per-GPU quarantine until an operator's release (docs/operations.md).
         self._set(NodeState.HEALTHY, Step.GPU_QUARANTINED)
         self._details(f"GPU {plan.gpu} ({got.device}) held by DeviceTaintRule {got.rule}. "
                       f"Release it with `gpu-remediate release {node} -r REASON`.")
+        if held_why:
+            await self._tell("GpuQuarantined",
+                             f"GPU {plan.gpu} ({plan.uuid}, device {got.device}) of {node} "
+                             f"stays isolated by DeviceTaintRule {got.rule} until an "
+                             f"operator's release: {held_why}"[:1000])
         if self.inp.dry_run:
             return RemediationResult(node=node, outcome=Outcome.QUARANTINED, attempts=0,
                                      message=f"GPU {plan.gpu} would be isolated by "
@@ -79,6 +94,39 @@ class GpuIsolationSteps(RemediationBase):
         self.released = True
         self._details(f"{Outcome.HEALTHY}: {why}")
         return RemediationResult(node=node, outcome=Outcome.HEALTHY, attempts=0, message=why)
+
+    async def _validate_gpu(self, plan: IsolationPlan, rule: str,
+                            device: str) -> tuple[bool, str]:
+        """The validation pinned to the GPU: a Job whose pod gets exactly that device
+        through a ResourceClaim tolerating our taint, dcgmi diag on that GPU only. (passed,
+        why): the evidence, or why the GPU is held."""
+        self._set(NodeState.HEALTHY, Step.VALIDATE)
+        result = await self._job("validate", 1, pinned=(plan.gpu, plan.uuid))
+        if self.inp.dry_run:
+            return False, ""  # what it would run is in the plan
+        if result.succeeded:
+            return True, result.evidence or result.message
+        await self._tell("GpuValidationFailed",
+                         f"GPU {plan.gpu} ({plan.uuid}, device {device}) of {self.inp.node} "
+                         f"failed its pinned validation; DeviceTaintRule {rule} kept: "
+                         f"{result.message}"[:1000])
+        return False, f"its pinned validation failed: {result.message}"
+
+    async def _gpu_validated(self, plan: IsolationPlan, rule: str, device: str,
+                             evidence: str) -> RemediationResult:
+        node = self.inp.node
+        await self._gpu_taint(None)
+        why = (f"GPU {plan.gpu} ({device}) passed its pinned validation ({evidence}); "
+               f"DeviceTaintRule {rule} removed")[:2000]
+        self.view.gpu_isolation = None
+        self._set(NodeState.HEALTHY, Step.HEALTHY)
+        await self._note_event("GpuValidated", f"GPU {plan.gpu} ({plan.uuid}) of {node}: "
+                               + why[:900])
+        await self._release_call(Outcome.HEALTHY, why, self._acknowledged_xids(),
+                                 node_untouched=True)
+        self.released = True
+        self._details(f"{Outcome.HEALTHY}: {why}")
+        return RemediationResult(node=node, outcome=Outcome.HEALTHY, attempts=1, message=why)
 
     async def _gpu_taint(self, effect: Literal["NoSchedule", "NoExecute"] | None) -> None:
         iso = self.view.gpu_isolation
@@ -99,6 +147,15 @@ class GpuIsolationSteps(RemediationBase):
         assert iso is not None
         why = self._abort_reason()
         self._set(NodeState.HEALTHY, Step.ABORTED)
+        if self.job_in_progress is not None:
+            # The pinned validation's Job and its ResourceClaim go before the rule.
+            try:
+                await self._node_call(act.delete_node_job, self.job_in_progress,
+                                      summary=f"delete {self.job_in_progress.name}",
+                                      check_cancel=False)
+            except ActivityError as err:
+                workflow.logger.warning("could not delete %s: %s",
+                                        self.job_in_progress.name, _cause(err))
         try:
             await self._gpu_taint(None)
         except ActivityError as err:

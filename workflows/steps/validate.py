@@ -267,9 +267,14 @@ class ValidationSteps(RemediationBase):
             await workflow.sleep(d.retry_interval, summary="before the next eviction round")
 
     async def _job(self, kind: Literal["validate", "gpu-reset", "reboot"],
-                   attempt: int) -> NodeJobResult:
+                   attempt: int, pinned: tuple[str, str] | None = None) -> NodeJobResult:
+        """``pinned``: (GPU index, UUID) of a validation pinned to one GPU (per-GPU
+        isolation): its own ResourceClaim for that device, diag on that GPU only."""
         s = self.inp.settings
         name = node_job_name(kind, self.inp.node, workflow.info().run_id, attempt)
+        if pinned is not None:
+            name = node_job_name(f"{kind}-gpu{pinned[0]}", self.inp.node,
+                                 workflow.info().run_id, attempt)
         gpu_index = None
         gpu_uuids: list[str] = []
         if kind == "gpu-reset" and s.reset_scope == "gpu":
@@ -283,13 +288,19 @@ class ValidationSteps(RemediationBase):
                 gpu_uuids = uuids if len(uuids) == 1 else []
         target = (f" on GPU {gpu_uuids[0]}" if gpu_uuids
                   else f" on GPU {gpu_index}" if gpu_index is not None else "")
-        self._plan(f"run {kind} Job {name} on {self.inp.node}"
-                   + (f" requesting all {self.gpus} GPUs" if kind == "validate" else "")
-                   + (target if kind == "gpu-reset" else ""))
+        if pinned is not None:
+            gpu_index, gpu_uuids = pinned[0], [pinned[1]]
+            self._plan(f"run {kind} Job {name} on {self.inp.node} pinned to GPU {pinned[0]} "
+                       f"({pinned[1]}) through ResourceClaim {name}")
+        else:
+            self._plan(f"run {kind} Job {name} on {self.inp.node}"
+                       + (f" requesting all {self.gpus} GPUs" if kind == "validate" else "")
+                       + (target if kind == "gpu-reset" else ""))
         job = NodeJobInput(node=self.inp.node, kind=kind, name=name,
                            template=s.job_templates.for_kind(kind), gpus=self.gpus,
                            gpu_index=gpu_index, dry_run=self.inp.dry_run,
-                           gpu_uuids=gpu_uuids)
+                           gpu_uuids=gpu_uuids,
+                           device_uuid=pinned[1] if pinned is not None else "")
         if not workflow.patched("jobs-polled-by-retry"):
             return await self._call(
                 act.run_node_job, job, timeout=s.job_timeout,
