@@ -349,17 +349,21 @@ class OperandActivities:
     # -------------------------------------------------------------- restore
 
     def _restore(self, inp: OperandsPaused) -> None:
-        if inp.dry_run or not inp.changed:
+        if inp.dry_run or not (inp.changed or inp.from_record):
             return
         seen: dict[str, Any] = {}
 
         def build(node: dict[str, Any]) -> dict[str, Any] | None:
             labels = _labels(node)
             annotations = _meta(node).get("annotations") or {}
+            changed = dict(inp.changed)
+            if inp.from_record:
+                # The pause's answer was lost: what it turned off is in its record.
+                changed = {**parse_record(annotations.get(A_OPERANDS_PAUSED)), **changed}
             restore: dict[str, str] = {}
             already: list[str] = []
             others: dict[str, str | None] = {}
-            for label, before in inp.changed.items():
+            for label, before in changed.items():
                 now = labels.get(label)
                 if now == before:
                     already.append(label)
@@ -391,7 +395,7 @@ class OperandActivities:
                 seen["lifted"] = True
             if A_OPERANDS_PAUSED in annotations:
                 rest = {k: v for k, v in parse_record(annotations[A_OPERANDS_PAUSED]).items()
-                        if k not in inp.changed}
+                        if k not in changed}
                 text = dump_record(rest) if rest else None
                 if text != annotations[A_OPERANDS_PAUSED]:
                     body["metadata"]["annotations"] = {A_OPERANDS_PAUSED: text}
@@ -415,6 +419,8 @@ class OperandActivities:
                         "pause: %s", inp.node, _described(others))
             parts.append("left as changed by someone else since the pause: "
                          + _described(others))
+        if not parts:
+            parts.append("the pause's record names no operand turned off: nothing to restore")
         record_node_event(self.core, inp.node, reason=REASON_RESTORED,
                           message="GPU Operator operands after the GPU reset: "
                                   + "; ".join(parts),

@@ -39,6 +39,9 @@ class OperandsPaused(_Message):
     ``changed``: full label → its value before we changed it (only labels we set "false").
     ``left``: labels we left as found, with the value found (None: absent).
     ``dry_run``: a plan, nothing was written (the restore then writes nothing either).
+    ``from_record``: the pause's answer never reached the workflow (an abort that lands in
+    the same workflow task as the pause's completion loses the result): the restore also
+    puts back what the node's pause record says the pause turned off.
     """
 
     node: str
@@ -46,6 +49,19 @@ class OperandsPaused(_Message):
     left: dict[str, str | None]
     message: str
     dry_run: bool = False
+    from_record: bool = False
+
+
+def pause_in_flight(node: str) -> OperandsPaused:
+    """What the workflow holds while a pause runs: if its answer is lost, the restore goes
+    by the node's pause record."""
+    return OperandsPaused(node=node, changed={}, left={}, from_record=True,
+                          message="a pause whose answer was lost (restored from the "
+                                  "node's pause record)")
+
+
+PAUSE_ANSWER_MAY_BE_LOST = "operands-pause-answer-may-be-lost"
+"""The patch under which a remediation holds ``pause_in_flight`` while it pauses operands."""
 
 
 class OperandsWaitInput(_Message):

@@ -46,6 +46,7 @@ from workflows.operands import (
     OperandsInput,
     OperandsWaitInput,
     deploy_label,
+    pause_in_flight,
     plan_pause,
 )
 
@@ -331,6 +332,27 @@ async def test_restore_removes_the_record_and_retries_a_conflict(
     assert [w["code"] for w in node_writes(k)] == [409, 200]
     assert labels(k) == before and record(k) is None
     assert k.events(NODE, REASON_RESTORED)[0].type == "Normal"
+
+
+async def test_a_pause_whose_answer_was_lost_is_restored_from_the_nodes_record(
+        k: Cluster, acts: OperandActivities) -> None:
+    """The workflow never saw what the pause changed (its answer was lost to an abort): the
+    restore goes by the pause record on the node, puts back exactly those labels (not one an
+    admin had turned off before the pause) and removes the record."""
+    all_on(k)
+    set_labels(k, {GFD: "false"})  # off before the pause: not ours
+    before = labels(k)
+    await run(acts.pause_gpu_operands, pause_in())
+    assert labels(k)[DP] == "false" and record(k) is not None
+    await run(acts.restore_gpu_operands, pause_in_flight(NODE))
+    assert labels(k) == before and record(k) is None
+    assert f"restored {DCGM}=true, {EXPORTER}=true, {DP}=true" in \
+        k.events(NODE, REASON_RESTORED)[0].message
+    # With no pause on record, nothing is written and the Event says so.
+    k.clear_writes()
+    await run(acts.restore_gpu_operands, pause_in_flight(NODE))
+    assert node_writes(k) == []
+    assert any("nothing to restore" in e.message for e in k.events(NODE, REASON_RESTORED))
 
 
 @pytest.mark.parametrize("which", ["pause", "restore", "gone", "back"])

@@ -100,6 +100,8 @@ class FakeNode:
     # Looks that answer "not yet": operands still leaving / coming back, GPUs not free
     # (each look is a retry 5 s later: tests that wait on wall-clock time keep these 0).
     operands_leave_after: int = 0
+    # The pause record on the node (annotation gpu-remediate.io/operands-paused).
+    pause_record: dict[str, str] = field(default_factory=dict)
     # The node is replaced (another UID) when this activity looks at it: it says NodeGone.
     replaced_at: str = ""
     operands_return_after: int = 0
@@ -171,6 +173,8 @@ class FakeCluster:
     limits: LimitsSettings | None = None
     # An API brownout for a node's claim: this many attempts fail with a 500 first.
     claim_failures: dict[str, int] = field(default_factory=dict)
+    # Nodes whose operand pause turns the labels off and then loses its answer.
+    pause_answer_lost: set[str] = field(default_factory=set)
     # The repair ledger (record_repair), and why its writes fail ("": they succeed).
     ledger: list[LedgerEntry] = field(default_factory=list)
     ledger_fails: str = ""
@@ -375,6 +379,10 @@ class FakeCluster:
                 if not inp.dry_run:
                     cluster.mutations.append(f"operands off {inp.node}")
                     labels.update({k: "false" for k in changed})
+                    cluster.node(inp.node).pause_record.update(changed)
+                    if inp.node in cluster.pause_answer_lost:
+                        raise ApplicationError("the pause's answer was lost",
+                                               type="AnswerLost", non_retryable=True)
                 return OperandsPaused(node=inp.node, changed=changed, left=left,
                                       message="paused", dry_run=inp.dry_run)
 
@@ -383,8 +391,13 @@ class FakeCluster:
             with cluster.lock:
                 cluster.calls.append(("restore_gpu_operands", inp))
                 if not inp.dry_run:
+                    node = cluster.node(inp.node)
+                    changed = ({**node.pause_record, **inp.changed} if inp.from_record
+                               else inp.changed)
                     cluster.mutations.append(f"operands on {inp.node}")
-                    cluster.node(inp.node).operand_labels.update(inp.changed)
+                    node.operand_labels.update(changed)
+                    for label in changed:
+                        node.pause_record.pop(label, None)
 
         def _replaced(node: FakeNode, where: str) -> None:
             if node.replaced_at == where:

@@ -177,6 +177,27 @@ async def test_abort_during_the_reset_restores_the_operands(local_env):
     assert node.history[-1].outcome.startswith("aborted")
 
 
+async def test_a_pause_whose_answer_is_lost_is_restored_from_the_nodes_record(
+        time_skipping_env):
+    """The pause turned the operands off but its answer never reached the workflow (as when
+    an abort lands in the same workflow task as the pause's completion: the SDK raises the
+    cancellation and the result is gone). The node is held, and its operands are put back
+    from the pause's record on the node, not left off."""
+    cluster = FakeCluster(pause_answer_lost={"r13"})
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, reset_input("r13"),
+            id=f"remediation-r13-{uuid.uuid4()}", task_queue=queue)
+        await skip_until(time_skipping_env,
+                         lambda: cluster.node("r13").state == NodeState.QUARANTINED)
+        await end_in_hold(handle)
+    node = cluster.node("r13")
+    assert all(v == "true" for v in node.operand_labels.values()), node.operand_labels
+    assert node.pause_record == {}
+    restores = [c[1] for c in cluster.calls if c[0] == "restore_gpu_operands"]
+    assert restores and restores[-1].from_record and restores[-1].changed == {}
+
+
 async def test_a_node_replaced_mid_remediation_ends_it_with_an_event(time_skipping_env):
     cluster = FakeCluster()
     cluster.node("r9").replaced_at = "check_gpus_free"

@@ -25,7 +25,12 @@ with workflow.unsafe.imports_passed_through():
         RemediationResult,
         ReturnInput,
     )
-    from workflows.operands import OperandsInput, OperandsWaitInput
+    from workflows.operands import (
+        PAUSE_ANSWER_MAY_BE_LOST,
+        OperandsInput,
+        OperandsWaitInput,
+        pause_in_flight,
+    )
     from workflows.transitions import NodeState, Outcome, Step
 
 from workflows.steps.base import (
@@ -269,6 +274,7 @@ class RepairSteps(RemediationBase):
         op = self.inp.settings.gpu_operator
         if not op.operands:
             return await self._job("gpu-reset", attempt)
+        self._pausing_operands()
         paused = await self._node_call(
             act.pause_gpu_operands,
             OperandsInput(node=self.inp.node, operands=op.operands, namespace=op.namespace,
@@ -312,6 +318,13 @@ class RepairSteps(RemediationBase):
                                      message=f"reset done, but the GPU Operator operands were "
                                              f"not back within {op.start_timeout}: {back}")
         return result
+
+    def _pausing_operands(self) -> None:
+        """Before a pause: an abort landing in the workflow task that also brings the
+        pause's completion gets no result (the SDK raises the cancellation), so until the
+        answer comes the restore goes by the node's pause record."""
+        if not self.inp.dry_run and workflow.patched(PAUSE_ANSWER_MAY_BE_LOST):
+            self.operands_paused = pause_in_flight(self.inp.node)
 
     async def _restore_operands(self, *, best_effort: bool = False) -> None:
         """Turn back on what the reset turned off (idempotent; nothing when nothing is

@@ -108,6 +108,7 @@ class ValidationSteps(RemediationBase):
                 self._plan("no standalone DCGM host engine: pause dcgm-exporter (its "
                            "embedded engine) for the diagnostic, run the Job's own as root, "
                            "restore the exporter as found")
+                self._pausing_operands()
                 paused = await self._node_call(
                     act.pause_gpu_operands,
                     OperandsInput(node=self.inp.node, operands=[exporter],
