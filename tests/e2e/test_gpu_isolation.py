@@ -1,6 +1,6 @@
 """Per-GPU isolation end to end: an eight-GPU node with XID 48 on one GPU keeps seven GPUs
-allocatable through DRA before, during and after; only the claim on the sick GPU goes, and
-the GPU returns once a validation pinned to it passes.
+allocatable through DRA before, during and after; only the claim on the sick GPU goes, a
+validation pinned to it finds the fault and holds it, and an operator's release returns it.
 
 The laptop stack with the cluster simulator posing as Kubernetes 1.37 (DeviceTaintRule v1,
 NVIDIA's DRA driver's ResourceSlices, a scheduler and eviction controller that honour
@@ -18,7 +18,7 @@ from kubernetes import client, config
 from sim.gpu.client import GpuSimClient
 from sim.scenario import gpu_uuid
 from tests.e2e.conftest import make_stack
-from tests.e2e.kit import Cluster, result, view_state, wait_for
+from tests.e2e.kit import Cluster, result, update, view_state, wait_for
 from worker.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
@@ -125,38 +125,41 @@ def test_one_sick_gpu_is_isolated_and_seven_stay_allocatable(dra_stack: LocalSta
         timeout=90)
     assert rule["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": NODE,
                                               "device": f"gpu-{SICK}"}
-    # The fault passes (the page retired): the validation pinned to the GPU, which waits
-    # for the evicted claim to let go of it, finds it healthy.
-    gpu.clear(NODE, SICK)
     wait_for(dra_stack, "the claim on the sick GPU evicted",
              lambda: dra.gone("on-sick-gpu"), timeout=30)
-    view = view_state(dra_stack, NODE)
-    assert view.gpu_isolation is not None
-    assert view.gpu_isolation.rule == rule["metadata"]["name"]
+    # The validation pinned to the GPU finds the fault still there: the GPU is held by its
+    # rule (a per-GPU quarantine), the node stays in service.
+    held = wait_for(dra_stack, "the GPU held after its pinned validation failed", lambda: (
+        v if (v := view_state(dra_stack, NODE)).step == "gpu-quarantined" else None),
+        timeout=90)
+    assert held.gpu_isolation is not None
+    assert held.gpu_isolation.rule == rule["metadata"]["name"]
+    assert "GpuValidationFailed" in k8s.event_reasons(NODE)
 
-    # During: the node is neither cordoned nor tainted, and seven GPUs are allocatable; an
-    # eighth is not (the rule, or the validation's own claim, holds it).
+    # During: the node is neither cordoned nor tainted, and seven GPUs are allocatable, not
+    # the sick one; with those seven free again, an eighth is still refused: the rule
+    # alone holds it (the validation and its claim are over).
     node = k8s.node(NODE)
     assert not node.spec.unschedulable and not Cluster.has_our_taint(node)
     assert "GpuIsolated" in k8s.event_reasons(NODE)
     dra.run("during", 7)
     assert dra.placed("during")["node"] == NODE
     assert f"gpu-{SICK}" not in dra.devices("during")
+    dra.stop("during")
     dra.run("during-8", 8)
     assert "cannot allocate all claims" in dra.placed("during-8")["message"]
-    dra.stop("during")
     dra.core.delete_namespaced_pod("during-8", NS, grace_period_seconds=0)
-
-    # After: the validation pinned to the GPU passed; the rule and the validation's claim
-    # are gone and all eight are allocatable, without an operator.
-    done = result(dra_stack, NODE, timeout=120)
-    assert done.outcome == "healthy", done.message
-    assert "passed its pinned validation" in done.message
-    assert rule["metadata"]["name"] in done.message
-    assert "GpuValidated" in k8s.event_reasons(NODE)
-    wait_for(dra_stack, "the rule removed", lambda: not dra.rules(), timeout=30)
     assert dra.custom.list_namespaced_custom_object(
         GROUP, "v1", "gpu-remediate-jobs", "resourceclaims")["items"] == []
+
+    # After: the GPU is replaced and the operator releases it; the rule goes and all
+    # eight are allocatable. (A validation that passes removes the rule by itself:
+    # tests/workflows/test_gpu_isolation_workflow.py, tests/activities/test_pinned_validation.py.)
+    gpu.clear(NODE, SICK)
+    update(dra_stack, NODE, "release", reason="GPU 3 replaced")
+    done = result(dra_stack, NODE, timeout=60)
+    assert done.outcome == "healthy", done.message
+    wait_for(dra_stack, "the rule removed", lambda: not dra.rules(), timeout=30)
     dra.run("after", 8)
     assert dra.placed("after")["node"] == NODE
     assert not k8s.node(NODE).spec.unschedulable

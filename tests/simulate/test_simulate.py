@@ -35,9 +35,9 @@ def settings(max_unavailable: int | str = 2, **kw: object) -> DetectorSettings:
 
 
 def run(s: DetectorSettings, model: FaultModel, *, nodes: int = 30, days: float = 2,
-        seed: int = 1) -> dict:
+        seed: int = 1, watchers: bool = False) -> dict:
     result = asyncio.run(simulate(s, model, nodes=nodes, gpus=8, domains=1, days=days,
-                                  seed=seed))
+                                  seed=seed, watchers=watchers))
     return result.model_dump(mode="json")
 
 
@@ -110,9 +110,7 @@ def test_node_watchers_wake_the_detector_at_the_fault_and_change_nothing_else() 
     the budget holds, and the same seed gives the same JSON."""
     s = settings(interval=timedelta(minutes=10))
     scraped = asyncio.run(simulate(s, BUSY, nodes=30, gpus=8, domains=1, days=2, seed=3))
-    watched = [asyncio.run(simulate(s, BUSY, nodes=30, gpus=8, domains=1, days=2, seed=3,
-                                    watchers=True)).model_dump(mode="json")
-               for _ in range(2)]
+    watched = [run(s, BUSY, nodes=30, days=2, seed=3, watchers=True) for _ in range(2)]
     assert watched[0] == watched[1]
     w, plain = watched[0], scraped.model_dump(mode="json")
     assert (w["node_watchers"], plain["node_watchers"]) == (True, False)

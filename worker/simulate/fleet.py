@@ -32,7 +32,12 @@ from policy.models import SEVERITY, Action, GpuReading, NodeReadings, Verdict
 from policy.rules import evaluate_node
 from worker.simulate.clock import CLOCK_WORKFLOW_ID, SimulationClockWorkflow
 from worker.simulate.faults import CAUSES, FaultModel
-from worker.simulate.watcher import WATCHER_WORKFLOW_ID, Due, SimulationWatcherWorkflow
+from worker.simulate.watcher import (
+    WATCHER_WORKFLOW_ID,
+    Due,
+    SimulationWatcherWorkflow,
+    kernel_second,
+)
 from workflows import errors
 from workflows.ids import DETECTOR_WORKFLOW_ID, shard_of
 from workflows.incidents import IncidentCordon, IncidentCordonResult
@@ -222,6 +227,9 @@ class SimFleet:
         self.ticks = 0
         self.tick_at = 0.0
         self.tick_server = 0.0
+        # Where now() counts from: the last full tick, or a later node-only tick's stamp.
+        self.anchor_at = 0.0
+        self.anchor_server = 0.0
         # What read_limits answers: the config's own limits (a client may only tighten).
         self.limits = LimitsSettings.from_settings(settings)
         # Node watchers (worker/simulate/watcher.py): the next scheduled fault and the
@@ -260,7 +268,7 @@ class SimFleet:
         over a run). The grid does not: a tick is at ``ticks x interval``, and a moment
         between ticks is whole seconds after its tick (every timer and retry interval in
         the workflows is whole seconds, and the drift within a tick is under one)."""
-        return self.tick_at + math.floor(self.server_seconds() - self.tick_server)
+        return self.anchor_at + math.floor(self.server_seconds() - self.anchor_server)
 
     def ticked(self) -> float:
         """A new fleet observation: the grid moves on one interval (the first is at 0)."""
@@ -268,7 +276,17 @@ class SimFleet:
             self.tick_at += self.settings.interval.total_seconds()
         self.ticks += 1
         self.tick_server = self.server_seconds()
+        self.anchor_at, self.anchor_server = self.tick_at, self.tick_server
         return self.tick_at
+
+    def reported(self, seconds: list[int]) -> float:
+        """A node-only tick woken by reports stamped with these simulated seconds: its time
+        is the latest stamp (never before the last anchor), and later moments count from
+        it, as later moments of a full tick count from the tick."""
+        at = max([*seconds, int(self.anchor_at)])
+        if at > self.anchor_at:
+            self.anchor_at, self.anchor_server = float(at), self.server_seconds()
+        return self.now()
 
     def advance(self, now: float) -> None:
         """Faults due by ``now`` start showing; lost nodes due back come back as new
@@ -306,8 +324,8 @@ class SimFleet:
             xid = CAUSES[fault.cause].xid
             after = math.ceil(fault.at) - now if fault.at > now else 0
             if xid is not None and now + after < until and fault.node not in self.gone:
-                out.append(Due(after=int(after), node=self.name(fault.node), gpu=fault.gpu,
-                               xid=xid))
+                out.append(Due(after=int(after), at=int(now + after),
+                               node=self.name(fault.node), gpu=fault.gpu, xid=xid))
 
         schedule = self.schedule
         while self.next_report < len(schedule) and schedule[self.next_report].at < until:
@@ -475,7 +493,11 @@ class SimFleet:
                                            and fleet.due_to_end()):
                 await fleet.close()
                 await asyncio.Event().wait()  # until the worker stops (cancelled)
-            now = fleet.ticked() if inp.shard == 0 and not only else fleet.now()
+            if only:
+                now = fleet.reported([s for r in inp.reports if r.node in only
+                                      and (s := kernel_second(r.line)) is not None])
+            else:
+                now = fleet.ticked() if inp.shard == 0 else fleet.now()
             fleet.advance(now)
             f.observations += 1
             if only:

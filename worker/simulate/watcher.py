@@ -10,13 +10,16 @@ time, as the worker would on the watcher's report.
 
 Only faults a kernel log shows as an XID line are reported (the causes with an XID in
 worker/simulate/faults.py); heat and the HBM3 counters are seen at the full ticks only, as
-dcgm-exporter shows them. The delays count from the tick's own instant on the server, so a
-report lands on the same simulated second whatever the server's clock drifted before it.
+dcgm-exporter shows them. Each report's line carries its kernel timestamp (the simulated
+second of the fault, as dmesg stamps seconds since boot), and the fleet's node-only
+observation takes its time from it, not from the server's clock, which runs ahead by the
+run's own processing time: the same seed gives the same result on a loaded machine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import timedelta
 
 from pydantic import BaseModel, Field
@@ -33,12 +36,30 @@ SIGNALS_PER_RUN = 2_000
 
 
 class Due(BaseModel):
-    """One kernel-log XID a node's watcher will report ``after`` whole seconds."""
+    """One kernel-log XID a node's watcher will report ``after`` whole seconds, which is
+    the simulated second ``at`` (its line's kernel timestamp)."""
 
     after: int = Field(ge=0)
+    at: int = Field(ge=0)
     node: str
     gpu: int = Field(ge=0)
     xid: int = Field(ge=1)
+
+
+_STAMP = re.compile(r"^\[\s*(\d+)\.\d+\]")
+
+
+def kernel_line(due: Due) -> str:
+    """The XID's line as ``dmesg`` prints it: seconds since boot (here, since the run's
+    start) in brackets."""
+    return (f"[{due.at:>7d}.000000] NVRM: Xid (PCI:0000:{due.gpu:02x}:00): {due.xid}, "
+            "pid=1, name=simulated")
+
+
+def kernel_second(line: str) -> int | None:
+    """The whole second a kernel line is stamped with, or None."""
+    m = _STAMP.match(line)
+    return int(m.group(1)) if m else None
 
 
 @workflow.defn
@@ -66,8 +87,7 @@ class SimulationWatcherWorkflow:
             if due.after:
                 await workflow.sleep(timedelta(seconds=due.after))
             report = NodeReport(node=due.node, xid=due.xid, gpu=str(due.gpu),
-                                line=f"NVRM: Xid (PCI:0000:{due.gpu:02x}:00): {due.xid}",
-                                at=workflow.now())
+                                line=kernel_line(due), at=workflow.now())
             await workflow.get_external_workflow_handle(DETECTOR_WORKFLOW_ID).signal(
                 NODE_REPORT_SIGNAL, report)
         except Exception as err:  # the detector gone at the run's end: nothing to tell
