@@ -26,7 +26,7 @@ from workflows.messages import (
     SlotRequest,
 )
 from workflows.remediation import RemediationWorkflow
-from workflows.settings import RemediationSettings
+from workflows.settings import GpuOperatorSettings, RemediationSettings
 from workflows.transitions import NodeState, Step
 
 GPU_UUID = "GPU-5d1a3c2e-8d0b-4c1e-9a57-6b1f3c2d9e41"
@@ -86,6 +86,32 @@ async def test_a_row_remap_failure_is_held_without_validation(time_skipping_env)
         await until(told, what="the GpuQuarantined Event")
         assert cluster.jobs_run() == []
         assert "without validation" in next(
+            e[2] for e in cluster.events if e[1] == "GpuQuarantined")
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+
+
+async def test_without_a_standalone_host_engine_the_gpu_is_held_without_a_job(
+        time_skipping_env):
+    """A GPU Operator node without the standalone DCGM host engine (the dcgm operand): the
+    diag could only use dcgm-exporter's engine, which the other seven GPUs need, so no
+    pinned Job is made to wait out its deadline: the GPU is held at once, saying why."""
+    cluster = FakeCluster()
+    client = time_skipping_env.client
+    no_dcgm = DRA.model_copy(update={"gpu_operator": GpuOperatorSettings(
+        operands=["device-plugin", "dcgm-exporter", "gpu-feature-discovery"])})
+    async with worker_for(client, cluster) as queue:
+        handle = await client.start_workflow(
+            RemediationWorkflow.run,
+            RemediationInput(node="n9", verdict=one_gpu("n9"), settings=no_dcgm),
+            id=f"remediation-n9-{uuid.uuid4()}", task_queue=queue)
+        async def told() -> bool:
+            return any(e[1] == "GpuQuarantined" for e in cluster.events)
+        await until(told, what="the GpuQuarantined Event")
+        assert (await _view(handle)).step == Step.GPU_QUARANTINED
+        assert cluster.jobs_run() == []
+        assert "no standalone DCGM host engine" in next(
             e[2] for e in cluster.events if e[1] == "GpuQuarantined")
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):

@@ -7,15 +7,18 @@ stays as a per-GPU quarantine until an operator's release (an abort removes it).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Literal
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from workflows import activity_refs as act
     from workflows.isolation import GpuIsolationView, GpuTaintInput, IsolateGpuInput, IsolationPlan
     from workflows.messages import RemediationResult
+    from workflows.operands import OperandsWaitInput, deploy_label
     from workflows.transitions import NodeState, Outcome, Step
 
 from workflows.steps.base import RemediationBase, _cause
@@ -101,6 +104,9 @@ class GpuIsolationSteps(RemediationBase):
         through a ResourceClaim tolerating our taint, dcgmi diag on that GPU only. (passed,
         why): the evidence, or why the GPU is held."""
         self._set(NodeState.HEALTHY, Step.VALIDATE)
+        if no_engine := await self._no_standalone_host_engine():
+            self._plan(f"no pinned validation: {no_engine}")
+            return False, no_engine
         result = await self._job("validate", 1, pinned=(plan.gpu, plan.uuid))
         if self.inp.dry_run:
             return False, ""  # what it would run is in the plan
@@ -111,6 +117,31 @@ class GpuIsolationSteps(RemediationBase):
                          f"failed its pinned validation; DeviceTaintRule {rule} kept: "
                          f"{result.message}"[:1000])
         return False, f"its pinned validation failed: {result.message}"
+
+    async def _no_standalone_host_engine(self) -> str:
+        """Why a pinned validation cannot run here, or "". On a GPU Operator node the diag
+        needs the standalone DCGM host engine (the ``dcgm`` operand): without it the
+        engine is dcgm-exporter's own, which the node's seven serving GPUs need and which
+        the per-GPU path never pauses; the Job would wait out its deadline for nothing."""
+        op = self.inp.settings.gpu_operator
+        if "dcgm-exporter" not in op.operands or self.inp.dry_run:
+            return ""  # the node's GPU software is not the GPU Operator's
+        why = ("no standalone DCGM host engine on the node (the GPU Operator's dcgm "
+               "operand): the diagnostic would need dcgm-exporter, whose embedded engine "
+               "serves the node's other GPUs, paused")
+        if "dcgm" not in op.operands:
+            return why
+        try:
+            await self._call(
+                act.check_operands_back,
+                OperandsWaitInput(node=self.inp.node, labels=[deploy_label("dcgm")],
+                                  namespace=op.namespace),
+                timeout=timedelta(minutes=1), heartbeat=False,
+                retry=RetryPolicy(maximum_attempts=1),
+                summary=f"look for a standalone DCGM host engine on {self.inp.node}")
+        except ActivityError as err:
+            return f"{why} ({_cause(err)})"[:500]
+        return ""
 
     async def _gpu_validated(self, plan: IsolationPlan, rule: str, device: str,
                              evidence: str) -> RemediationResult:
