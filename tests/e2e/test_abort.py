@@ -55,7 +55,7 @@ def assert_aborted(stack: LocalStack, k8s: Cluster, node: str) -> None:
              lambda: workflow_status(stack, node) == WorkflowExecutionStatus.CANCELED,
              timeout=15)
     history = k8s.history(node)
-    assert history[-1]["outcome"] == "aborted: aborted by e2e: wrong node", history
+    assert history[-1]["outcome"] == "aborted: aborted by e2e (unverified): wrong node", history
     assert "RemediationAborted" in k8s.event_reasons(node)
     # The XID still shows (an XID is an event: the exporter keeps the last one), and the
     # abort acknowledged it: the detector, looking every second, starts nothing again.
