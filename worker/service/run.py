@@ -22,6 +22,7 @@ from worker.service.health import Health
 from worker.service.reports import serve_reports
 from worker.service.wiring import TICK_ACTIVITIES, kube_client, worker_activities
 from worker.temporal_client import connect
+from worker.version import code_build_id
 from workflows.detector import DetectorWorkflow, PinnedDetectorWorkflow
 from workflows.ids import observe_task_queue
 from workflows.remediation import RemediationWorkflow
@@ -206,14 +207,17 @@ async def run_worker(settings: Settings) -> None:
     # Off by default: the endpoint nodes' watchers report faults to (gpu-remediate watch).
     reports = (await serve_reports(settings.reports, kube_client(settings), client)
                if settings.reports.enabled else None)
+    versioned = deployment_config(w)
+    # Versioned, the build ID is the deployment version's.
+    build_id = None if versioned else code_build_id()
     with ThreadPoolExecutor(max_workers=w.max_concurrent_activities) as pool:
         worker = Worker(
             client, task_queue=settings.temporal.task_queue,
-            workflows=[RemediationWorkflow, detector_workflow(deployment_config(w))],
+            workflows=[RemediationWorkflow, detector_workflow(versioned)],
             activities=activities,
             activity_executor=pool, max_concurrent_activities=w.max_concurrent_activities,
             graceful_shutdown_timeout=timedelta(seconds=w.graceful_shutdown_seconds),
-            deployment_config=deployment_config(w),
+            deployment_config=versioned, build_id=build_id,
         )
         # The detector's tick (observation, admission report) on its own queue, served by
         # its own worker: a tick never waits behind drains and claims for a slot (the main
@@ -225,7 +229,7 @@ async def run_worker(settings: Settings) -> None:
                         if getattr(a, "__name__", "") in TICK_ACTIVITIES],
             max_concurrent_activities=4,
             graceful_shutdown_timeout=timedelta(seconds=w.graceful_shutdown_seconds),
-            deployment_config=deployment_config(w),
+            deployment_config=versioned, build_id=build_id,
         )
         health.worker = worker
         loop = asyncio.get_running_loop()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,8 +150,18 @@ class LocalStack:
         self._wait(part, lambda: _tcp_open(self.ports.temporal), timeout=90)
 
     def start_simulators(self) -> None:
-        self.start_gpu_simulator()
-        self.start_cluster()
+        # Side by side: each is a process that takes seconds to import and load its
+        # scenario, and neither needs the other to start (the cluster's Jobs call the GPU
+        # simulator later, with retries).
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            gpu = pool.submit(self.start_gpu_simulator)
+            try:
+                self.start_cluster()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    gpu.result()  # the cluster's failure is the one said
+                raise
+            gpu.result()
         self._create_job_namespace()
 
     def start_gpu_simulator(self) -> None:
