@@ -7,18 +7,15 @@ stays as a per-GPU quarantine until an operator's release (an abort removes it).
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Literal
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from workflows import activity_refs as act
     from workflows.isolation import GpuIsolationView, GpuTaintInput, IsolateGpuInput, IsolationPlan
     from workflows.messages import RemediationResult
-    from workflows.operands import OperandsWaitInput, deploy_label
     from workflows.transitions import NodeState, Outcome, Step
 
 from workflows.steps.base import RemediationBase, _cause
@@ -131,17 +128,8 @@ class GpuIsolationSteps(RemediationBase):
                "serves the node's other GPUs, paused")
         if "dcgm" not in op.operands:
             return why
-        try:
-            await self._call(
-                act.check_operands_back,
-                OperandsWaitInput(node=self.inp.node, labels=[deploy_label("dcgm")],
-                                  namespace=op.namespace),
-                timeout=timedelta(minutes=1), heartbeat=False,
-                retry=RetryPolicy(maximum_attempts=1),
-                summary=f"look for a standalone DCGM host engine on {self.inp.node}")
-        except ActivityError as err:
-            return f"{why} ({_cause(err)})"[:500]
-        return ""
+        missing = await self._standalone_host_engine_missing()
+        return f"{why} ({missing})"[:500] if missing else ""
 
     async def _gpu_validated(self, plan: IsolationPlan, rule: str, device: str,
                              evidence: str) -> RemediationResult:
@@ -178,15 +166,8 @@ class GpuIsolationSteps(RemediationBase):
         assert iso is not None
         why = self._abort_reason()
         self._set(NodeState.HEALTHY, Step.ABORTED)
-        if self.job_in_progress is not None:
-            # The pinned validation's Job and its ResourceClaim go before the rule.
-            try:
-                await self._node_call(act.delete_node_job, self.job_in_progress,
-                                      summary=f"delete {self.job_in_progress.name}",
-                                      check_cancel=False)
-            except ActivityError as err:
-                workflow.logger.warning("could not delete %s: %s",
-                                        self.job_in_progress.name, _cause(err))
+        # The pinned validation's Job and its ResourceClaim go before the rule.
+        await self._delete_job_in_progress()
         try:
             await self._gpu_taint(None)
         except ActivityError as err:

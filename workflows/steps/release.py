@@ -212,16 +212,9 @@ class ReleaseSteps(RemediationBase):
         why = self._abort_reason()
         self._set(NodeState.HEALTHY, Step.ABORTED)
         self._details(why)
-        if self.job_in_progress is not None:
-            # Between looks at a polled Job no activity holds it: delete it here, so an
-            # aborted validation does not keep every GPU of the node.
-            try:
-                await self._node_call(act.delete_node_job, self.job_in_progress,
-                                      summary=f"delete {self.job_in_progress.name}",
-                                      check_cancel=False)
-            except ActivityError as err:
-                workflow.logger.warning("could not delete %s: %s", self.job_in_progress.name,
-                                        _cause(err))
+        # Between looks at a polled Job no activity holds it: delete it here, so an
+        # aborted validation does not keep every GPU of the node.
+        await self._delete_job_in_progress()
         await self._restore_operands(best_effort=True)
         await self._out_of_service(False)
         # The XIDs that started it and any shown since are acknowledged: an XID keeps
@@ -235,6 +228,18 @@ class ReleaseSteps(RemediationBase):
         except NodeGone:
             return
         self.released = True
+
+    async def _delete_job_in_progress(self) -> None:
+        """An abort's: the Job this remediation polls (and its ResourceClaim, for a pinned
+        validation) is deleted, best effort (a failure is logged)."""
+        job = self.job_in_progress
+        if job is None:
+            return
+        try:
+            await self._node_call(act.delete_node_job, job, summary=f"delete {job.name}",
+                                  check_cancel=False)
+        except ActivityError as err:
+            workflow.logger.warning("could not delete %s: %s", job.name, _cause(err))
 
     def _abort_reason(self) -> str:
         if self.abort_note is not None:

@@ -89,18 +89,12 @@ class ValidationSteps(RemediationBase):
                 and workflow.patched("one-dcgm-host-engine")):
             pause_exporter = True
             if "dcgm" in op.operands:
-                try:
-                    await self._call(
-                        act.check_operands_back,
-                        OperandsWaitInput(node=self.inp.node, labels=[deploy_label("dcgm")],
-                                          namespace=op.namespace),
-                        timeout=timedelta(minutes=1), heartbeat=False,
-                        retry=RetryPolicy(maximum_attempts=1),
-                        summary=f"look for a standalone DCGM host engine on {self.inp.node}")
-                    pause_exporter = False
-                except ActivityError as err:
+                missing = await self._standalone_host_engine_missing()
+                if missing:
                     workflow.logger.info("no standalone DCGM host engine on %s: %s",
-                                         self.inp.node, _cause(err))
+                                         self.inp.node, missing)
+                else:
+                    pause_exporter = False
             if not pause_exporter:
                 self._plan("validate on the node's standalone DCGM host engine (the GPU "
                            "Operator's dcgm operand, hostPort 5555)")
@@ -266,6 +260,22 @@ class ValidationSteps(RemediationBase):
                             f"({result.left_summary()}); release again to keep evicting")
                 report_after = min(report_after * 2, max(d.report_max, d.report_after))
             await workflow.sleep(d.retry_interval, summary="before the next eviction round")
+
+    async def _standalone_host_engine_missing(self) -> str:
+        """Why the node runs no standalone DCGM host engine (the GPU Operator's ``dcgm``
+        operand, which the settings list), or "" where it does: the look for its pod."""
+        op = self.inp.settings.gpu_operator
+        try:
+            await self._call(
+                act.check_operands_back,
+                OperandsWaitInput(node=self.inp.node, labels=[deploy_label("dcgm")],
+                                  namespace=op.namespace),
+                timeout=timedelta(minutes=1), heartbeat=False,
+                retry=RetryPolicy(maximum_attempts=1),
+                summary=f"look for a standalone DCGM host engine on {self.inp.node}")
+        except ActivityError as err:
+            return _cause(err) or "no dcgm pod found"
+        return ""
 
     async def _job(self, kind: Literal["validate", "gpu-reset", "reboot"],
                    attempt: int, pinned: tuple[str, str] | None = None) -> NodeJobResult:
