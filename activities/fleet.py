@@ -357,11 +357,16 @@ class FleetActivities(ThermalActivities, OrphanActivities, AdmissionReporting,
                                            inp.ledger_lookback, now_dt)
 
         labelled = [n for n in listed if n.state != NodeState.HEALTHY]
+        # Per-GPU isolation leaves its node unlabelled: its held GPUs are in the record.
+        held_gpus = {n.name: loaded.record for n in nodes if n.state == NodeState.HEALTHY
+                     and (loaded := records.get(n.name)) is not None
+                     and loaded.record is not None and loaded.record.gpu_quarantines}
         # The record writes, the ledger, the orphans and the Events need nothing of each
         # other: at once, so the observation (of a reported node, on the path to its
         # cordon) waits for the longest of them, not their sum. Each keeps its own errors.
         _, (ledger, ledger_trouble), orphans, _ = await asyncio.gather(
-            write(), read_ledger(), self.find_orphans(labelled, count=whole),
+            write(), read_ledger(),
+            self.find_orphans(labelled, count=whole, held_gpus=held_gpus),
             self._announce(inp, nodes, errors, app_only, xid_warnings,
                            [*verdicts, *app_only], blind))
         # Ours is what carries our taint or has its remediation running. A state label

@@ -1,4 +1,5 @@
-"""Orphans: nodes labelled in remediation whose remediation workflow is not running.
+"""Orphans: nodes labelled in remediation whose remediation workflow is not running, and
+nodes whose record holds a GPU quarantine (per-GPU isolation) with none running.
 
 They keep their budget slot (fail closed); the first time one is seen it is marked with an
 annotation and a Warning Event, and ``release_orphan`` releases it once an operator asks
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from kubernetes import client
@@ -38,7 +40,7 @@ from activities.node_keys import (
 )
 from activities.nodes import NodeActivities
 from activities.operands import A_OPERANDS_PAUSED, OperandActivities, parse_record
-from activities.record import RecordStore
+from activities.record import GpuQuarantineNote, NodeRecord, RecordStore
 from workflows import errors as error_types
 from workflows.ids import remediation_workflow_id
 from workflows.messages import HistoryEntry, OrphanRelease, ReleaseInput
@@ -56,8 +58,10 @@ class OrphanActivities:
     jobs_namespace: str
     records: RecordStore
 
-    async def find_orphans(self, labelled: list[GpuNode], *, count: bool = True) -> list[str]:
-        """Labelled nodes whose remediation is not running (terminated, failed, gone).
+    async def find_orphans(self, labelled: list[GpuNode], *, count: bool = True,
+                           held_gpus: Mapping[str, NodeRecord] | None = None) -> list[str]:
+        """Labelled nodes whose remediation is not running (terminated, failed, gone), and
+        nodes whose record (``held_gpus``) holds a GPU quarantine with none running.
 
         They keep their slot (fail closed); the first time one is seen it gets an
         annotation and a Warning Event so an operator can release it.
@@ -74,9 +78,45 @@ class OrphanActivities:
             if not node.orphan_marked:
                 await asyncio.to_thread(self._mark_orphan, node.name,
                                         remediation_workflow_id(node.name))
+        # A per-GPU remediation never labels its node: a GPU it held, with the remediation
+        # gone (terminated, failed), is known only from the controller's record, and its
+        # DeviceTaintRule would keep the GPU out for good with nobody to release it.
+        for name, record in sorted((held_gpus or {}).items()):
+            if name in orphans or not record.gpu_quarantines or not await self._gone(name):
+                continue
+            orphans.append(name)
+            unsaid = {u: q for u, q in record.gpu_quarantines.items() if q.orphaned is None}
+            if unsaid:
+                await asyncio.to_thread(self._announce_gpu_orphan, name, unsaid)
         if count:  # a node-only observation's few nodes are not the fleet's count
             metrics.ORPHANS.set(len(orphans))
         return sorted(orphans)
+
+    def _announce_gpu_orphan(self, node: str, held: dict[str, GpuQuarantineNote]) -> None:
+        """Once per held GPU (the record notes when it was said, where the node cannot
+        write): a Warning Event naming the rules and what releases them."""
+        gpus = "; ".join(f"GPU {uuid} (device {q.device or '?'}) held by DeviceTaintRule "
+                         f"{q.rule} since {q.since:%Y-%m-%d %H:%M}Z"
+                         for uuid, q in sorted(held.items()))
+        record_node_event(
+            self.core, node, reason="GpuQuarantineOrphaned", event_type="Warning",
+            message=(f"{gpus}, but workflow {remediation_workflow_id(node)} is not running: "
+                     "nothing will release them. `gpu-remediate release-orphan "
+                     f"{node} -r REASON` removes the rules")[:1000])
+        now = datetime.now(UTC)
+
+        def said(rec: NodeRecord | None) -> NodeRecord | None:
+            if rec is None:
+                return None
+            notes = {u: q.model_copy(update={"orphaned": now})
+                     if u in held and q.rule == held[u].rule and q.orphaned is None else q
+                     for u, q in rec.gpu_quarantines.items()}
+            return None if notes == rec.gpu_quarantines else \
+                rec.model_copy(update={"gpu_quarantines": notes})
+        try:
+            self.records.update(node, said, now)
+        except Exception as err:  # said again next tick: an Event too many, nothing lost
+            log.warning("the record of %s could not note its orphaned GPUs: %s", node, err)
 
     async def _gone(self, node: str) -> bool:
         """The node's remediation is not running (terminated, failed, never started).

@@ -111,6 +111,9 @@ class GpuQuarantineNote(BaseModel):
     since: datetime
     workflow_id: str = ""
     reason: str = ""
+    orphaned: datetime | None = Field(
+        default=None, description="When the controller found the remediation holding it "
+                                  "gone and said so (a Warning Event, once).")
 
 
 class NodeRecord(BaseModel):

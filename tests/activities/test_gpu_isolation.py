@@ -236,3 +236,58 @@ def test_a_record_that_cannot_be_written_never_undoes_an_isolation(k137: Cluster
     k137.faults({"verb": "create", "resource": "configmaps", "status": 500})
     out = _isolate(k137)
     assert out.isolated and out.rule in {r["metadata"]["name"] for r in _rules(k137)}
+
+
+async def test_a_gpu_held_with_its_remediation_gone_is_found_from_the_record(
+        k137: Cluster) -> None:
+    """A per-GPU remediation never labels its node. Terminated while it holds a GPU, it
+    leaves a DeviceTaintRule that keeps the GPU out for good; only the controller's record
+    knows. The observation finds it there: an orphan, one Warning Event (the record notes
+    it was said, where the node cannot write), release-orphan accepted and removing the
+    rule. While the remediation runs, the held GPU is no orphan."""
+    from activities.exporter_settings import ExporterSettings
+    from activities.fleet import FleetActivities
+    from activities.record import RecordStore
+    from tests.activities.test_fleet import _Temporal
+    from workflows.messages import ObserveInput, OrphanRelease
+    from workflows.settings import PolicySettings
+
+    fleet = FleetActivities(k137.api, ExporterSettings(mode="template"), record_namespace="default")
+    mine = ActivityEnvironment().run(GpuIsolationActivities(k137.api, "default").isolate_gpu,
+                                     IsolateGpuInput(node=NODE, uuid=UUID3, gpu="3",
+                                                     value="xid-48-drain-and-reset",
+                                                     reason="XID 48 on GPU 3",
+                                                     workflow_id=f"remediation-{NODE}"))
+    assert mine.isolated
+    records = RecordStore(client.CoreV1Api(k137.api), "default")
+
+    async def observe(running: dict[str, str]) -> list[str]:
+        env = ActivityEnvironment(client=_Temporal(running))  # type: ignore[arg-type]
+        obs = await env.run(fleet.observe_fleet, ObserveInput(policy=PolicySettings()))
+        return obs.orphans
+
+    assert await observe({f"remediation-{NODE}": "RemediationWorkflow"}) == []
+    assert not k137.events(NODE, "GpuQuarantineOrphaned")
+    # Terminated: the rule stays, nothing would ever release it.
+    assert await observe({}) == [NODE]
+    said = k137.events(NODE, "GpuQuarantineOrphaned")
+    assert len(said) == 1 and said[0].type == "Warning"
+    assert mine.rule in (said[0].message or "") and "release-orphan" in (said[0].message or "")
+    note = records.read(NODE).record.gpu_quarantines[UUID3]  # type: ignore[union-attr]
+    assert note.orphaned is not None
+    # Said once: the next ticks still count it, without another Event.
+    assert await observe({}) == [NODE]
+    assert len(k137.events(NODE, "GpuQuarantineOrphaned")) == 1
+    # A node's own annotations cannot silence it: the note is in the record.
+    k137.core.patch_node(NODE, {"metadata": {"annotations": {"gpu-remediate.io/orphaned": "x"}}})
+    assert await observe({}) == [NODE]
+
+    async def gone(node: str) -> bool:
+        return True
+    fleet._gone = gone  # type: ignore[method-assign]
+    await ActivityEnvironment().run(fleet.release_orphan, OrphanRelease(
+        node=NODE, operator="dana", reason="GPU 3 replaced"))
+    assert mine.rule not in {r["metadata"]["name"] for r in _rules(k137)}
+    assert records.read(NODE).record.gpu_quarantines == {}  # type: ignore[union-attr]
+    del fleet._gone
+    assert await observe({}) == []
