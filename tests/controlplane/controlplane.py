@@ -83,6 +83,8 @@ class ControlPlane:
     binary: Path
     data_dir: Path
     apiserver_args: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)
+    """More of the binary's own flags (main.go), e.g. ``--controllers=...``."""
     start_timeout: float = 180.0
     proc: subprocess.Popen[str] | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -107,7 +109,7 @@ class ControlPlane:
     def start(self) -> ControlPlane:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [str(self.binary), "--data-dir", str(self.data_dir),
-                *(f"--apiserver-arg={a}" for a in self.apiserver_args)]
+                *(f"--apiserver-arg={a}" for a in self.apiserver_args), *self.args]
         began = time.monotonic()
         log: TextIO = self.log.open("a")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log,

@@ -43,6 +43,8 @@ AUDIT_POLICY = {
 class ControlPlaneStack(LocalStack):
     binary: Path = Path("controlplane")
     service_account: bool = True
+    controlplane_args: list[str] = field(default_factory=list)
+    """More flags of the control plane binary (ControlPlane.args)."""
     controlplane: ControlPlane | None = None
     _rbac_objects: list[str] = field(default_factory=list)
 
@@ -60,7 +62,8 @@ class ControlPlaneStack(LocalStack):
             "--audit-log-format=json",
             # The node agent serves every node's kubelet API (pod logs) on the loopback and
             # adds that address to each node as its ExternalIP.
-            "--kubelet-preferred-address-types=ExternalIP"]).start()
+            "--kubelet-preferred-address-types=ExternalIP"],
+            args=self.controlplane_args).start()
         self.kubeconfig.unlink(missing_ok=True)
         self.kubeconfig.write_text(self.controlplane.kubeconfig.read_text())
         agent = self._spawn("node-agent", [
