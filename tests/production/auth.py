@@ -141,8 +141,10 @@ class Auth:
         return self.token("setup@tier", "temporal-system:admin")
 
     def worker(self) -> str:
+        # write for its own calls (start, signal, its clients' queries), worker to take tasks
+        # (tests/production/server: only that role polls).
         return self.token("system:serviceaccount:gpu-remediate:gpu-remediate",
-                          f"{self.namespace}:write")
+                          f"{self.namespace}:write", f"{self.namespace}:worker")
 
     def operator(self, sub: str = "alice@example.com") -> str:
         return self.token(sub, f"{self.namespace}:write")

@@ -2,12 +2,12 @@
 # Build the Temporal server and its SQL schema tool from the Go module proxy once and cache
 # both binaries outside git:
 #   ${GPU_REMEDIATE_PRODUCTION_CACHE:-~/.cache/gpu-remediate/temporal}/<version>-<hash>/
-#       temporal-server      (go.temporal.io/server/cmd/server)
+#       temporal-server      (./server: go.temporal.io/server with a worker-only polls check)
 #       temporal-sql-tool    (go.temporal.io/server/cmd/tools/sql)
 #       config/docker.yaml   the server image's config template (docker-compose.yml's server)
 #       schema/postgresql/v12  the SQL schemas the admin-tools image carries
 # where <version> is the go.temporal.io/server version pinned in go.mod (`tool` directives)
-# and <hash> covers go.mod and go.sum. The last line printed is the folder's path.
+# and <hash> covers go.mod, go.sum and server/. The last line printed is the folder's path.
 #
 #   tests/production/build.sh               build if not cached, print the folder
 #   tests/production/build.sh --print-path  print the folder; exit 1 if it is not built
@@ -19,7 +19,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here"
 
-hash=$(cat go.mod go.sum | sha256sum | cut -c1-16)
+hash=$(cat go.mod go.sum server/*.go | sha256sum | cut -c1-16)
 version=$(awk '$1 == "go.temporal.io/server" && $2 ~ /^v/ {print $2; exit}' go.mod)
 if [[ -z "$version" ]]; then
   echo "error: $here/go.mod pins no go.temporal.io/server version" >&2
@@ -74,8 +74,7 @@ mkdir -p "$tmp"
 ) &
 ticker=$!
 trap 'kill $ticker 2>/dev/null || true; rm -rf "$tmp"' EXIT
-"${nice[@]}" "$go" build -trimpath -ldflags "-s -w" -o "$tmp/temporal-server" \
-  go.temporal.io/server/cmd/server
+"${nice[@]}" "$go" build -trimpath -ldflags "-s -w" -o "$tmp/temporal-server" ./server
 "${nice[@]}" "$go" build -trimpath -ldflags "-s -w" -o "$tmp/temporal-sql-tool" \
   go.temporal.io/server/cmd/tools/sql
 src=$("$go" list -m -f '{{.Dir}}' go.temporal.io/server)

@@ -174,7 +174,7 @@ require (
 	go.temporal.io/api v1.63.5 // indirect
 	go.temporal.io/auto-scaled-workers v0.2.0-1.32.0.158.0 // indirect
 	go.temporal.io/sdk v1.44.0 // indirect
-	go.temporal.io/server v1.32.1 // indirect
+	go.temporal.io/server v1.32.1
 	go.uber.org/atomic v1.11.0 // indirect
 	go.uber.org/dig v1.19.0 // indirect
 	go.uber.org/fx v1.24.0 // indirect

@@ -3,9 +3,11 @@ signing key served as JWKS over loopback, TLS on the frontend, three tokens (wor
 operator, viewer) as docs/security.md's role table gives them.
 
 Role x API, each against the real server: no token and a viewer cannot act; an operator
-sends the documented operator signals and updates; the worker (its token from
-``temporal.api_key_file``) polls and runs remediations; a token that expired, names another
-namespace or was signed by an unknown key is refused, and the CLI says which. The server
+sends the documented operator signals and updates but cannot poll a task queue (the tier's
+server, tests/production/server, lets only a token with the worker role take tasks); the
+worker (its token from ``temporal.api_key_file``) polls and runs remediations; a token that
+expired, names another namespace or was signed by an unknown key is refused, and the CLI
+says which. The server
 stamps the authenticated subject as the principal of the history events a call writes,
 and the CLI records that same subject as the operator."""
 
@@ -167,7 +169,7 @@ def test_role_by_api_on_the_real_server(authz: tuple[ProductionStack, Auth]) -> 
     async def table() -> dict[str, dict[str, bool]]:
         out = {}
         for who, token in (("nobody", None), ("viewer", auth.viewer()),
-                           ("operator", auth.operator(OPERATOR))):
+                           ("operator", auth.operator(OPERATOR)), ("worker", auth.worker())):
             c = await client(stack, auth, token)
             out[who] = await _abilities(c, task_queue)
         return out
@@ -178,7 +180,11 @@ def test_role_by_api_on_the_real_server(authz: tuple[ProductionStack, Auth]) -> 
     acts = {"signal", "update", "start", "terminate", "poll"}
     assert not any(got["nobody"].values()), got["nobody"]
     assert all(got["viewer"][k] for k in reads) and not any(got["viewer"][k] for k in acts)
-    assert all(got["operator"].values()), got["operator"]
+    # An operator acts on workflows but takes no task of a worker's: the tier's server
+    # (tests/production/server) lets only the worker role poll.
+    assert all(v for k, v in got["operator"].items() if k != "poll"), got["operator"]
+    assert not got["operator"]["poll"], got["operator"]
+    assert all(got["worker"].values()), got["worker"]
     # The viewer's and nobody's refusals left no trace: the detector never saw a signal.
     assert not detector_view(stack).paused
 
