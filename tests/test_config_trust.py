@@ -1,4 +1,4 @@
-"""Start-up checks of issue 29: a pool label a kubelet can write, a heartbeat timeout no
+"""Start-up checks of trust: a pool label a kubelet can write, a heartbeat timeout no
 drain call fits in, and where the node records live."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile exporter bodies (issue 15): parse time grows linearly with the input whatever it
+"""Hostile exporter bodies: parse time grows linearly with the input whatever it
 holds, malformed numbers never count, and the scrape and ``evaluate`` refuse the same bodies.
 
 The timing test compares ratios, not absolute times, of the CPU time this process spends

@@ -1,5 +1,5 @@
 """Hostile dcgm-exporter bodies of a chosen size, one builder per category of the security
-review (issue 15): what each one did to the old parser is in its docstring.
+review: what each one did to the old parser is in its docstring.
 
 Shared by the linear-time test (tests/test_exposition_hostile.py), the fuzz suite and the
 seed corpus (tests/fuzz/corpus/, written by ``python -m tests.fuzz.hostile``)."""

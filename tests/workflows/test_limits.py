@@ -188,7 +188,7 @@ def test_a_reconfigure_to_100_percent_after_up_with_budget_1_is_refused() -> Non
         ("max_unavailable", "100%", "1")]
 
 
-def test_the_stray_client_of_issue_31_is_refused_on_every_count() -> None:
+def test_a_stray_client_loosening_everything_is_refused_on_every_count() -> None:
     # budget 40, breaker closed wide, approval off, drain force on.
     running = DetectorSettings(remediation={"approval": {"required_for": ["reboot", "reset"]}})
     limits = LimitsSettings.from_settings(running)
