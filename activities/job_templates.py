@@ -201,9 +201,11 @@ def _defaults() -> dict[str, JobTemplate]:
         # the NVIDIA runtime to bring the driver's tools and devices in (the GPU Operator
         # installs RuntimeClass nvidia), and the operands turned off first (the workflow).
         # NVIDIA_VISIBLE_DEVICES=void: the runtime gives the container no GPU, so nothing
-        # of its own holds one; nvidia-smi comes from the driver root under /host.
+        # of its own holds one; nvidia-smi comes from the driver root under /host, so the
+        # image needs only a shell and chroot: the worker's own, which the cluster already
+        # pulls (pinned with it where require_digest is set).
         "gpu-reset": JobTemplate(
-            purpose="gpu-reset", image="nvcr.io/nvidia/cuda:12.8.0-base-ubuntu22.04",
+            purpose="gpu-reset", image=WORKER_IMAGE,
             command=["/bin/sh", "-c", RESET_COMMAND], deadline=timedelta(minutes=10),
             privileged=True, runtime_class_name="nvidia",
             env={"NVIDIA_VISIBLE_DEVICES": "void"}),
