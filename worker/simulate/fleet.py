@@ -246,6 +246,7 @@ class SimFleet:
         self.handover_at: float | None = None
         self.hand_over: Callable[[float], Awaitable[bool]] | None = None
         self.handovers: list[float] = []
+        self.quarantined_at: dict[str, float] = {}
 
     # ------------------------------------------------------------ the model
 
@@ -636,6 +637,7 @@ class SimFleet:
             f.outcomes[outcome] = f.outcomes.get(outcome, 0) + 1
             if outcome == "quarantined":
                 f.quarantines += 1
+                fleet.quarantined_at.setdefault(n.name, now)
                 n.state = NodeState.QUARANTINED
             else:
                 n.state = NodeState.HEALTHY
