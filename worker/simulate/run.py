@@ -425,7 +425,10 @@ async def _segment(env: WorkflowEnvironment, fleet: SimFleet, carry: _Carry | No
     handed: asyncio.Future[_Carry] = asyncio.get_running_loop().create_future()
 
     async def hand_over(at: float) -> bool:
-        found = await _handover_check(plain, fleet, at)
+        try:
+            found = await _handover_check(plain, fleet, at)
+        except RPCError:
+            found = None  # not this tick: the observation answers, the next tick asks again
         if found is None:
             return False
         handed.set_result(found)
