@@ -197,6 +197,33 @@ def test_segment_length_is_automatic_for_long_runs_and_off_for_short_ones() -> N
                            segment_days=None) is None
 
 
+def test_a_handover_waits_for_a_quiet_fleet() -> None:
+    """Due at the first full tick at or past the boundary, and only while every node present
+    is healthy or quarantined: a heat cordon, a drain or a repair in flight is not quiet."""
+    fleet = sim_fleet.SimFleet(nodes=4, gpus=8, domains=1, faults=[], model=FaultModel(),
+                               settings=settings(), start=None)  # type: ignore[arg-type]
+
+    async def go(at: float) -> bool:
+        return True
+
+    fleet.handover_at, fleet.hand_over = 600.0, go
+    fleet.ticks = 2  # the next full tick is at 600 s
+    assert fleet.handover_due()
+    fleet.node(fleet.name(1)).state = sim_fleet.NodeState.QUARANTINED
+    assert fleet.handover_due()
+    for busy in (sim_fleet.NodeState.CORDONED, sim_fleet.NodeState.DRAINING,
+                 sim_fleet.NodeState.REPAIRING, sim_fleet.NodeState.VALIDATING,
+                 sim_fleet.NodeState.AWAITING_APPROVAL):
+        fleet.node(fleet.name(2)).state = busy
+        assert not fleet.handover_due(), busy
+    fleet.gone.add(2)  # a lost machine's remediation ends with it
+    assert fleet.handover_due()
+    fleet.ticks = 1  # before the boundary
+    assert not fleet.handover_due()
+    fleet.ticks, fleet.hand_over = 2, None  # one server
+    assert not fleet.handover_due()
+
+
 def _caught(monkeypatch: pytest.MonkeyPatch) -> list[sim_fleet.SimFleet]:
     """The fleets the runs build (to look at the nodes after a run)."""
     fleets: list[sim_fleet.SimFleet] = []
@@ -223,6 +250,11 @@ def test_segments_same_seed_same_json_and_a_quarantine_is_held_across_handovers(
                 for _ in range(2))
     assert one == two
     assert one["segments"] == 3 and len(one["handovers_at_s"]) == 2
+    # Each handover at a full tick, at or after its boundary (half a day past the last).
+    last = 0.0
+    for at in one["handovers_at_s"]:
+        assert at % 600 == 0 and at >= last + DAY / 2
+        last = at
     fleet = fleets[-1]
     early = [n for n, at in fleet.quarantined_at.items() if at < one["handovers_at_s"][0]]
     assert early, "a quarantine before the first handover (the seed's)"
