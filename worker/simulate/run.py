@@ -143,7 +143,8 @@ class SimResult(BaseModel):
         default_factory=list, description="The simulated seconds (full ticks) at which the "
                                           "run moved to the next test server.")
     quarantined_held: int = Field(default=0, description="Quarantined nodes whose lease the "
-                                                         "detector held at the end.")
+                                                         "detector held at the end, their "
+                                                         "hold still running.")
 
 
 def test_server() -> str:
@@ -371,7 +372,7 @@ async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int,
     fleet: SimFleet | None = None
     carry: _Carry | None = None
     view: DetectorView | None = None
-    segments = 0
+    segments = held = 0
     with _long_lived_heap():
         while view is None:
             env = await WorkflowEnvironment.start_time_skipping(
@@ -396,7 +397,7 @@ async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int,
                     await _set_clock(env, carry.clock)
                 fleet.handover_at = None if segment is None else \
                     (carry.at if carry else 0.0) + segment
-                carry, view = await _segment(env, fleet, carry, settings, queue=queue,
+                carry, view, held = await _segment(env, fleet, carry, settings, queue=queue,
                                              seconds=seconds, runtime=runtime,
                                              sandboxed=sandboxed)
             finally:
@@ -405,15 +406,16 @@ async def simulate(settings: DetectorSettings, model: FaultModel, *, nodes: int,
     if fleet.final is None:  # the clock's backstop: the detector stopped observing
         fleet.end(seconds)
     return _result(fleet, view, settings, config=config, nodes=nodes, gpus=gpus,
-                   domains=domains, days=days, seed=seed, segments=segments)
+                   domains=domains, days=days, seed=seed, segments=segments, held=held)
 
 
 async def _segment(env: WorkflowEnvironment, fleet: SimFleet, carry: _Carry | None,
                    settings: DetectorSettings, *, queue: str, seconds: float,
                    runtime: Runtime, sandboxed: bool,
-                   ) -> tuple[_Carry | None, DetectorView | None]:
-    """Run on one test server until the end (None and the detector's view) or until the
-    fleet hands over at a quiet tick (the carry and None)."""
+                   ) -> tuple[_Carry | None, DetectorView | None, int]:
+    """Run on one test server until the end (None, the detector's view and how many of its
+    quarantine leases have their hold running) or until the fleet hands over at a quiet tick
+    (the carry)."""
     client = env.client
     runner = {} if sandboxed else {"workflow_runner": UnsandboxedWorkflowRunner()}
     # The worker on a plain client: the test environment's client locks and unlocks the
@@ -468,16 +470,21 @@ async def _segment(env: WorkflowEnvironment, fleet: SimFleet, carry: _Carry | No
             out = handed.result()
             out.clock = await env.get_current_time()
             fleet.hand_over = None
-            return out, None
+            return out, None, 0
         clock.result()
         view = await handle.query(DetectorWorkflow.view)
         await handle.terminate("simulation over")
-    return None, view
+        held = 0
+        for lease in view.leases:
+            if lease.quarantined and not lease.orphan:
+                desc = await client.get_workflow_handle(lease.workflow_id).describe()
+                held += desc.status == WorkflowExecutionStatus.RUNNING
+    return None, view, held
 
 
 def _result(fleet: SimFleet, view: DetectorView, settings: DetectorSettings, *, config: str,
             nodes: int, gpus: int, domains: int, days: float, seed: int,
-            segments: int = 1) -> SimResult:
+            segments: int = 1, held: int = 0) -> SimResult:
     f = fleet.final or fleet.figures
     by = {"out_of_service": round(f.out_of_service_s * gpus / 3600, 1),
           "quarantined": round(f.quarantined_s * gpus / 3600, 1),
@@ -500,7 +507,7 @@ def _result(fleet: SimFleet, view: DetectorView, settings: DetectorSettings, *, 
         remediations_started=view.started_total, outcomes=dict(sorted(f.outcomes.items())),
         nodes_lost=f.nodes_lost, detector_ticks=view.ticks_total,
         node_watchers=fleet.watchers, node_ticks=fleet.node_ticks, segments=segments,
-        handovers_at_s=list(fleet.handovers), quarantined_held=len(view.quarantined))
+        handovers_at_s=list(fleet.handovers), quarantined_held=held)
 
 
 class Comparison(BaseModel):
