@@ -209,6 +209,18 @@ class DetectorWorkflow:
             gpus=self.gpu_use,
         )
 
+    @workflow.query(name="carry", description="The input this detector would continue as "
+                                              "new with now (read-only).")
+    def carry(self) -> DetectorInput:
+        """What a continue-as-new carries: the settings and the state, with what the next
+        run needs before its first observation. Changes nothing (also a query: a detector
+        started elsewhere from this answer goes on as after a continue-as-new)."""
+        st = self.state.model_copy(update={
+            "last_managed": self.last_managed, "busy": self.busy, "orphans": self.orphans,
+            "rejected": self.rejected,
+            "reports": current_reports(self.reports, workflow.now(), self.busy)})
+        return DetectorInput(settings=self.settings, state=st)
+
     @workflow.query(name="settings", description="The detector's effective settings.")
     def effective_settings(self) -> DetectorSettings:
         return self.settings
@@ -548,14 +560,10 @@ class DetectorWorkflow:
             if ticks >= self.settings.ticks_per_run or \
                     workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                st = self.state
-                st.last_managed, st.busy = self.last_managed, self.busy
-                st.orphans, st.rejected = self.orphans, self.rejected
-                st.reports = current_reports(self.reports, workflow.now(), self.busy)
                 # Pinned (a versioned worker registers PinnedDetectorWorkflow): the next
                 # run starts on the deployment's current version and is pinned there.
                 workflow.continue_as_new(
-                    DetectorInput(settings=self.settings, state=self.state),
+                    self.carry(),
                     initial_versioning_behavior=(
                         workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE
                         if self.pinned else None))

@@ -17,7 +17,8 @@ from worker.cli.commands import app
 from worker.config import Settings
 from worker.simulate import fleet as sim_fleet
 from worker.simulate.faults import FaultModel
-from worker.simulate.run import SimulationTooLarge, check_size, simulate
+from worker.simulate.fleet import DAY
+from worker.simulate.run import SimulationTooLarge, check_size, segment_seconds, simulate
 from workflows import activity_refs
 from workflows.settings import DetectorSettings
 
@@ -170,3 +171,125 @@ def test_a_bad_fault_model_is_a_usage_error_naming_the_field(tmp_path: Path) -> 
     result = CliRunner().invoke(app, ["simulate", "--faults", str(faults)])
     assert result.exit_code == 2
     assert "rates_per_gpu_day.gpu" in result.output
+
+
+# ------------------------------------------------------------------ segments
+# A run over several test servers (--segment-days): each server's cost per task grows with
+# every task it ran, so a long run hands its workflows over to a fresh server at a quiet
+# tick (worker/simulate/run.py).
+
+MIXED = FaultModel(rates_per_gpu_day={"gpu": 0.001, "hbm3": 0.002, "thermal": 0.0003,
+                                      "sram": 0.0005},
+                   outcomes={"success": 0.8, "relapse": 0.1, "hang": 0.05, "node_lost": 0.05},
+                   hbm3_remapped=0.5)
+
+
+def test_segment_length_is_automatic_for_long_runs_and_off_for_short_ones() -> None:
+    ten_minutes = settings(interval=timedelta(minutes=10))
+    big = {"nodes": 10_000, "gpus": 8, "days": 30.0}
+    auto = segment_seconds(FaultModel(), ten_minutes, **big, segment_days=None)
+    assert auto is not None and 0.5 * DAY <= auto <= 2 * DAY
+    assert segment_seconds(FaultModel(), ten_minutes, **big, segment_days=3) == 3 * DAY
+    assert segment_seconds(FaultModel(), ten_minutes, **big, segment_days=0) is None
+    assert segment_seconds(FaultModel(), ten_minutes, **big, segment_days=30) is None
+    # The test runs above: one server, as before.
+    assert segment_seconds(BUSY, settings(), nodes=30, gpus=8, days=2,
+                           segment_days=None) is None
+
+
+def test_a_handover_waits_for_a_quiet_fleet() -> None:
+    """Due at the first full tick at or past the boundary, and only while every node present
+    is healthy or quarantined: a heat cordon, a drain or a repair in flight is not quiet."""
+    fleet = sim_fleet.SimFleet(nodes=4, gpus=8, domains=1, faults=[], model=FaultModel(),
+                               settings=settings(), start=None)  # type: ignore[arg-type]
+
+    async def go(at: float) -> bool:
+        return True
+
+    fleet.handover_at, fleet.hand_over = 600.0, go
+    fleet.ticks = 2  # the next full tick is at 600 s
+    assert fleet.handover_due()
+    fleet.node(fleet.name(1)).state = sim_fleet.NodeState.QUARANTINED
+    assert fleet.handover_due()
+    for busy in (sim_fleet.NodeState.CORDONED, sim_fleet.NodeState.DRAINING,
+                 sim_fleet.NodeState.REPAIRING, sim_fleet.NodeState.VALIDATING,
+                 sim_fleet.NodeState.AWAITING_APPROVAL):
+        fleet.node(fleet.name(2)).state = busy
+        assert not fleet.handover_due(), busy
+    fleet.gone.add(2)  # a lost machine's remediation ends with it
+    assert fleet.handover_due()
+    fleet.ticks = 1  # before the boundary
+    assert not fleet.handover_due()
+    fleet.ticks, fleet.hand_over = 2, None  # one server
+    assert not fleet.handover_due()
+
+
+def _caught(monkeypatch: pytest.MonkeyPatch) -> list[sim_fleet.SimFleet]:
+    """The fleets the runs build (to look at the nodes after a run)."""
+    fleets: list[sim_fleet.SimFleet] = []
+    init = sim_fleet.SimFleet.__init__
+
+    def keep(self: sim_fleet.SimFleet, *args: object, **kw: object) -> None:
+        init(self, *args, **kw)  # type: ignore[arg-type]
+        fleets.append(self)
+
+    monkeypatch.setattr(sim_fleet.SimFleet, "__init__", keep)
+    return fleets
+
+
+def test_segments_same_seed_same_json_and_a_quarantine_is_held_across_handovers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three servers of half a day each: the same seed gives the same JSON; a node
+    quarantined on the first server is counted once, stays quarantined on the last (its
+    hold was carried, and nothing remediates it again) and the last detector still holds
+    its lease."""
+    fleets = _caught(monkeypatch)
+    s = settings(interval=timedelta(minutes=10))
+    one, two = (asyncio.run(simulate(s, BUSY, nodes=30, gpus=8, domains=1, days=1.5,
+                                     seed=3, segment_days=0.5)).model_dump(mode="json")
+                for _ in range(2))
+    assert one == two
+    assert one["segments"] == 3 and len(one["handovers_at_s"]) == 2
+    # Each handover at a full tick, at or after its boundary (half a day past the last).
+    last = 0.0
+    for at in one["handovers_at_s"]:
+        assert at % 600 == 0 and at >= last + DAY / 2
+        last = at
+    fleet = fleets[-1]
+    early = [n for n, at in fleet.quarantined_at.items() if at < one["handovers_at_s"][0]]
+    assert early, "a quarantine before the first handover (the seed's)"
+    node = fleet.nodes[fleet.index_of(early[0])]
+    assert node.state == sim_fleet.NodeState.QUARANTINED
+    assert len(node.history) == 1, "claimed once: never remediated again after a handover"
+    assert one["quarantines"] == one["outcomes"]["quarantined"] == len(fleet.quarantined_at)
+    assert one["quarantined_held"] == one["quarantines"] >= 1
+    assert one["max_out_of_service"] <= one["budget"]
+
+
+@pytest.mark.parametrize(("seed", "model", "budget"), [(1, BUSY, 1), (2, XID_ONLY, 2)])
+def test_segments_keep_out_of_service_within_the_budget(seed: int, model: FaultModel,
+                                                        budget: int) -> None:
+    s = settings(budget, interval=timedelta(minutes=10))
+    r = asyncio.run(simulate(s, model, nodes=30, gpus=8, domains=1, days=1.5,
+                             seed=seed, segment_days=0.5)).model_dump(mode="json")
+    assert r["segments"] >= 3
+    assert r["faults_total"] > r["budget"] == budget
+    assert 1 <= r["max_out_of_service"] <= r["budget"]
+    assert r["max_out_of_service_by_state"] <= r["budget"]
+
+
+def test_a_run_over_segments_matches_the_run_on_one_server() -> None:
+    """200 nodes x 4 days, on one server and on four (a day each): the same faults, the
+    same remediations and quarantines, the budget held; the handover waits for a quiet
+    tick and the next server observes that tick again, so nothing moves in time."""
+    s = settings(2, interval=timedelta(hours=1))
+    whole, split = (asyncio.run(simulate(s, MIXED, nodes=200, gpus=8, domains=1, days=4,
+                                         seed=1, segment_days=d)).model_dump(mode="json")
+                    for d in (0, 1))
+    assert (whole["segments"], split["segments"]) == (1, 4)
+    assert split["faults_by_cause"] == whole["faults_by_cause"]
+    assert split["quarantines"] == whole["quarantines"] >= 1
+    assert split["remediations_started"] == whole["remediations_started"]
+    assert split["max_out_of_service"] <= split["budget"] == 2
+    differ = {k for k in whole if whole[k] != split[k]}
+    assert differ == {"segments", "handovers_at_s"}, differ

@@ -783,6 +783,63 @@ async def test_continue_as_new_carries_fleet_size_busy_nodes_orphans_and_rejecti
     assert len(seeds) == 1
 
 
+async def test_a_detector_started_from_its_carry_query_goes_on_as_after_continue_as_new(
+        local_env):
+    """The carry query answers what a continue-as-new would carry at that moment, and
+    changes nothing (the detector ticks on in the same run). A detector started from the
+    answer (``gpu-remediate simulate`` moves one to the next test server so) knows, before
+    its first observation (which fails here), the pause, how many shards observe the fleet,
+    which nodes are in remediation, which are orphans and which signals were rejected."""
+    cluster, names = fleet(9)
+    busy, orphan = names[:2]
+    cluster.nodes[busy].state = NodeState.DRAINING
+    cluster.visible_remediations = [busy]
+    cluster.nodes[orphan].state = NodeState.DRAINING
+    cluster.nodes[orphan].tainted = True
+    cluster.orphans = [orphan]
+    s = settings(max_unavailable=2, observe_shard_size=4, ticks_per_run=1000)
+    async with worker_for(local_env.client, cluster) as queue:
+        detector = await start(local_env.client, queue, s)
+        again: WorkflowHandle | None = None
+        try:
+            first_run = (await detector.describe()).run_id
+            await ticks(detector, 1)
+            await detector.signal("pasue", OP)  # a typo, recorded as rejected
+
+            async def recorded() -> bool:
+                return bool((await dview(detector)).rejected_commands)
+            await until(recorded, what="the rejected signal")
+            await detector.execute_update(DetectorWorkflow.pause, OP)
+            cluster.observe_error = "dcgm-exporter unreachable"
+            carried = await detector.query(DetectorWorkflow.carry)
+            assert isinstance(carried, DetectorInput)
+            st = carried.state
+            assert (st.last_managed, st.orphans, st.paused) == (9, [orphan], True)
+            assert st.busy.get(busy) and [r.name for r in st.rejected] == ["pasue"]
+            assert st.ticks_total >= 1 and carried.settings == s
+            await ticks(detector, 2)
+            assert (await detector.describe()).run_id == first_run, "a query hands nothing over"
+            await detector.terminate("moved to another server")
+            with cluster.lock:
+                observed = sum(1 for c in cluster.calls if c[0] == "observe_fleet")
+            again = await start(local_env.client, queue, carried.settings, carried.state)
+            view = await dview(again)
+            assert view.paused and view.orphans == [orphan]
+            assert [r.name for r in view.rejected_commands] == ["pasue"]
+            why = await rejected(again, DetectorWorkflow.remediate, ManualRemediation(
+                node=busy, action=Action.REBOOT, operator="bob", reason="user report"))
+            assert "already in remediation (draining)" in why
+            view = await ticks(again, 1)
+            assert view.ticks_total > st.ticks_total
+        finally:
+            await cleanup(local_env.client, detector, cluster)
+            if again is not None:
+                await cleanup(local_env.client, again, cluster)
+    with cluster.lock:
+        shards = [c[1].shards for c in cluster.calls if c[0] == "observe_fleet"][observed:]
+    assert shards and set(shards) == {3}, "observed in three shards from its first tick"
+
+
 # ------------------------------------------------------------------ heat
 
 

@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import math
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -238,6 +239,14 @@ class SimFleet:
         self.next_report = 0
         self.reported_relapses: set[int] = set()
         self.node_ticks = 0
+        # A run over several test servers (worker/simulate/run.py): the simulated second
+        # from which the next full tick may hand the run over to a fresh server, and the
+        # driver's say (it checks the workflows too): True, and the observation of that
+        # tick never answers on this server; the next server's first tick observes it.
+        self.handover_at: float | None = None
+        self.hand_over: Callable[[float], Awaitable[bool]] | None = None
+        self.handovers: list[float] = []
+        self.quarantined_at: dict[str, float] = {}
 
     # ------------------------------------------------------------ the model
 
@@ -454,6 +463,19 @@ class SimFleet:
         return self.end_at is not None and \
             self.ticks * self.settings.interval.total_seconds() >= self.end_at
 
+    def quiet(self) -> bool:
+        """No remediation in flight but quarantine holds, as the fleet knows it: every node
+        present is healthy or quarantined (heat cordons, approvals, drains, repairs and
+        validations are not quiet)."""
+        return all(n.state in (NodeState.HEALTHY, NodeState.QUARANTINED)
+                   for i, n in self.nodes.items() if i not in self.gone)
+
+    def handover_due(self) -> bool:
+        """The next full tick is at or past the segment's boundary, and the fleet is quiet."""
+        return self.handover_at is not None and self.hand_over is not None and \
+            self.ticks * self.settings.interval.total_seconds() >= self.handover_at \
+            and self.quiet()
+
     async def close(self) -> None:
         """The run is over: the books close at ``end`` and the clock is told.
 
@@ -493,6 +515,12 @@ class SimFleet:
                                            and fleet.due_to_end()):
                 await fleet.close()
                 await asyncio.Event().wait()  # until the worker stops (cancelled)
+            if inp.shard == 0 and not only and fleet.handover_due():
+                assert fleet.hand_over is not None
+                at = fleet.ticks * fleet.settings.interval.total_seconds()
+                if await fleet.hand_over(at):
+                    fleet.handovers.append(at)
+                    await asyncio.Event().wait()  # the next server observes this tick
             if only:
                 now = fleet.reported([s for r in inp.reports if r.node in only
                                       and (s := kernel_second(r.line)) is not None])
@@ -609,6 +637,7 @@ class SimFleet:
             f.outcomes[outcome] = f.outcomes.get(outcome, 0) + 1
             if outcome == "quarantined":
                 f.quarantines += 1
+                fleet.quarantined_at.setdefault(n.name, now)
                 n.state = NodeState.QUARANTINED
             else:
                 n.state = NodeState.HEALTHY
