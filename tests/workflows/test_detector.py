@@ -738,10 +738,8 @@ async def test_adopted_remediations_hold_slots_until_they_close(detector_ts_env)
             await cleanup(env.client, detector, cluster)
 
 
-async def test_continue_as_new_carries_fleet_size_busy_nodes_orphans_and_rejections(local_env):
-    """The next run knows, before its first observation (which fails here), how many shards
-    observe the fleet, which nodes are in remediation, which are orphans, and which
-    signals were rejected; visibility is asked once per detector, not once per run."""
+def _busy_and_orphaned() -> tuple[FakeCluster, str, str]:
+    """Nine nodes: one in remediation (visible in Temporal), one an orphan under our taint."""
     cluster, names = fleet(9)
     busy, orphan = names[:2]
     cluster.nodes[busy].state = NodeState.DRAINING
@@ -749,6 +747,14 @@ async def test_continue_as_new_carries_fleet_size_busy_nodes_orphans_and_rejecti
     cluster.nodes[orphan].state = NodeState.DRAINING
     cluster.nodes[orphan].tainted = True
     cluster.orphans = [orphan]
+    return cluster, busy, orphan
+
+
+async def test_continue_as_new_carries_fleet_size_busy_nodes_orphans_and_rejections(local_env):
+    """The next run knows, before its first observation (which fails here), how many shards
+    observe the fleet, which nodes are in remediation, which are orphans, and which
+    signals were rejected; visibility is asked once per detector, not once per run."""
+    cluster, busy, orphan = _busy_and_orphaned()
     s = settings(max_unavailable=2, observe_shard_size=4, ticks_per_run=3)
     async with worker_for(local_env.client, cluster) as queue:
         detector = await start(local_env.client, queue, s)
@@ -790,13 +796,7 @@ async def test_a_detector_started_from_its_carry_query_goes_on_as_after_continue
     answer (``gpu-remediate simulate`` moves one to the next test server so) knows, before
     its first observation (which fails here), the pause, how many shards observe the fleet,
     which nodes are in remediation, which are orphans and which signals were rejected."""
-    cluster, names = fleet(9)
-    busy, orphan = names[:2]
-    cluster.nodes[busy].state = NodeState.DRAINING
-    cluster.visible_remediations = [busy]
-    cluster.nodes[orphan].state = NodeState.DRAINING
-    cluster.nodes[orphan].tainted = True
-    cluster.orphans = [orphan]
+    cluster, busy, orphan = _busy_and_orphaned()
     s = settings(max_unavailable=2, observe_shard_size=4, ticks_per_run=1000)
     async with worker_for(local_env.client, cluster) as queue:
         detector = await start(local_env.client, queue, s)
