@@ -13,6 +13,7 @@ from kubernetes import client, config
 from activities.ledger import LEDGER_SELECTOR, parse_shard
 from sim.gpu.client import GpuSimClient
 from tests.e2e.conftest import core_api
+from tests.e2e.kit import wait_for
 from worker.config import TemporalSettings
 from worker.stack import LocalStack
 from worker.temporal_client import connect
@@ -34,7 +35,15 @@ def _ready(pod: client.V1Pod) -> bool:
 def test_xid79_on_two_nodes_drains_within_pdb_repairs_validates_and_returns(
         pdb_stack: LocalStack) -> None:
     core = core_api(pdb_stack)
-    trainers = core.list_namespaced_pod("team-a", label_selector="app=trainer").items
+    def ready_trainers() -> list[client.V1Pod]:
+        pods = core.list_namespaced_pod("team-a", label_selector="app=trainer").items
+        return [p for p in pods if _ready(p)]
+
+    # The PDB is measured from a settled start: both trainers Ready (the scenario's take
+    # five seconds, and the stack can be up sooner).
+    trainers = wait_for(pdb_stack, "both trainers Ready",
+                        lambda: ready if len(ready := ready_trainers()) == 2 else None,
+                        timeout=60)
     sick = sorted({p.spec.node_name for p in trainers})
     assert len(sick) == 2, "the scenario puts one trainer on each of two nodes"
 
