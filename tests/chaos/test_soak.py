@@ -31,7 +31,7 @@ from worker.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
-SECONDS = float(os.environ.get("GPU_REMEDIATE_SOAK_SECONDS", "45"))
+SECONDS = float(os.environ.get("GPU_REMEDIATE_SOAK_SECONDS", "30"))
 NODES = int(os.environ.get("GPU_REMEDIATE_SOAK_NODES", "10"))
 SEED = int(os.environ.get("GPU_REMEDIATE_SOAK_SEED", "7"))
 MAX_UNAVAILABLE = 3
