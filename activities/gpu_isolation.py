@@ -272,6 +272,25 @@ class GpuIsolationActivities:
             self._note(node, "", None, rule=name)
         return removed, ""
 
+    def forget_quarantines(self, node: str, owner: str) -> list[str]:
+        """Clear the node's record notes of the GPUs ``owner`` (a remediation that is gone)
+        held, once its rules are removed: any note left names a rule that was already
+        gone (deleted by hand), which would otherwise keep the node an orphan for good.
+        The rules those notes named. Raises what the record store raises."""
+        forgotten: list[str] = []
+
+        def change(rec: NodeRecord | None) -> NodeRecord | None:
+            if rec is None:
+                return None
+            kept = {k: q for k, q in rec.gpu_quarantines.items() if q.workflow_id != owner}
+            forgotten[:] = sorted(q.rule for q in rec.gpu_quarantines.values()
+                                  if q.workflow_id == owner)
+            if kept == rec.gpu_quarantines:
+                return None
+            return rec.model_copy(update={"gpu_quarantines": kept})
+        self.records.update(node, change, now_utc())
+        return forgotten
+
     @activity.defn
     def set_gpu_taint(self, inp: GpuTaintInput) -> str:
         """Change the rule's effect (NoSchedule -> NoExecute), or remove it (effect None).

@@ -40,7 +40,7 @@ from activities.node_keys import (
 )
 from activities.nodes import NodeActivities
 from activities.operands import A_OPERANDS_PAUSED, OperandActivities, parse_record
-from activities.record import GpuQuarantineNote, NodeRecord, RecordStore
+from activities.record import GpuQuarantineNote, NodeRecord, RecordStore, RecordUnreadable
 from workflows import errors as error_types
 from workflows.ids import remediation_workflow_id
 from workflows.messages import HistoryEntry, OrphanRelease, ReleaseInput
@@ -141,10 +141,22 @@ class OrphanActivities:
         what kept them from being looked for ('' if nothing)."""
         if not await self._gone(node):
             return [], ""
-        removed, blocked = await asyncio.to_thread(
-            GpuIsolationActivities(self.core.api_client, self.records.ns).remove_rules_of, node,
-            remediation_workflow_id(node))
-        return [f"DeviceTaintRule {name} removed" for name in removed], blocked
+        owner = remediation_workflow_id(node)
+        rules = GpuIsolationActivities(self.core.api_client, self.records.ns)
+        removed, blocked = await asyncio.to_thread(rules.remove_rules_of, node, owner)
+        done = [f"DeviceTaintRule {name} removed" for name in removed]
+        if blocked:
+            return done, blocked
+        # A note whose rule someone deleted by hand would keep the node an orphan for good.
+        try:
+            stale = await asyncio.to_thread(rules.forget_quarantines, node, owner)
+        except RecordUnreadable as err:
+            raise ApplicationError(f"{node}: {err}; its GPU quarantine notes stay",
+                                   non_retryable=True) from err
+        except ApiException as err:
+            raise_typed(err, f"clear the GPU quarantine notes of {node}")
+        return done + [f"the record's note of DeviceTaintRule {name} cleared (the rule was "
+                       "already gone)" for name in stale if name not in removed], ""
 
     @activity.defn
     async def release_orphan(self, req: OrphanRelease) -> None:

@@ -291,3 +291,40 @@ async def test_a_gpu_held_with_its_remediation_gone_is_found_from_the_record(
     assert records.read(NODE).record.gpu_quarantines == {}  # type: ignore[union-attr]
     del fleet._gone
     assert await observe({}) == []
+
+
+async def test_a_note_whose_rule_was_deleted_by_hand_is_cleared_by_release_orphan(
+        k137: Cluster) -> None:
+    """Someone deleted the DeviceTaintRule of a dead per-GPU remediation by hand: the
+    record's note still makes the node an orphan each tick, and release-orphan, finding no
+    rule to remove, must still end it (clear the note, say so), never refuse it as "not an
+    orphan" and leave it reported for good."""
+    from activities.exporter_settings import ExporterSettings
+    from activities.fleet import FleetActivities
+    from activities.record import RecordStore
+    from tests.activities.test_fleet import _Temporal
+    from workflows.messages import ObserveInput, OrphanRelease
+    from workflows.settings import PolicySettings
+
+    fleet = FleetActivities(k137.api, ExporterSettings(mode="template"), record_namespace="default")
+    mine = ActivityEnvironment().run(GpuIsolationActivities(k137.api, "default").isolate_gpu,
+                                     IsolateGpuInput(node=NODE, uuid=UUID3, gpu="3",
+                                                     value="xid-48-drain-and-reset",
+                                                     reason="XID 48 on GPU 3",
+                                                     workflow_id=f"remediation-{NODE}"))
+    client.CustomObjectsApi(k137.api).delete_cluster_custom_object(
+        GROUP, "v1", "devicetaintrules", mine.rule)
+    records = RecordStore(client.CoreV1Api(k137.api), "default")
+
+    async def observe() -> list[str]:
+        env = ActivityEnvironment(client=_Temporal({}))  # type: ignore[arg-type]
+        obs = await env.run(fleet.observe_fleet, ObserveInput(policy=PolicySettings()))
+        return obs.orphans
+
+    assert await observe() == [NODE]
+    await ActivityEnvironment(client=_Temporal({})).run(  # type: ignore[arg-type]
+        fleet.release_orphan, OrphanRelease(node=NODE, operator="dana", reason="rule gone"))
+    assert records.read(NODE).record.gpu_quarantines == {}  # type: ignore[union-attr]
+    said = " ".join(e.message or "" for e in k137.events(NODE, "OrphanReleased"))
+    assert f"note of DeviceTaintRule {mine.rule} cleared (the rule was already gone)" in said
+    assert await observe() == []
