@@ -1,5 +1,5 @@
-"""The reboot Job runs the worker's own image (template image ``@worker``, the config's
-``jobs.worker_image``): the shipped configs name the image the Deployment runs, so an
+"""The reboot and GPU reset Jobs run the worker's own image (template image ``@worker``,
+the config's ``jobs.worker_image``): the shipped configs name the image the Deployment runs, so an
 install that sets its image in one place does not reboot from another."""
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ def _worker_container_image(objects: list[dict[str, Any]]) -> str:
 
 
 def _reboot_image(settings: Settings) -> str:
-    return settings.jobs.resolve("reboot", "").image
+    image = settings.jobs.resolve("reboot", "").image
+    # The GPU reset runs the same image (its script needs a shell and chroot only).
+    assert settings.jobs.resolve("gpu-reset", "").image == image
+    return image
 
 
 @pytest.mark.parametrize("mode", OVERLAYS)

@@ -750,6 +750,19 @@ def _busy_and_orphaned() -> tuple[FakeCluster, str, str]:
     return cluster, busy, orphan
 
 
+async def _first_run_with_a_rejected_typo(detector: WorkflowHandle) -> str:
+    """After a first tick, a mistyped signal recorded as rejected: the run's ID."""
+    first_run = (await detector.describe()).run_id
+    await ticks(detector, 1)
+    await detector.signal("pasue", OP)  # a typo, recorded as rejected
+
+    async def recorded() -> bool:
+        return bool((await dview(detector)).rejected_commands)
+    await until(recorded, what="the rejected signal")
+    assert first_run is not None
+    return first_run
+
+
 async def test_continue_as_new_carries_fleet_size_busy_nodes_orphans_and_rejections(local_env):
     """The next run knows, before its first observation (which fails here), how many shards
     observe the fleet, which nodes are in remediation, which are orphans, and which
@@ -759,13 +772,7 @@ async def test_continue_as_new_carries_fleet_size_busy_nodes_orphans_and_rejecti
     async with worker_for(local_env.client, cluster) as queue:
         detector = await start(local_env.client, queue, s)
         try:
-            first_run = (await detector.describe()).run_id
-            await ticks(detector, 1)
-            await detector.signal("pasue", OP)  # a typo, recorded as rejected
-
-            async def recorded() -> bool:
-                return bool((await dview(detector)).rejected_commands)
-            await until(recorded, what="the rejected signal")
+            first_run = await _first_run_with_a_rejected_typo(detector)
             # From now on no observation refreshes what the first tick learned.
             cluster.observe_error = "dcgm-exporter unreachable"
 
@@ -802,13 +809,7 @@ async def test_a_detector_started_from_its_carry_query_goes_on_as_after_continue
         detector = await start(local_env.client, queue, s)
         again: WorkflowHandle | None = None
         try:
-            first_run = (await detector.describe()).run_id
-            await ticks(detector, 1)
-            await detector.signal("pasue", OP)  # a typo, recorded as rejected
-
-            async def recorded() -> bool:
-                return bool((await dview(detector)).rejected_commands)
-            await until(recorded, what="the rejected signal")
+            first_run = await _first_run_with_a_rejected_typo(detector)
             await detector.execute_update(DetectorWorkflow.pause, OP)
             cluster.observe_error = "dcgm-exporter unreachable"
             carried = await detector.query(DetectorWorkflow.carry)
