@@ -15,6 +15,8 @@ from temporalio import workflow
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
+from workflows import versions
+
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
@@ -34,7 +36,7 @@ def decode_command(raw: RawValue) -> OperatorCommand:
                          f"not {type(value).__name__}")
     # The operator-command rules (a reason, a person's name, printable text) hold for a
     # signal as for its update; a history from before them replays as it ran.
-    rules = workflow.patched("operator-command-rules")
+    rules = versions.patched("operator-command-rules")
     try:
         return OperatorCommand.model_validate(value, context={"operator_rules": rules})
     except ValidationError as err:

@@ -32,6 +32,8 @@ from temporalio.exceptions import (
     WorkflowAlreadyStartedError,
 )
 
+from workflows import versions
+
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action, Verdict
     from workflows import activity_refs as act
@@ -308,7 +310,7 @@ class DetectorWorkflow:
                                  "that node). Wakes the detector; the next observation of "
                                  "that node and the budget decide. Payload: NodeReport.")
     def node_report(self, raw: RawValue = _NO_PAYLOAD) -> None:
-        if not workflow.patched(NODE_REPORT_PATCH):
+        if not versions.patched(NODE_REPORT_PATCH):
             # Recorded before this handler: the signal was unknown, and replays so.
             self.other_signal(NODE_REPORT_SIGNAL, [raw])
             return
@@ -318,7 +320,7 @@ class DetectorWorkflow:
         except Exception as err:  # a stray client's payload: recorded, never raised
             self._reject_signal(NODE_REPORT_SIGNAL, None, f"bad node report: {err}"[:500])
             return
-        if workflow.patched(NODE_TICK_PATCH):
+        if versions.patched(NODE_TICK_PATCH):
             if report.node in self.busy:
                 return  # its remediation handles what it reported: nothing to wake for
             self.reports = keep_report(self.reports, report, workflow.now())
@@ -510,7 +512,7 @@ class DetectorWorkflow:
     def _who(self, operator: str) -> str:
         """An operator's name as this detector records it: marked unverified unless its
         own settings say the server authenticates callers; as before in older histories."""
-        if not workflow.patched(OPERATOR_MARK_PATCH):
+        if not versions.patched(OPERATOR_MARK_PATCH):
             return operator
         return shown_operator(operator, self.settings.remediation.server_authorizes)
 
@@ -518,15 +520,16 @@ class DetectorWorkflow:
 
     @workflow.run
     async def run(self, inp: DetectorInput) -> None:
+        versions.begin()  # this release's one marker, the run's first row (versions.py)
         ticks = 0
         # A detector that did not continue from another (the first, one started again after
         # `detector stop`, or after termination) does not know its predecessor's starts.
         seeded = workflow.info().continued_run_id is not None or \
-            not workflow.patched(SEED_PENDING_PATCH)
-        self.thermal_outside = workflow.patched(THERMAL_OUTSIDE_PATCH)
-        self.probation = workflow.patched(PROBATION_PATCH)
-        self.leases_mode = workflow.patched(LEASES_PATCH)
-        self.bounded = workflow.patched(LIMITS_PATCH)
+            not versions.patched(SEED_PENDING_PATCH)
+        self.thermal_outside = versions.patched(THERMAL_OUTSIDE_PATCH)
+        self.probation = versions.patched(PROBATION_PATCH)
+        self.leases_mode = versions.patched(LEASES_PATCH)
+        self.bounded = versions.patched(LIMITS_PATCH)
         if self.bounded:
             await self._read_limits()
         if self.leases_mode:
@@ -724,7 +727,7 @@ class DetectorWorkflow:
                 shown[r.node] = r.label
         due = sorted(n for n, pair in now.items() if self.mismatches.get(n) == pair)
         self.mismatches = now
-        if not due or not workflow.patched("state-mirror-rewritten"):
+        if not due or not versions.patched("state-mirror-rewritten"):
             return
         for node in due[:10]:
             lease = self.state.leases[node]
@@ -914,7 +917,7 @@ class DetectorWorkflow:
                                  breaker_nodes=st.breaker_nodes,
                                  incidents=[i.key for i in open_],
                                  incident_nodes={i.key: i.nodes for i in open_})
-        if workflow.patched(GPU_COUNT_PATCH):
+        if versions.patched(GPU_COUNT_PATCH):
             report.gpus, report.domains = self.gpu_use, self.domain_uses
         if report != self.last_report:
             try:
@@ -934,7 +937,7 @@ class DetectorWorkflow:
         """GPU-scoped leases, where the remediations isolate GPUs (gpu_isolation: dra)."""
         if self.settings.remediation.gpu_isolation != GpuIsolation.DRA or not self.leases_mode:
             return False
-        return workflow.patched(GPU_LEASE_PATCH)
+        return versions.patched(GPU_LEASE_PATCH)
 
     def _domains_on(self) -> bool:
         """Fault domains, GPU budgets and incidents, where any is configured or an incident
@@ -943,7 +946,7 @@ class DetectorWorkflow:
         if not (s.fault_domains or s.max_unavailable_gpus is not None or st.incidents
                 or st.incident_cordons or (s.pool_label and s.pool_max_unavailable_gpus)):
             return False
-        return workflow.patched(DOMAINS_PATCH)
+        return versions.patched(DOMAINS_PATCH)
 
     async def _follow_incidents(self, watch: IncidentWatch) -> None:
         """Act on the tick's incident decision: cordon the nodes that joined an incident,

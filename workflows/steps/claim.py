@@ -14,6 +14,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, FailureError
 
+from workflows import versions
+
 with workflow.unsafe.imports_passed_through():
     from workflows import activity_refs as act
     from workflows import errors
@@ -50,7 +52,7 @@ class ClaimSteps(RemediationBase):
         """Acts only under a live lease: decided once per run (the first look records the
         patch marker), so a run recorded before leases replays as it ran."""
         if self._lease_gate is None:
-            self._lease_gate = workflow.patched(LEASE_PATCH)
+            self._lease_gate = versions.patched(LEASE_PATCH)
         return self._lease_gate
 
     async def _confirm_lease(self, step: str) -> None:
@@ -159,7 +161,7 @@ class ClaimSteps(RemediationBase):
             f"then {s.on_timeout}). To decide: `gpu-remediate approve {self.inp.node} -r "
             f"REASON` (or `reject`), or here, Send a Signal or Send an Update named `approve` "
             'or `reject` with the payload `{"operator": "you", "reason": "why"}`')
-        bounded = until is not None or workflow.patched("approval-wait-bounded")
+        bounded = until is not None or versions.patched("approval-wait-bounded")
         limit = self.inp.settings.history_events_per_run
 
         def decided() -> bool:
@@ -197,7 +199,7 @@ class ClaimSteps(RemediationBase):
         the detector grants a slot, asking again every ``SLOT_ASK_AGAIN`` (a detector
         restarted meanwhile has not heard). Nothing drains past the budget."""
         if self.slot_granted or self.inp.dry_run or \
-                not workflow.patched("heat-cordon-drains-in-a-slot"):
+                not versions.patched("heat-cordon-drains-in-a-slot"):
             return
         self._set(NodeState.CORDONED, Step.WAITING_FOR_A_DRAIN_SLOT)
         self._plan("wait for a drain slot from the detector (the heat cordon took none)")
@@ -227,7 +229,7 @@ class ClaimSteps(RemediationBase):
         not be isolated): nothing touches the node until the detector grants it a node
         slot through every budget, asked with the lease token."""
         if self.inp.lease_scope != "gpu" or self.slot_granted or self.inp.dry_run or \
-                not workflow.patched(GPU_LEASE_PATCH):
+                not versions.patched(GPU_LEASE_PATCH):
             return
         self._set(NodeState.HEALTHY, Step.WAITING_FOR_A_DRAIN_SLOT)
         self._plan("wait for a node slot from the detector (the lease held one GPU)")

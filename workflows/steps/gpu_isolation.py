@@ -12,6 +12,8 @@ from typing import Literal
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
+from workflows import versions
+
 with workflow.unsafe.imports_passed_through():
     from workflows import activity_refs as act
     from workflows.isolation import GpuIsolationView, GpuTaintInput, IsolateGpuInput, IsolationPlan
@@ -60,7 +62,7 @@ class GpuIsolationSteps(RemediationBase):
                                    f"DeviceTaintRule {got.rule} NoExecute: the claim using "
                                    f"GPU {plan.gpu} must go ({plan.why})")
         held_why = ""
-        if workflow.patched("gpu-validation-pinned"):
+        if versions.patched("gpu-validation-pinned"):
             if plan.then == "validate":
                 passed, held_why = await self._validate_gpu(plan, got.rule, got.device)
                 if passed:

@@ -12,6 +12,8 @@ from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
+from workflows import versions
+
 with workflow.unsafe.imports_passed_through():
     from workflows import activity_refs as act
     from workflows import errors
@@ -251,7 +253,7 @@ class OperatorOrders(RemediationBase):
         settings say the server authenticates callers (the payload cannot say so). Marked
         once, here, so every later use (annotation, Event, details, view) shows the same
         name; a history from before the mark replays unmarked."""
-        if not workflow.patched(OPERATOR_MARK_PATCH):
+        if not versions.patched(OPERATOR_MARK_PATCH):
             return cmd
         shown = shown_operator(cmd.operator, self.inp.settings.server_authorizes)
         return cmd if shown == cmd.operator else cmd.model_copy(update={"operator": shown})

@@ -13,6 +13,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
+from workflows import versions
+
 with workflow.unsafe.imports_passed_through():
     from workflows import activity_refs as act
     from workflows import errors
@@ -53,7 +55,7 @@ class ReleaseSteps(RemediationBase):
                f"attempt {self.view.attempt} ended, the new node is left untouched")
         self._set(self.view.state, Step.NODE_GONE)
         self._details(why)
-        if workflow.patched("node-gone-event"):
+        if versions.patched("node-gone-event"):
             try:
                 await self._note_event("NodeGone", f"{why}; record: workflow "
                                                    f"{workflow.info().workflow_id}", "Warning")
@@ -104,7 +106,7 @@ class ReleaseSteps(RemediationBase):
             # replays without the drain; every release from the upgrade on drains first,
             # including releases of nodes quarantined before it.
             left = (await self._clear_for_validation()
-                    if workflow.patched("drain-before-release-validation") else "")
+                    if versions.patched("drain-before-release-validation") else "")
             released: dict[str, int] = {}
             if left:
                 check = NodeJobResult(succeeded=False, job_name="", message=left)
@@ -170,7 +172,7 @@ class ReleaseSteps(RemediationBase):
         """The outcome into the repair ledger (workflows/ledger.py). A write that fails after
         its retries is counted by the activity and told in a Warning Event: the ledger is
         the fleet's memory, never a reason for a remediation to fail."""
-        if self.inp.dry_run or not workflow.patched(LEDGER_PATCH):
+        if self.inp.dry_run or not versions.patched(LEDGER_PATCH):
             return
         info = workflow.info()
         finished = workflow.now()
@@ -245,7 +247,7 @@ class ReleaseSteps(RemediationBase):
         if self.abort_note is not None:
             return f"aborted by {self.abort_note.operator}: {self.abort_note.reason}"
         operator, text = abort_requester(workflow.cancellation_reason() or "")
-        if operator != CANCEL_REQUESTER and workflow.patched(OPERATOR_MARK_PATCH):
+        if operator != CANCEL_REQUESTER and versions.patched(OPERATOR_MARK_PATCH):
             # the cancel's reason names whom its sender claims to be
             operator = shown_operator(operator, self.inp.settings.server_authorizes)
         return f"aborted by {operator}: {text}"

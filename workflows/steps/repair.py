@@ -13,6 +13,8 @@ from typing import Literal
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
+from workflows import versions
+
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action
     from workflows import activity_refs as act
@@ -99,14 +101,14 @@ class RepairSteps(RemediationBase):
         if method != "external":
             await self._enter(NodeState.REPAIRING, Step(kind), "RepairStarted",
                               f"attempt {attempt}/{s.max_repair_attempts}: {kind}")
-            if kind == "reboot" and workflow.patched("reboot-confirmed-by-the-node"):
+            if kind == "reboot" and versions.patched("reboot-confirmed-by-the-node"):
                 return await self._reboot(attempt)
-            if kind == "gpu-reset" and workflow.patched("reset-beside-gpu-operator"):
+            if kind == "gpu-reset" and versions.patched("reset-beside-gpu-operator"):
                 return await self._reset(attempt)
             return await self._job(kind, attempt)
         # A `repaired` the validator accepts from here on takes effect: it may arrive while
         # the state below is still being written (before: cleared after that write).
-        kept = workflow.patched("repaired-accepted-is-kept")
+        kept = versions.patched("repaired-accepted-is-kept")
         if kept:
             self.repaired_order = None
         await self._enter(NodeState.REPAIRING, Step.EXTERNAL, "ExternalRepairRequested",
@@ -131,7 +133,7 @@ class RepairSteps(RemediationBase):
         of refused signals grows the history while nothing is reported: past
         history_events_per_run the wait continues in a new run, with the same window."""
         s = self.inp.settings
-        bounded = until is not None or workflow.patched(EXTERNAL_WAIT_PATCH)
+        bounded = until is not None or versions.patched(EXTERNAL_WAIT_PATCH)
         limit = s.history_events_per_run
 
         def reported() -> bool:
@@ -184,7 +186,7 @@ class RepairSteps(RemediationBase):
         retries, so the wait holds no worker slot and adds no history events."""
         requested = workflow.now()
         timeout = self.inp.settings.reboot_return_timeout
-        if self.inp.dry_run or not workflow.patched("reboot-timed-from-request"):
+        if self.inp.dry_run or not versions.patched("reboot-timed-from-request"):
             job = await self._job("reboot", attempt)
         else:
             s = self.inp.settings
@@ -218,7 +220,7 @@ class RepairSteps(RemediationBase):
         if self.inp.dry_run:
             return job
         wait = timeout
-        if workflow.patched("reboot-timed-from-request"):
+        if versions.patched("reboot-timed-from-request"):
             # What is left of the timeout since the request; at least one more look.
             wait = max(timeout - (workflow.now() - requested),
                        self.inp.settings.node_poll_interval)
@@ -249,7 +251,7 @@ class RepairSteps(RemediationBase):
         quarantine (or the release) goes on whatever the API says."""
         if self.inp.dry_run or on == self.out_of_service or \
                 not self.inp.settings.drain.out_of_service_taint or \
-                not workflow.patched("out-of-service-taint"):
+                not versions.patched("out-of-service-taint"):
             return
         try:
             said = await self._call(
@@ -282,7 +284,7 @@ class RepairSteps(RemediationBase):
             summary=f"turn GPU Operator operands off on {self.inp.node}", check_cancel=False)
         # An abort that arrives while the pause runs must still find what it turned off, or
         # the node would go back to service with its device plugin off: record it first.
-        if workflow.patched("operands-paused-recorded-before-abort") and not self.inp.dry_run:
+        if versions.patched("operands-paused-recorded-before-abort") and not self.inp.dry_run:
             self.operands_paused = paused
         self._check_cancelled()
         labels = sorted(paused.changed)
@@ -323,7 +325,7 @@ class RepairSteps(RemediationBase):
         """Before a pause: an abort landing in the workflow task that also brings the
         pause's completion gets no result (the SDK raises the cancellation), so until the
         answer comes the restore goes by the node's pause record."""
-        if not self.inp.dry_run and workflow.patched(PAUSE_ANSWER_MAY_BE_LOST):
+        if not self.inp.dry_run and versions.patched(PAUSE_ANSWER_MAY_BE_LOST):
             self.operands_paused = pause_in_flight(self.inp.node)
 
     async def _restore_operands(self, *, best_effort: bool = False) -> None:

@@ -15,6 +15,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
+from workflows import versions
+
 with workflow.unsafe.imports_passed_through():
     from policy.models import Action, Verdict
     from workflows import activity_refs as act
@@ -50,7 +52,7 @@ class ThermalSteps(RemediationBase):
             watch_for = max(min(left, timedelta(hours=1)), t.hold + t.poll_interval)
             self._details(f"cordoned for heat since {hot_since:%H:%M:%S}; waiting for "
                           f"{t.hold} below the recovery threshold")
-            if workflow.patched("thermal-polled-by-retry"):
+            if versions.patched("thermal-polled-by-retry"):
                 result = await self._watch_by_retry(watch_for)
             else:
                 result = await self._call(
@@ -71,7 +73,7 @@ class ThermalSteps(RemediationBase):
             if t.escalate_after is not None and workflow.now() - hot_since >= t.escalate_after:
                 why = f"still hot after {t.escalate_after}: {result.message}; check cooling"
                 self.view.quarantine_policy_reason = why
-                if workflow.patched("policy-quarantine-awaits-approval"):
+                if versions.patched("policy-quarantine-awaits-approval"):
                     self.policy_quarantine = why
                 else:
                     self.quarantine_order = OperatorCommand(operator="policy", reason=why)
@@ -108,7 +110,7 @@ class ThermalSteps(RemediationBase):
                                   non_retryable_error_types=[*errors.NOT_RETRIED]),
                 schedule_to_close=wait, summary=f"watch {self.inp.node} temperature")
             try:
-                if workflow.patched("quarantine-interrupts-the-heat-watch"):
+                if versions.patched("quarantine-interrupts-the-heat-watch"):
                     look = await self._unless_quarantined(watch)
                     if look is None:
                         return ThermalWatchResult(outcome="hot", message="quarantine ordered")

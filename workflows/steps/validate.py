@@ -14,6 +14,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
+from workflows import versions
+
 with workflow.unsafe.imports_passed_through():
     from policy.models import SEVERITY, Action
     from policy.rules import SIG_XID, gpu_key
@@ -68,7 +70,7 @@ class ValidationSteps(RemediationBase):
         device plugin still holds unhealthy, or a GPU-requesting DaemonSet, is named as
         the reason instead of a Job that cannot start), the Job's dcgmi evidence, then
         the exporter read again: the node is not returned while a fault still shows."""
-        if not workflow.patched("validation-proves-the-node"):
+        if not versions.patched("validation-proves-the-node"):
             return await self._job("validate", attempt)
         s = self.inp.settings
         if not self.inp.dry_run and self.gpus > 0:
@@ -86,7 +88,7 @@ class ValidationSteps(RemediationBase):
         exporter = "dcgm-exporter"
         pause_exporter = False
         if (exporter in op.operands and not self.inp.dry_run
-                and workflow.patched("one-dcgm-host-engine")):
+                and versions.patched("one-dcgm-host-engine")):
             pause_exporter = True
             if "dcgm" in op.operands:
                 missing = await self._standalone_host_engine_missing()
@@ -172,9 +174,9 @@ class ValidationSteps(RemediationBase):
         ``aborting``: an abort acknowledges them too, or the detector would start the
         same remediation again on its next tick. Best effort there (a few tries, nothing
         acknowledged if the node cannot be read): the give-back must not wait on it."""
-        if self.inp.dry_run or not workflow.patched("validation-proves-the-node"):
+        if self.inp.dry_run or not versions.patched("validation-proves-the-node"):
             return {}
-        if aborting and not workflow.patched("abort-acknowledges-shown-xids"):
+        if aborting and not versions.patched("abort-acknowledges-shown-xids"):
             return {}
         arg = NodeHealthInput(node=self.inp.node, policy=self.inp.policy,
                               acknowledged={**self._acknowledged_xids(), **acked})
@@ -236,7 +238,7 @@ class ValidationSteps(RemediationBase):
         # Reports back off as the drain's do (doubling up to report_max), and the wait ends
         # before the run's history outgrows history_events_per_run: a drain deadline of a
         # day or more once reached Temporal's 51,200-event limit here.
-        bounded = workflow.patched("release-clear-bounded")
+        bounded = versions.patched("release-clear-bounded")
         report_after = d.report_after
         while True:
             result = await self._call(
@@ -291,7 +293,7 @@ class ValidationSteps(RemediationBase):
         if kind == "gpu-reset" and s.reset_scope == "gpu":
             gpus = sorted({f.gpu for f in self.inp.verdict.findings if f.gpu.isdecimal()})
             gpu_index = gpus[0] if len(gpus) == 1 else None
-            if gpu_index is not None and workflow.patched("reset-by-uuid"):
+            if gpu_index is not None and versions.patched("reset-by-uuid"):
                 # By UUID, which survives re-enumeration; the index only when the exporter
                 # gave none (or one that is no UUID: the exporter's text is the node's).
                 uuids = sorted({f.uuid for f in self.inp.verdict.findings
@@ -312,7 +314,7 @@ class ValidationSteps(RemediationBase):
                            gpu_index=gpu_index, dry_run=self.inp.dry_run,
                            gpu_uuids=gpu_uuids,
                            device_uuid=pinned[1] if pinned is not None else "")
-        if not workflow.patched("jobs-polled-by-retry"):
+        if not versions.patched("jobs-polled-by-retry"):
             return await self._call(
                 act.run_node_job, job, timeout=s.job_timeout,
                 heartbeat=True, summary=f"{kind} job on {self.inp.node}")
@@ -328,13 +330,13 @@ class ValidationSteps(RemediationBase):
         except ActivityError as err:
             cause = err.cause
             if (isinstance(cause, ApplicationError) and cause.type == errors.JOB_NOT_STARTED
-                    and workflow.patched("job-not-started-reported")):
+                    and versions.patched("job-not-started-reported")):
                 # The image cannot be pulled: the step never ran, said as such.
                 self.job_in_progress = None
                 return NodeJobResult(succeeded=False, job_name=name, message=str(cause))
             if not _timed_out(err):
                 raise
-            last = _cause(err) if workflow.patched("job-wait-says-last-look") else ""
+            last = _cause(err) if versions.patched("job-wait-says-last-look") else ""
             result = NodeJobResult(succeeded=False, job_name=name,
                                    message=f"{kind} Job {name} did not finish within "
                                            f"{s.job_timeout}" + (f": {last}" if last else ""))
