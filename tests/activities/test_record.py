@@ -194,13 +194,21 @@ def test_a_forged_history_annotation_changes_nothing_the_claim_reads(cluster: Cl
     assert [h.workflow_id for h in result.history] == ["remediation-gpu-node-01-0-0"]
 
 
+@pytest.mark.parametrize("conflict", [False, True], ids=["quiet", "node-patch-conflict"])
 def test_the_release_writes_the_record_first_and_mirrors_it_on_the_node(
-        cluster: Cluster) -> None:
+        cluster: Cluster, conflict: bool) -> None:
     acts, env = NodeActivities(cluster.api, NS), ActivityEnvironment()
     cluster.clear_writes()
-    remediate(cluster, acts, env, 0, acked={"GPU-3": 79})
+    e = entry(0, wf="remediation-gpu-node-01-0")
+    env.run(acts.claim_node, claim(wf=e.workflow_id, run="run-0"))
+    if conflict:  # what a kubelet's status update between read and patch gives
+        cluster.faults({"verb": "patch", "resource": "nodes", "name": NODE, "status": 409,
+                        "times": 1})
+    env.run(acts.release_node, release(e, {"GPU-3": 79}))
+    # The writes that landed: a guarded node patch refused with 409 (the kubelet's status
+    # update moved the resourceVersion in between) is logged too, then done again.
     writes = [w for w in cluster.writes() if w["resource"] in ("configmaps", "nodes")
-              and w["verb"] != "get"]
+              and w["verb"] != "get" and w["code"] < 300]
     release_writes = [w["resource"] for w in writes][-2:]
     assert release_writes == ["configmaps", "nodes"], writes
     record = stored(cluster)
