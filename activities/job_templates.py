@@ -231,8 +231,10 @@ class JobsSettings(BaseModel):
                     "may create Jobs.")
     require_digest: bool = Field(
         default=False,
-        description="Refuse templates whose image is not pinned by digest (set in the "
-                    "shipped deploy configuration once the digests are filled in).")
+        description="Refuse templates whose image is not pinned by digest, the worker's "
+                    "own among them: a re-pushed tag never changes what runs on a node. The "
+                    "shipped Helm and kustomize configs set it, so an install names its "
+                    "digests (docs/install.md) or the worker refuses to start.")
     worker_image: str = Field(
         default_factory=_default_worker_image, min_length=1, max_length=512,
         description="The worker's own image (set it to what the Deployment runs, by digest "
@@ -268,13 +270,15 @@ class JobsSettings(BaseModel):
                             "(name@sha256:<64 hex>) and jobs.require_digest is set (templates "
                             + ", ".join(sorted(n for n, t in self.templates.items()
                                                if t.image == WORKER_IMAGE))
-                            + " run from it)")
+                            + " run from it); set it to the image the Deployment runs, "
+                            "by digest: " + _pin_hint(self.worker_image))
         for name, t in sorted(self.templates.items()):
             if not _NAME.fullmatch(name):
                 problems.append(f"templates.{name}: a name must be a DNS label")
             if self.require_digest and not t.pinned and t.image != WORKER_IMAGE:
                 problems.append(f"templates.{name}.image: {t.image!r} is not pinned by digest "
-                                "(name@sha256:<64 hex>) and jobs.require_digest is set")
+                                "(name@sha256:<64 hex>) and jobs.require_digest is set; "
+                                + _pin_hint(t.image))
         for kind, name in DEFAULT_TEMPLATE.items():
             if self.templates[name].purpose != kind:
                 problems.append(f"templates.{name}.purpose: the built-in {name} template "
@@ -304,12 +308,22 @@ class JobsSettings(BaseModel):
 def _over_builtin(builtin: JobTemplate | None, given: Any) -> Any:
     """A template given under a built-in's name: with its own image or command it replaces
     the built-in whole (nothing privileged is inherited by a command of someone else's);
-    with neither, it is the built-in with the fields it gives changed."""
+    with neither, or with only the built-in's own image pinned by digest (what
+    require_digest asks of an install), it is the built-in with the fields it gives
+    changed."""
     if builtin is None or not isinstance(given, dict):
         return given
-    if "image" not in given and "command" not in given:
+    image = given.get("image")
+    same_image = isinstance(image, str) and _DIGEST.sub("", image) == builtin.image
+    if "command" not in given and ("image" not in given or same_image):
         return {**builtin.model_dump(), **given}
     return given if "purpose" in given else {"purpose": builtin.purpose, **given}
+
+
+def _pin_hint(image: str) -> str:
+    """How to pin an image: its digest from the registry."""
+    name = image.split("@", 1)[0]
+    return f"pin it: {name}@$(crane digest {name})"
 
 
 class TemplateRefused(ValueError):

@@ -18,8 +18,10 @@ def test_readme_config_example_is_valid(tmp_path: Path) -> None:
     block = re.search(r"```yaml\n(.*?)```", readme, re.S)
     assert block, "README has a YAML config example"
     path = tmp_path / "config.yaml"
-    path.write_text(block.group(1))
+    # Its digests are placeholders a reader fills in (crane digest IMAGE).
+    path.write_text(block.group(1).replace("<64 hex>", "f" * 64))
     settings = load_settings(path)
+    assert settings.jobs.require_digest
     assert settings.detector.max_unavailable == 1
     assert settings.remediation.drain.deadline.total_seconds() == 1800
 

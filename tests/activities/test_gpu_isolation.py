@@ -238,19 +238,11 @@ def test_a_record_that_cannot_be_written_never_undoes_an_isolation(k137: Cluster
     assert out.isolated and out.rule in {r["metadata"]["name"] for r in _rules(k137)}
 
 
-async def test_a_gpu_held_with_its_remediation_gone_is_found_from_the_record(
-        k137: Cluster) -> None:
-    """A per-GPU remediation never labels its node. Terminated while it holds a GPU, it
-    leaves a DeviceTaintRule that keeps the GPU out for good; only the controller's record
-    knows. The observation finds it there: an orphan, one Warning Event (the record notes
-    it was said, where the node cannot write), release-orphan accepted and removing the
-    rule. While the remediation runs, the held GPU is no orphan."""
+def _fleet_with_gpu3_isolated(k137: Cluster) -> tuple[Any, Any]:
+    """The fleet activities on the 1.37 cluster, and GPU 3 of NODE isolated by this node's
+    remediation (its DeviceTaintRule and the record's note)."""
     from activities.exporter_settings import ExporterSettings
     from activities.fleet import FleetActivities
-    from activities.record import RecordStore
-    from tests.activities.test_fleet import _Temporal
-    from workflows.messages import ObserveInput, OrphanRelease
-    from workflows.settings import PolicySettings
 
     fleet = FleetActivities(k137.api, ExporterSettings(mode="template"), record_namespace="default")
     mine = ActivityEnvironment().run(GpuIsolationActivities(k137.api, "default").isolate_gpu,
@@ -258,6 +250,22 @@ async def test_a_gpu_held_with_its_remediation_gone_is_found_from_the_record(
                                                      value="xid-48-drain-and-reset",
                                                      reason="XID 48 on GPU 3",
                                                      workflow_id=f"remediation-{NODE}"))
+    return fleet, mine
+
+
+async def test_a_gpu_held_with_its_remediation_gone_is_found_from_the_record(
+        k137: Cluster) -> None:
+    """A per-GPU remediation never labels its node. Terminated while it holds a GPU, it
+    leaves a DeviceTaintRule that keeps the GPU out for good; only the controller's record
+    knows. The observation finds it there: an orphan, one Warning Event (the record notes
+    it was said, where the node cannot write), release-orphan accepted and removing the
+    rule. While the remediation runs, the held GPU is no orphan."""
+    from activities.record import RecordStore
+    from tests.activities.test_fleet import _Temporal
+    from workflows.messages import ObserveInput, OrphanRelease
+    from workflows.settings import PolicySettings
+
+    fleet, mine = _fleet_with_gpu3_isolated(k137)
     assert mine.isolated
     records = RecordStore(client.CoreV1Api(k137.api), "default")
 
@@ -299,19 +307,12 @@ async def test_a_note_whose_rule_was_deleted_by_hand_is_cleared_by_release_orpha
     record's note still makes the node an orphan each tick, and release-orphan, finding no
     rule to remove, must still end it (clear the note, say so), never refuse it as "not an
     orphan" and leave it reported for good."""
-    from activities.exporter_settings import ExporterSettings
-    from activities.fleet import FleetActivities
     from activities.record import RecordStore
     from tests.activities.test_fleet import _Temporal
     from workflows.messages import ObserveInput, OrphanRelease
     from workflows.settings import PolicySettings
 
-    fleet = FleetActivities(k137.api, ExporterSettings(mode="template"), record_namespace="default")
-    mine = ActivityEnvironment().run(GpuIsolationActivities(k137.api, "default").isolate_gpu,
-                                     IsolateGpuInput(node=NODE, uuid=UUID3, gpu="3",
-                                                     value="xid-48-drain-and-reset",
-                                                     reason="XID 48 on GPU 3",
-                                                     workflow_id=f"remediation-{NODE}"))
+    fleet, mine = _fleet_with_gpu3_isolated(k137)
     client.CustomObjectsApi(k137.api).delete_cluster_custom_object(
         GROUP, "v1", "devicetaintrules", mine.rule)
     records = RecordStore(client.CoreV1Api(k137.api), "default")

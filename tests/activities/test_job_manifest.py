@@ -112,6 +112,23 @@ def test_require_digest_names_the_worker_image_the_reboot_runs_from() -> None:
         JobsSettings(worker_image="has blanks")
 
 
+def test_a_built_in_pinned_by_its_own_image_keeps_its_command_and_no_other_image_does() -> None:
+    """What require_digest asks of an install: the built-in validation image, by digest,
+    with nothing else restated. Any other image replaces the built-in whole, so it must
+    bring its own command (nothing is inherited by an image of someone else's)."""
+    builtin = TEMPLATES["validation"]
+    pinned = f"{builtin.image}@sha256:" + "e" * 64
+    jobs = JobsSettings(require_digest=True, worker_image="w@sha256:" + "a" * 64,
+                        templates={"validation": {"image": pinned}})
+    assert jobs.templates["validation"] == builtin.model_copy(update={"image": pinned})
+    with pytest.raises(ValueError, match="command"):
+        JobsSettings(templates={"validation": {"image": "evil.example/dcgm@sha256:" + "e" * 64}})
+    # Unpinned, the refusal names the template and how to pin it.
+    with pytest.raises(ValueError, match=r"templates\.validation\.image: .* not pinned .*"
+                                         r"crane digest nvcr\.io/nvidia/cloud-native/dcgm"):
+        JobsSettings(require_digest=True, worker_image="w@sha256:" + "a" * 64)
+
+
 def test_template_env_cannot_override_what_the_worker_sets() -> None:
     with pytest.raises(ValueError, match="set by the worker"):
         JobTemplate(purpose="reboot", image="x", command=["true"],

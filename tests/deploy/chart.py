@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from tests.deploy.conftest import DEPLOY
+from tests.deploy.pins import TEST_DIGEST, TEST_IMAGE, TEST_VALIDATION_IMAGE
 
 CHART = DEPLOY / "helm" / "gpu-remediate"
 BUILD = Path(__file__).resolve().parent / "helm" / "build.sh"
@@ -89,16 +90,24 @@ def run(helm: Path, *args: str, values: dict[str, Any] | None = None) -> str:
     return result.stdout
 
 
-# The chart has no default image (it refuses to render without one); the tests name the
-# one the kustomize base names until a site sets its own, so both render the same objects.
-TEST_IMAGE = "registry.invalid/set-images-in-kustomization/gpu-remediate"
 
 
-def with_image(values: dict[str, Any] | None) -> dict[str, Any]:
+# The chart has no default image (it refuses to render without one), and with
+# config.jobs.require_digest on, as shipped, no image by tag: the tests name a site's
+# (tests/deploy/pins.py), the same the kustomizations are installed with.
+
+
+def with_image(values: dict[str, Any] | None, *, pinned: bool = True) -> dict[str, Any]:
+    """The values as an install gives them: an image, and (pinned) the digests."""
     values = dict(values or {})
     image = dict(values.get("image") or {})
     image.setdefault("repository", TEST_IMAGE)
-    return {**values, "image": image}
+    if not pinned:
+        return {**values, "image": image}
+    image.setdefault("digest", TEST_DIGEST)
+    jobs = dict(values.get("jobs") or {})
+    jobs["validation"] = {"image": TEST_VALIDATION_IMAGE, **(jobs.get("validation") or {})}
+    return {**values, "image": image, "jobs": jobs}
 
 
 def template(helm: Path, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:

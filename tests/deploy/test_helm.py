@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy import chart
+from tests.deploy import chart, pins
 from tests.deploy.conftest import DEPLOY, OVERLAYS, ROOT
 from tests.deploy.kustomize import find, key
 from tests.deploy.test_kustomize import K8S_VERSIONS, schema_errors
@@ -178,7 +178,14 @@ def test_the_documented_values_file_renders(helm: Path, tmp_path: Path) -> None:
     block = re.search(r"```yaml\n(# site-values\.yaml\n.*?)```", doc, re.DOTALL)
     assert block, "docs/install.md: no site-values.yaml example"
     values = yaml.safe_load(block.group(1))
-    settings = config_of(render(helm, values), tmp_path)
+    # As written: its digests are the placeholders a reader replaces, so they must be the
+    # values' own, not the tests' (chart.template adds those only where none is given).
+    text = block.group(1).replace("<64 hex>", "f" * 64)
+    objects = [d for d in yaml.safe_load_all(chart.run(
+        helm, "template", chart.RELEASE, str(chart.CHART), "--kube-version", chart.KUBE_VERSION,
+        values=yaml.safe_load(text))) if d]
+    settings = config_of(objects, tmp_path)
+    assert settings.jobs.require_digest
     assert settings.detector.dry_run is (values["mode"] == "dry-run")
     assert settings.exporter.namespace == values["config"]["exporter"]["namespace"]
 
@@ -197,6 +204,9 @@ def test_mode_sets_dry_run_and_approval(helm: Path, tmp_path: Path) -> None:
     assert autonomous.remediation.approval.required_for == []
 
 
+DCGM = "registry.example.com/dcgm:4.2.3@sha256:" + "c" * 64
+
+
 def test_budget_policy_and_job_templates_reach_the_worker(helm: Path, tmp_path: Path) -> None:
     objects = render(
         helm,
@@ -205,7 +215,7 @@ def test_budget_policy_and_job_templates_reach_the_worker(helm: Path, tmp_path: 
             "policy": {"xid_overrides": {74: "reboot"}, "follow_recovery_action": False},
             "jobs": {
                 "validation": {
-                    "image": "registry.example.com/dcgm:4.2.3",
+                    "image": DCGM,
                     "command": ["dcgmi", "diag", "-r", "3"],
                     "deadline": "PT45M",
                 }
@@ -221,7 +231,7 @@ def test_budget_policy_and_job_templates_reach_the_worker(helm: Path, tmp_path: 
     assert settings.policy.xid_overrides[74].value == "reboot"
     assert settings.policy.follow_recovery_action is False
     validation = settings.jobs.templates["validation"]
-    assert validation.image == "registry.example.com/dcgm:4.2.3"
+    assert validation.image == DCGM
     assert validation.command == ["dcgmi", "diag", "-r", "3"]
     assert validation.deadline.total_seconds() == 45 * 60
     assert validation.purpose == "validate"
@@ -396,4 +406,50 @@ def test_without_an_image_the_chart_refuses_to_render_and_says_how_to_build_one(
     objs = chart.template(helm, {"image": {"repository": "registry.example.com/gpu-remediate"}})
     images = {c["image"] for o in objs if o["kind"] in ("Deployment", "Job")
               for c in o["spec"]["template"]["spec"]["containers"]}
-    assert "registry.example.com/gpu-remediate:0.1.0" in images
+    assert f"registry.example.com/gpu-remediate:0.1.0@{pins.TEST_DIGEST}" in images
+
+
+def test_require_digest_refuses_to_render_each_unpinned_image_and_says_how_to_pin_it(
+        helm: Path, tmp_path: Path) -> None:
+    """config.jobs.require_digest is on in the shipped values: the worker's image (the
+    reboot and GPU reset Jobs run it) and the built-in validation image must be named by
+    digest, or nothing renders; each refusal names the value and the crane line."""
+    unpinned = chart.with_image(None, pinned=False)
+    with pytest.raises(chart.HelmFailed) as refused:
+        chart.run(helm, "template", chart.RELEASE, str(chart.CHART), values=unpinned)
+    said = refused.value.stderr
+    assert "image.digest is required" in said
+    assert f"crane digest {pins.TEST_IMAGE}:0.1.0" in said
+    with pytest.raises(chart.HelmFailed) as refused:
+        chart.run(helm, "template", chart.RELEASE, str(chart.CHART),
+                  values={**unpinned, "image": {**unpinned["image"], "digest": pins.TEST_DIGEST}})
+    said = refused.value.stderr
+    assert "jobs.validation.image is required" in said
+    # The image the chart names is the worker's built-in, so the pin is the same image.
+    assert Settings().jobs.templates["validation"].image == pins.VALIDATION_IMAGE
+    assert f"crane digest {pins.VALIDATION_IMAGE}" in said
+    # A template added by tag is refused too, naming it.
+    with pytest.raises(chart.HelmFailed) as refused:
+        chart.template(helm, {"jobs": {"long-diag": {
+            "purpose": "validate", "image": "registry.example.com/dcgm:4.2.3",
+            "command": ["dcgmi", "diag", "-r", "3"], "deadline": "PT90M"}}})
+    assert "jobs.long-diag.image: registry.example.com/dcgm:4.2.3 is not pinned" in (
+        refused.value.stderr)
+    # A digest that is not one is refused by the schema.
+    with pytest.raises(chart.HelmFailed) as refused:
+        chart.template(helm, {"image": {"digest": "sha256:abc"}})
+    assert "/image/digest" in refused.value.stderr
+    # Pinned, the pods pull by digest and the validation Job runs the built-in, pinned.
+    objects = chart.template(helm, None)
+    settings = config_of(objects, tmp_path)
+    assert settings.jobs.require_digest
+    validation = settings.jobs.resolve("validate", "")
+    assert validation.image == pins.TEST_VALIDATION_IMAGE
+    assert validation.command == Settings().jobs.templates["validation"].command
+    pinned = f"{pins.TEST_IMAGE}:0.1.0@{pins.TEST_DIGEST}"
+    assert settings.jobs.resolve("reboot", "").image == pinned
+    # Turned off, tags are accepted as before.
+    loose = [d for d in yaml.safe_load_all(chart.run(
+        helm, "template", chart.RELEASE, str(chart.CHART),
+        values={**unpinned, "config": {"jobs": {"require_digest": False}}})) if d]
+    assert config_of(loose, tmp_path).jobs.worker_image == f"{pins.TEST_IMAGE}:0.1.0"

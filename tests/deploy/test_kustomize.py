@@ -40,7 +40,7 @@ def test_renderer_refuses_unsupported_fields(tmp_path: Any) -> None:
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 @pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
-def test_renderer_agrees_with_kubectl(name: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_renderer_agrees_with_kubectl(name: str, shipped: dict[str, list[dict[str, Any]]]) -> None:
     out = subprocess.run(
         ["kubectl", "kustomize", str(KUSTOMIZATIONS[name])],
         capture_output=True,
@@ -49,7 +49,7 @@ def test_renderer_agrees_with_kubectl(name: str, rendered: dict[str, list[dict[s
         check=True,
     ).stdout
     theirs = {key(o): o for o in yaml.safe_load_all(out) if o}
-    mine = {key(o): o for o in rendered[name]}
+    mine = {key(o): o for o in shipped[name]}
     assert set(mine) == set(theirs)
     for k, obj in mine.items():
         assert obj == theirs[k], f"{name}: {k} differs from kubectl kustomize"

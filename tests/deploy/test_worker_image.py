@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy import chart
+from tests.deploy import chart, pins
 from tests.deploy.conftest import OVERLAYS
 from tests.deploy.kustomize import find
-from worker.config import Settings, load_settings
+from worker.config import ConfigError, Settings, load_settings
 
 CONFIG = "gpu-remediate-config"
 
@@ -39,6 +39,23 @@ def _reboot_image(settings: Settings) -> str:
 
 
 @pytest.mark.parametrize("mode", OVERLAYS)
+def test_each_shipped_overlay_refuses_to_start_until_its_images_are_pinned(
+        mode: str, shipped: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """jobs.require_digest is on in the shipped configs: kustomize cannot reach into the
+    config file, so the worker refuses to start (one error naming both fields and how to
+    pin each) until the site names the worker's image and the validation image by digest."""
+    with pytest.raises(ConfigError) as refused:
+        _settings(shipped[mode], tmp_path)
+    said = str(refused.value)
+    deployment_image = _worker_container_image(shipped[mode])
+    assert f"jobs: Value error, worker_image: '{deployment_image}' is not pinned" in said
+    assert f"crane digest {deployment_image}" in said
+    validation = Settings().jobs.templates["validation"].image
+    assert f"templates.validation.image: '{validation}' is not pinned" in said
+    assert f"crane digest {validation}" in said
+
+
+@pytest.mark.parametrize("mode", OVERLAYS)
 def test_each_overlay_reboots_from_the_image_its_deployment_runs(
         mode: str, rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
     settings = _settings(rendered[mode], tmp_path)
@@ -50,10 +67,11 @@ def test_each_overlay_reboots_from_the_image_its_deployment_runs(
 def test_the_chart_reboots_from_its_image(helm: Path, tmp_path: Path) -> None:
     objects = chart.template(helm, {"image": {"repository": "registry.example.com/gpu-remediate",
                                               "tag": "1.2.3"}})
-    assert _worker_container_image(objects) == "registry.example.com/gpu-remediate:1.2.3"
+    image = f"registry.example.com/gpu-remediate:1.2.3@{pins.TEST_DIGEST}"
+    assert _worker_container_image(objects) == image
     settings = _settings(objects, tmp_path)
-    assert settings.jobs.worker_image == "registry.example.com/gpu-remediate:1.2.3"
-    assert _reboot_image(settings) == "registry.example.com/gpu-remediate:1.2.3"
+    assert settings.jobs.worker_image == image
+    assert _reboot_image(settings) == image
 
 
 def test_the_chart_keeps_a_worker_image_the_config_names(helm: Path, tmp_path: Path) -> None:

@@ -74,6 +74,26 @@ unless config.jobs.worker_image names another (the same image by digest, for req
 {{- if not (get $c.jobs "worker_image") -}}
 {{- $_ := set $c.jobs "worker_image" (include "gpu-remediate.image" .) -}}
 {{- end -}}
+{{- /* require_digest: every image a node Job runs by digest, refused here with what to
+set rather than by a worker that will not start. The built-in validation runs
+nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04 (activities/job_templates.py); the
+built-in gpu-reset and reboot run the worker's image (@worker). */ -}}
+{{- if get $c.jobs "require_digest" -}}
+{{- $pinned := "@sha256:[0-9a-f]{64}$" -}}
+{{- if not (regexMatch $pinned $c.jobs.worker_image) -}}
+{{- fail (printf "image.digest is required: config.jobs.require_digest is true and the worker's image %s, which the reboot and GPU reset Jobs run, is not pinned; --set image.digest=$(crane digest %s) (docs/install.md, \"Pin every image by digest\"), or set config.jobs.require_digest=false" $c.jobs.worker_image $c.jobs.worker_image) -}}
+{{- end -}}
+{{- $all := merge (deepCopy $templates) (dict "validation" (dict)) -}}
+{{- range $name, $job := $all -}}
+{{- $image := get $job "image" | default "" -}}
+{{- if and (not $image) (eq $name "validation") -}}
+{{- fail "jobs.validation.image is required: config.jobs.require_digest is true and the built-in validation image nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04 is not pinned; --set jobs.validation.image=nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04@$(crane digest nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04) (docs/install.md, \"Pin every image by digest\"), or set config.jobs.require_digest=false" -}}
+{{- end -}}
+{{- if and $image (ne $image "@worker") (not (regexMatch $pinned $image)) -}}
+{{- fail (printf "jobs.%s.image: %s is not pinned by digest and config.jobs.require_digest is true; set it to %s@$(crane digest %s)" $name $image $image $image) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if $v.policy -}}
 {{- $_ := set $c "policy" $v.policy -}}
 {{- end -}}
@@ -193,5 +213,12 @@ as ImagePullBackOff with no hint.
 */}}
 {{- define "gpu-remediate.image" -}}
 {{- $repo := required "image.repository is required: build the worker image from this repository's Dockerfile, push it to a registry your nodes pull from, and set image.repository (and image.tag) to it, e.g. --set image.repository=registry.example.com/gpu-remediate (docs/install.md, \"Build and push the image\")" .Values.image.repository -}}
+{{- if .Values.image.digest -}}
+{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" .Values.image.digest) -}}
+{{- fail (printf "image.digest: %q is not a digest (sha256:<64 hex>, from crane digest %s:%s)" .Values.image.digest $repo .Values.image.tag) -}}
+{{- end -}}
+{{- printf "%s:%s@%s" $repo .Values.image.tag .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" $repo .Values.image.tag -}}
+{{- end -}}
 {{- end -}}
