@@ -166,11 +166,13 @@ def test_unreadable_exporters_never_make_a_node_unhealthy(breaker_stack: LocalSt
     k8s, gpu = Cluster(breaker_stack), GpuSimClient(breaker_stack.gpu_url)
     modes = {"gpu-node-01": "down", "gpu-node-02": "garbled", "gpu-node-03": "empty",
              "gpu-node-04": "slow", "gpu-node-05": "garbled"}
-    # Paused, the detector cannot see an XID before its exporter breaks.
+    # Each exporter breaks before its GPU faults, so no scrape ever reads the XID. A pause
+    # alone would not do: a paused detector still observes, and an observation taken while
+    # the faults were arranged, ending after the resume, is admitted on (fresh, and true).
     detector_update(breaker_stack, "pause", reason="arrange the exporters")
     for node, mode in modes.items():
-        gpu.inject_fault(node, "0", "xid", 79 if mode != "empty" else 48)
         gpu.set_exporter_mode(node, mode, delay_seconds=3 if mode == "slow" else None)
+        gpu.inject_fault(node, "0", "xid", 79 if mode != "empty" else 48)
     detector_update(breaker_stack, "resume")
     settle_ticks(breaker_stack, 5)
     view = detector_view(breaker_stack)
