@@ -24,7 +24,7 @@ KUSTOMIZATIONS = {
 
 def as_installed(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The shipped objects as a site installs them: with jobs.require_digest on, it names
-    its digests (docs/install.md), here the ones tests/deploy/chart.py gives the chart: the
+    its digests (docs/install.md), here tests/deploy/pins.py's, which the chart gets too: the
     worker's image by digest where a pod runs it (an overlay's `images:`) and in
     jobs.worker_image, and the validation image pinned (its config file)."""
     def pin(node: Any) -> Any:
