@@ -65,6 +65,8 @@ class ControllerManager:
         self.programs = JobPrograms(gpu, timing, None)
         self.kubelet = Kubelet(store, nodes, self.programs.run, node_timing)
         self.programs.kubelet = self.kubelet
+        if gpu.base_url is not None:
+            self.kubelet.on_new_machine = gpu.reboot
         # Order matters only for latency: status flows kubelet -> workloads -> PDBs.
         self.controllers: list[Controller] = [
             NodeLifecycle(store),

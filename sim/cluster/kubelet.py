@@ -81,6 +81,10 @@ class Kubelet:
         self._ip_seq = 10
         # What each container wrote to stdout, by pod uid and container name (pods/log).
         self.logs: dict[str, dict[str, str]] = {}
+        # Called for a replacement machine before it registers (the GPU simulator reboots
+        # its GPUs: a new machine's driver and exporter); None without a GPU simulator.
+        self.on_new_machine: Callable[[str], Awaitable[object]] | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- node state -------------------------------------------------------------
 
@@ -267,6 +271,22 @@ class Kubelet:
         fresh = Machine(register_at=now + self.timing.reregister_seconds, reboots=m.reboots)
         fresh.events = [*m.events, "replaced: deleted, a new machine registers"]
         self.machines.by_node[node] = fresh
+        if self.on_new_machine is not None:
+            fresh.gpus_fresh = False
+            task = asyncio.get_running_loop().create_task(
+                self._fresh_gpus(self.on_new_machine, node, fresh))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    @staticmethod
+    async def _fresh_gpus(tell: Callable[[str], Awaitable[object]], node: str,
+                          m: Machine) -> None:
+        """Tell the GPU simulator the machine is new; it registers after that, whatever
+        the answer (an unreachable GPU simulator is reported by its own client)."""
+        try:
+            await tell(node)
+        finally:
+            m.gpus_fresh = True
 
     def _register(self, node: str, m: Machine, now: float) -> None:
         m.register_at = None
@@ -479,7 +499,7 @@ class Kubelet:
 
     def _machine_events(self, name: str, now: float) -> None:
         m = self.machines.get(name)
-        if m.register_at is not None and now >= m.register_at:
+        if m.register_at is not None and now >= m.register_at and m.gpus_fresh:
             self._register(name, m, now)
         if m.shutdown_at is not None and now >= m.shutdown_at:
             self._shutdown(name, m, now)

@@ -70,6 +70,10 @@ class Machine:
     silent_since: float | None = None
     marked_unknown: bool = False
     register_at: float | None = None
+    # A replacement machine registers only once the GPU simulator holds its GPUs as a new
+    # machine's (driver loaded fresh, a new dcgm-exporter that remembers no XID): until
+    # then the old machine's exporter could still be read under the new node's name.
+    gpus_fresh: bool = True
     reboots: int = 0
     events: list[str] = field(default_factory=list)
     # The device plugin (when the cluster runs the GPU Operator's device-plugin DaemonSet):

@@ -229,6 +229,33 @@ def test_a_replaced_node_is_labelled_again_and_gets_its_operands(k: Contract) ->
     wait_for(lambda: allocatable(k) == "8")
 
 
+
+def test_a_replaced_node_registers_with_a_fresh_exporter_that_remembers_no_xid(
+        k: Contract, gpu: GpuSim) -> None:
+    """The old machine's dcgm-exporter remembers its last XID after the fault is gone; the
+    machine that registers under the same name is new, so nothing read under the new Node
+    may carry it: the GPU simulator is told before the Node object appears."""
+    gpu.inject(NODE, 2, "xid", 79)
+    httpx.delete(f"{gpu.url}/api/v1/nodes/{NODE}/faults").raise_for_status()
+
+    def last_xids() -> list[object]:
+        gpus: list[dict[str, object]] = gpu.sim.fleet.node_json(NODE)["gpus"]  # type: ignore[assignment]
+        return [g["last_xid"] for g in gpus]
+
+    assert last_xids()[2] == 79, "a cleared fault leaves the exporter's remembered XID"
+    old_uid = k.core.read_node(NODE).metadata.uid
+    assert httpx.post(f"{k.sim_url()}/sim/v1/nodes/{NODE}/replace").status_code == 200
+
+    def new_node() -> Any:
+        try:
+            n = k.core.read_node(NODE)
+        except client.ApiException:
+            return None
+        return n if n.metadata.uid != old_uid else None
+
+    wait_for(new_node)
+    assert last_xids() == [None] * 8
+
 # -- gpu reset --------------------------------------------------------------------------
 
 
