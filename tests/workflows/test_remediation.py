@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Interceptor, Worker
 
 from policy.models import Action
 from tests.workflows.fakes import FakeCluster, xid_verdict
@@ -32,12 +32,14 @@ from workflows.transitions import NodeState
 
 
 @asynccontextmanager
-async def running(client: Client, cluster: FakeCluster) -> AsyncIterator[str]:
+async def running(client: Client, cluster: FakeCluster,
+                  interceptors: Sequence[Interceptor] = ()) -> AsyncIterator[str]:
     queue = f"tq-{uuid.uuid4()}"
     with ThreadPoolExecutor(8) as pool:
         async with Worker(client, task_queue=queue,
                           workflows=[RemediationWorkflow, DetectorWorkflow],
-                          activities=cluster.activities(), activity_executor=pool):
+                          activities=cluster.activities(), activity_executor=pool,
+                          interceptors=interceptors):
             yield queue
 
 

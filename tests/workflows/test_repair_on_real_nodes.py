@@ -7,11 +7,17 @@ label is still "true" (the operands hold the GPUs), and the waits answer "not ye
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
-from temporalio.client import WorkflowFailureError
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from policy.models import Action, Finding, Verdict
 from tests.workflows.fakes import FakeCluster, xid_verdict
@@ -30,21 +36,72 @@ def reset_input(node: str, **settings: object) -> RemediationInput:
                             settings=RemediationSettings(**settings))  # type: ignore[arg-type]
 
 
-async def skip_until(env, check, limit: timedelta = timedelta(hours=2)) -> None:
+class ActivitiesInFlight(Interceptor):
+    """Counts the activity attempts this worker is running, and every start and end."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.changes = 0
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        counter = self
+
+        class Counted(ActivityInboundInterceptor):
+            async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+                with counter.lock:
+                    counter.running += 1
+                    counter.changes += 1
+                try:
+                    return await self.next.execute_activity(input)
+                finally:
+                    with counter.lock:
+                        counter.running -= 1
+                        counter.changes += 1
+
+        return Counted(next)
+
+    def state(self) -> tuple[int, int]:
+        with self.lock:
+            return self.running, self.changes
+
+
+# The run's last event while the worker owes it a workflow task.
+_TASK_OWED = {EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+              EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED}
+
+
+async def skip_until(env, handle: WorkflowHandle[Any, Any], busy: ActivitiesInFlight, check,
+                     limit: timedelta = timedelta(hours=2)) -> None:
     """Move the test server's clock on until ``check()`` holds (polling by retry waits
     on server timers, which only skip while the test waits through the environment).
 
-    Each 20 s of the run's clock gives the worker a quarter second of the machine's: a
-    clock skipped faster than a loaded worker runs its activities times them out and
-    retries them (a clean-clone run skipped 2 hours in 23 s at 0.05 s a step and never
-    reached the quarantine that takes 8 minutes of the run's clock)."""
-    import asyncio
+    Each 20 s step is taken only once the worker is idle, however long that takes on the
+    machine: no activity attempt running, no workflow task owed, nothing changed for
+    0.1 s. A fixed wall-clock pace is not enough: a clean-clone run on a loaded machine
+    skipped 2 hours in 23 s at 0.05 s a step and never reached the quarantine that takes
+    8 minutes of the run's clock."""
+    latest = env.client.get_workflow_handle(handle.id)  # the run now, after any hand-over
     skipped = timedelta(0)
     while not check():
         assert skipped < limit, "condition not reached"
+        await _worker_idle(latest, busy)
         await env.sleep(timedelta(seconds=20))
-        await asyncio.sleep(0.25)
         skipped += timedelta(seconds=20)
+
+
+async def _worker_idle(handle: WorkflowHandle[Any, Any], busy: ActivitiesInFlight,
+                       settle: float = 0.1, deadline: float = 120.0) -> None:
+    end = time.monotonic() + deadline
+    last: tuple[object, ...] = ()
+    while True:
+        await asyncio.sleep(settle)
+        events = [e.event_type async for e in handle.fetch_history_events()]
+        now = (*busy.state(), len(events), events[-1] if events else None)
+        if now == last and now[0] == 0 and now[3] not in _TASK_OWED:
+            return
+        assert time.monotonic() < end, f"the worker still busy after {deadline:.0f} s: {now}"
+        last = now
 
 
 def order(cluster: FakeCluster, *names: str) -> list[str]:
@@ -115,11 +172,12 @@ async def test_operands_not_back_fail_the_reset(time_skipping_env):
 async def test_gpus_never_free_fail_the_validation_with_the_reason(time_skipping_env):
     cluster = FakeCluster()
     cluster.node("r5").gpus_free_after = 10**6
-    async with running(time_skipping_env.client, cluster) as queue:
+    busy = ActivitiesInFlight()
+    async with running(time_skipping_env.client, cluster, [busy]) as queue:
         handle = await time_skipping_env.client.start_workflow(
             RemediationWorkflow.run, reset_input("r5", gpus_free_timeout=timedelta(minutes=4)),
             id=f"remediation-r5-{uuid.uuid4()}", task_queue=queue)
-        await skip_until(time_skipping_env,
+        await skip_until(time_skipping_env, handle, busy,
                          lambda: cluster.node("r5").state == NodeState.QUARANTINED)
         # No validation Job was ever created: it could not have had every GPU.
         assert cluster.jobs_run() == ["gpu-reset", "reboot"]
@@ -149,11 +207,12 @@ async def test_an_exporter_that_does_not_answer_after_validation_is_no_pass(
         time_skipping_env):
     cluster = FakeCluster(health=[NodeHealth(readable=False, thermal_recovered=False,
                                              message="connection refused")])
-    async with running(time_skipping_env.client, cluster) as queue:
+    busy = ActivitiesInFlight()
+    async with running(time_skipping_env.client, cluster, [busy]) as queue:
         handle = await time_skipping_env.client.start_workflow(
             RemediationWorkflow.run, reset_input("r7"),
             id=f"remediation-r7-{uuid.uuid4()}", task_queue=queue)
-        await skip_until(time_skipping_env,
+        await skip_until(time_skipping_env, handle, busy,
                          lambda: cluster.node("r7").state == NodeState.QUARANTINED)
         view = await handle.query(RemediationWorkflow.view_state)
         assert any("exporter does not answer: connection refused" in p for p in view.plan)
@@ -189,11 +248,12 @@ async def test_a_pause_whose_answer_is_lost_is_restored_from_the_nodes_record(
     cancellation and the result is gone). The node is held, and its operands are put back
     from the pause's record on the node, not left off."""
     cluster = FakeCluster(pause_answer_lost={"r13"})
-    async with running(time_skipping_env.client, cluster) as queue:
+    busy = ActivitiesInFlight()
+    async with running(time_skipping_env.client, cluster, [busy]) as queue:
         handle = await time_skipping_env.client.start_workflow(
             RemediationWorkflow.run, reset_input("r13"),
             id=f"remediation-r13-{uuid.uuid4()}", task_queue=queue)
-        await skip_until(time_skipping_env,
+        await skip_until(time_skipping_env, handle, busy,
                          lambda: cluster.node("r13").state == NodeState.QUARANTINED)
         await end_in_hold(handle)
     node = cluster.node("r13")
@@ -238,14 +298,15 @@ async def test_a_gpu_the_restarted_plugin_still_finds_unhealthy_fails_fast(time_
     cluster = FakeCluster()
     node = cluster.node("r11")
     node.plugin_unhealthy, node.gpu_broken = 1, True
-    async with running(time_skipping_env.client, cluster) as queue:
+    busy = ActivitiesInFlight()
+    async with running(time_skipping_env.client, cluster, [busy]) as queue:
         handle = await time_skipping_env.client.start_workflow(
             RemediationWorkflow.run, reset_input(
                 "r11", gpus_free_timeout=timedelta(hours=1),
                 gpu_operator=GpuOperatorSettings(
                     device_plugin_restart_after=timedelta(minutes=2))),
             id=f"remediation-r11-{uuid.uuid4()}", task_queue=queue)
-        await skip_until(time_skipping_env,
+        await skip_until(time_skipping_env, handle, busy,
                          lambda: cluster.node("r11").state == NodeState.QUARANTINED)
         view = await handle.query(RemediationWorkflow.view_state)
         assert any("allocatable nvidia.com/gpu 7 of 8" in p for p in view.plan), view.plan
