@@ -140,6 +140,8 @@ class FakeCluster:
     drain_rounds: dict[str, int] = field(default_factory=dict)
     # A Job of this kind (or a claim of this node) waits until its event is set.
     job_gates: dict[str, threading.Event] = field(default_factory=dict)
+    # The kinds of the Jobs now waiting at their gate (the step's Job exists and is polled).
+    at_gate: list[str] = field(default_factory=list)
     claim_gates: dict[str, threading.Event] = field(default_factory=dict)
     report_error: str | None = None
     # Out-of-service counts (AwaitingApproval/Draining/Repairing/Validating, and Cordoned)
@@ -309,7 +311,11 @@ class FakeCluster:
         def run_node_job(inp: NodeJobInput) -> NodeJobResult:
             gate = cluster.job_gates.get(inp.kind)
             if gate is not None and not inp.dry_run:
+                with cluster.lock:
+                    cluster.at_gate.append(inp.kind)
                 gate.wait(30)
+                with cluster.lock:
+                    cluster.at_gate.remove(inp.kind)
             with cluster.lock:
                 cluster.calls.append(("run_node_job", inp))
                 if inp.dry_run:

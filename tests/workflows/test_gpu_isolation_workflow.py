@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from temporalio import workflow
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Worker
 
@@ -218,10 +219,16 @@ async def test_an_abort_mid_validation_deletes_the_job_its_claim_and_the_rule(
                 RemediationWorkflow.run,
                 RemediationInput(node="n7", verdict=one_gpu("n7"), settings=DRA),
                 id=f"remediation-n7-{uuid.uuid4()}", task_queue=queue)
-            async def validating() -> bool:
-                return (await _view(handle)).step == Step.VALIDATE
-            await until(validating, what="the pinned validation")
+            # The Job exists and is being looked at: the step shows VALIDATE a moment
+            # before that (the host-engine check runs first), when there is no Job to delete.
+            await until(lambda: "validate" in cluster.at_gate, what="the pinned validation")
             await handle.cancel()
+
+            async def look_cancelled() -> bool:
+                return EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED in [
+                    e.event_type async for e in handle.fetch_history_events()]
+            await until(look_cancelled, what="the abort reaching the look in flight")
+            gate.set()  # the look in flight runs to its end; then the abort deletes the Job
             with pytest.raises(WorkflowFailureError):
                 await handle.result()
     finally:
