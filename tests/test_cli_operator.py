@@ -249,6 +249,16 @@ def test_an_unknown_node_lists_close_matches() -> None:
     assert "kubectl get nodes" in cli.no_such_node("zzz", names)
 
 
+def test_a_node_the_cluster_lacks_gets_no_next_steps_for_it() -> None:
+    """`status gpu-node-2`: suggesting `remediate gpu-node-2` would lead nowhere."""
+    names = ["gpu-node-01", "gpu-node-02"]
+    message = f"{ops.NO_REMEDIATION} gpu-node-2; {ops.NONE_KNOWN}\nnext: `gpu-remediate status ...`"
+    said = cli.node_hint("gpu-node-2", message, names)
+    assert said == cli.no_such_node("gpu-node-2", names) and "\n" not in said
+    assert cli.node_hint("gpu-node-02", message, names) == message
+    assert cli.node_hint("gpu-node-2", message, None) == message  # the cluster not asked
+
+
 # ---------------------------------------------------------------- the stack `up` runs here
 
 

@@ -29,7 +29,10 @@ from workflows.transitions import NodeState
 
 def settings_for(tmp_path: Path, cluster: Cluster, gpu: ThreadedGpuSim, extra: str = "") -> Path:
     path = tmp_path / "config.yaml"
+    # No Temporal: the plan reads the config file. Left at its default (localhost:7233), a
+    # stack that `./dev.sh up` runs beside the tests would answer with its own detector.
     path.write_text(f"""
+temporal: {{address: "127.0.0.1:1"}}
 kubernetes: {{kubeconfig: {cluster.kubeconfig}}}
 exporter: {{mode: template, url_template: "{gpu.url}/nodes/{{node}}/metrics"}}
 detector: {{max_unavailable: 1, breaker_max_flagged_percent: 100}}

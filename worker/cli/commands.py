@@ -828,10 +828,16 @@ def _with_node_hint(config: Path | None, node: str, message: str) -> str:
     """A node Temporal never remediated may not exist at all: say so, with close matches."""
     if not message.startswith(ops.NO_REMEDIATION) or ops.NONE_KNOWN not in message:
         return message
-    names = _node_names(settings_from(config))
+    return node_hint(node, message, _node_names(settings_from(config)))
+
+
+def node_hint(node: str, message: str, names: list[str] | None) -> str:
+    """``message`` (no remediation, none known) for a node the cluster has, or could not
+    be asked about; for one it does not have, only that, with close matches: what to run
+    "next" on a name that is not a node would lead nowhere."""
     if names is None or node in names:
         return message
-    return f"{no_such_node(node, names)}\n{message}"
+    return no_such_node(node, names)
 
 
 @app.command()
