@@ -229,7 +229,6 @@ def test_a_replaced_node_is_labelled_again_and_gets_its_operands(k: Contract) ->
     wait_for(lambda: allocatable(k) == "8")
 
 
-
 def test_a_replaced_node_registers_with_a_fresh_exporter_that_remembers_no_xid(
         k: Contract, gpu: GpuSim) -> None:
     """The old machine's dcgm-exporter remembers its last XID after the fault is gone; the
@@ -255,6 +254,7 @@ def test_a_replaced_node_registers_with_a_fresh_exporter_that_remembers_no_xid(
 
     wait_for(new_node)
     assert last_xids() == [None] * 8
+
 
 # -- gpu reset --------------------------------------------------------------------------
 
