@@ -69,6 +69,12 @@ class ActivitiesInFlight(Interceptor):
 # The run's last event while the worker owes it a workflow task.
 _TASK_OWED = {EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
               EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED}
+# The run's last event once it can never move again.
+_CLOSED = {EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+           EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+           EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
+           EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+           EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED}
 
 
 async def skip_until(env, handle: WorkflowHandle[Any, Any], busy: ActivitiesInFlight, check,
@@ -84,13 +90,29 @@ async def skip_until(env, handle: WorkflowHandle[Any, Any], busy: ActivitiesInFl
     latest = env.client.get_workflow_handle(handle.id)  # the run now, after any hand-over
     skipped = timedelta(0)
     while not check():
-        assert skipped < limit, "condition not reached"
-        await _worker_idle(latest, busy)
+        if skipped >= limit:
+            pytest.fail(f"condition not reached after {limit} of the run's clock; the run's "
+                        f"history ends:\n{await _history_tail(latest)}")
+        await _worker_idle(latest, busy, check)
         await env.sleep(timedelta(seconds=20))
         skipped += timedelta(seconds=20)
 
 
-async def _worker_idle(handle: WorkflowHandle[Any, Any], busy: ActivitiesInFlight,
+async def _history_tail(handle: WorkflowHandle[Any, Any], count: int = 40) -> str:
+    """The run's last events, one a line, for a failure message."""
+    lines = []
+    async for e in handle.fetch_history_events():
+        name = (e.activity_task_scheduled_event_attributes.activity_type.name
+                if e.HasField("activity_task_scheduled_event_attributes") else "")
+        failure = next((getattr(e, f).failure.message for f in (
+            "workflow_task_failed_event_attributes", "activity_task_failed_event_attributes",
+            "activity_task_timed_out_event_attributes") if e.HasField(f)), "")
+        lines.append(f"{e.event_id:4} {e.event_time.ToDatetime():%H:%M:%S} "
+                     f"{EventType.Name(e.event_type)} {name} {failure}".rstrip())
+    return "\n".join(lines[-count:])
+
+
+async def _worker_idle(handle: WorkflowHandle[Any, Any], busy: ActivitiesInFlight, check,
                        settle: float = 0.1, deadline: float = 120.0) -> None:
     end = time.monotonic() + deadline
     last: tuple[object, ...] = ()
@@ -98,9 +120,14 @@ async def _worker_idle(handle: WorkflowHandle[Any, Any], busy: ActivitiesInFligh
         await asyncio.sleep(settle)
         events = [e.event_type async for e in handle.fetch_history_events()]
         now = (*busy.state(), len(events), events[-1] if events else None)
+        if now[3] in _CLOSED and not check():
+            pytest.fail(f"the run closed before the condition held; its history ends:\n"
+                        f"{await _history_tail(handle)}")
         if now == last and now[0] == 0 and now[3] not in _TASK_OWED:
             return
-        assert time.monotonic() < end, f"the worker still busy after {deadline:.0f} s: {now}"
+        if time.monotonic() > end:
+            pytest.fail(f"the worker still busy after {deadline:.0f} s: {now}; the run's "
+                        f"history ends:\n{await _history_tail(handle)}")
         last = now
 
 
