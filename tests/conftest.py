@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sysconfig
 from collections.abc import AsyncIterator, Iterator
@@ -60,6 +61,23 @@ async def local_env() -> AsyncIterator[WorkflowEnvironment]:
     yield env
     await env.shutdown()
 
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A CLI command run in the test's process (CliRunner) points the root logger at the
+    stderr of that moment, which is pytest's capture of that one test. Left in place, every
+    later log line in the process goes to a closed file ("--- Logging error ---") and is
+    lost, a failing workflow task's included."""
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    # pytest's own handlers are subclasses (LogCaptureHandler and others) and come and go
+    # with each phase; a plain StreamHandler added during the test is the command's.
+    for handler in [h for h in root.handlers
+                    if type(h) is logging.StreamHandler and h not in before]:
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)
