@@ -106,7 +106,8 @@ async def _history_tail(handle: WorkflowHandle[Any, Any], count: int = 40) -> st
                 if e.HasField("activity_task_scheduled_event_attributes") else "")
         failure = next((getattr(e, f).failure.message for f in (
             "workflow_task_failed_event_attributes", "activity_task_failed_event_attributes",
-            "activity_task_timed_out_event_attributes") if e.HasField(f)), "")
+            "activity_task_timed_out_event_attributes",
+            "workflow_execution_failed_event_attributes") if e.HasField(f)), "")
         lines.append(f"{e.event_id:4} {e.event_time.ToDatetime():%H:%M:%S} "
                      f"{EventType.Name(e.event_type)} {name} {failure}".rstrip())
     return "\n".join(lines[-count:])
