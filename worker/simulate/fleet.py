@@ -26,6 +26,7 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from activities.node_return import NODE_NOT_BACK
 from policy.config import PolicySettings
@@ -197,6 +198,14 @@ class Figures:
     activity_calls: int = 0
 
 
+# A workflow's first activity after a tick that woke it runs within this many seconds of the
+# tick on the server's clock (the tick's own work and one signal; milliseconds unloaded).
+WOKEN_S = 1.0
+# The steps SimFleet keeps per workflow: enough for at_server() to find the step before a
+# reboot request among the polls that follow it.
+STEPS_KEPT = 64
+
+
 class SimFleet:
     """The fleet and its activities. ``start`` is the server time the run began at;
     ``end`` the simulated second the run ends at (on the tick grid; None: never)."""
@@ -231,6 +240,10 @@ class SimFleet:
         # Where now() counts from: the last full tick, or a later node-only tick's stamp.
         self.anchor_at = 0.0
         self.anchor_server = 0.0
+        # Each other workflow's steps: (simulated second, server second) of its latest
+        # activities, newest last (now() counts a remediation's moment from its own last
+        # step; at_server() finds the step a moment of its own came after).
+        self.steps: dict[str, list[tuple[float, float]]] = {}
         # What read_limits answers: the config's own limits (a client may only tighten).
         self.limits = LimitsSettings.from_settings(settings)
         # Node watchers (worker/simulate/watcher.py): the next scheduled fault and the
@@ -270,14 +283,49 @@ class SimFleet:
         return (activity.info().current_attempt_scheduled_time - self.start).total_seconds()
 
     def now(self) -> float:
-        """Seconds since the start, on the detector's tick grid.
+        """Seconds since the start, as the run would have them with no processing time.
 
         The test server's clock also moves at wall-clock speed while work is in flight, so
-        its readings drift by the run's own processing time (milliseconds per step, minutes
-        over a run). The grid does not: a tick is at ``ticks x interval``, and a moment
-        between ticks is whole seconds after its tick (every timer and retry interval in
-        the workflows is whole seconds, and the drift within a tick is under one)."""
-        return self.anchor_at + math.floor(self.server_seconds() - self.anchor_server)
+        its readings drift by the run's own processing time: milliseconds a step, more on a
+        loaded machine, and differently for each workflow (the detector drifts by its ticks'
+        work, a remediation by its own steps'). Every timer, retry interval and deadline in
+        the workflows is whole seconds, so a moment is whole seconds after the last one of
+        the same workflow, give or take that one step's processing (under half a second):
+
+        - the detector's activities are on its tick grid (a tick at ``ticks x interval``, or
+          a node-only tick's stamp) and count from the tick;
+        - another workflow's first activity, and its first after a tick that woke it (within
+          ``WOKEN_S`` after the tick on the server's clock, its previous step before it: a
+          slot granted, a remediation started), is the tick's moment, counted from the tick;
+        - any other activity counts from that workflow's previous step, rounded to whole
+          seconds, so a long remediation does not gather the drift of all its steps (the
+          first use counted every moment from the tick, and a reboot's forty-odd steps on a
+          busy machine took it a second or two past its true moment)."""
+        server = self.server_seconds()
+        tick = self.anchor_at + math.floor(server - self.anchor_server)
+        info = activity.info()
+        if info.workflow_type == "DetectorWorkflow":
+            return tick
+        steps = self.steps.setdefault(info.workflow_id or "", [])
+        if not steps or (steps[-1][1] < self.anchor_server <= server
+                         < self.anchor_server + WOKEN_S):
+            at = tick
+        else:
+            at = steps[-1][0] + round(server - steps[-1][1])
+        steps.append((at, server))
+        del steps[:-STEPS_KEPT]
+        return at
+
+    def at_server(self, when: datetime) -> float:
+        """The simulated second of a moment of this activity's workflow (``workflow.now()``
+        at one of its steps): counted from the step before it, as now() counts."""
+        server = (when - self.start).total_seconds()
+        steps = self.steps.get(activity.info().workflow_id or "", [])
+        before = [s for s in steps if s[1] <= server]
+        if not before:
+            return self.anchor_at + math.floor(server - self.anchor_server)
+        at, base = before[-1]
+        return at + round(server - base)
 
     def ticked(self) -> float:
         """A new fleet observation: the grid moves on one interval (the first is at 0)."""
@@ -700,11 +748,10 @@ class SimFleet:
             n = fleet._present(inp.node)
             if n.outcome == "node_lost":
                 raise fleet._lose(n, now)
-            # Both on the server's clock (the request is the workflow's time).
-            back = (inp.reboot_requested_at - fleet.start).total_seconds() \
+            # The request is the workflow's time: its simulated second, as now() counts.
+            back = fleet.at_server(inp.reboot_requested_at) \
                 + fleet.model.repair_minutes.reboot * 60
-            if fleet.hangs(n, f"reboot-{inp.reboot_requested_at.isoformat()}") \
-                    or fleet.server_seconds() < back:
+            if fleet.hangs(n, f"reboot-{inp.reboot_requested_at.isoformat()}") or now < back:
                 raise ApplicationError(f"{inp.node}: boot ID unchanged", type=NODE_NOT_BACK)
             n.boot += 1
             fleet._repaired(n, Action.REBOOT, now)
@@ -841,3 +888,21 @@ class SimFleet:
                 restore_gpu_operands, check_operands_gone, check_operands_back, record_event,
                 list_running_remediations, rewrite_state_mirror, read_limits, confirm_lease,
                 release_orphan]
+
+
+class StepClock(Interceptor):
+    """Counts every activity of a workflow as one of its steps (SimFleet.now), so a
+    remediation's moments count from its previous step whatever that step was."""
+
+    def __init__(self, fleet: SimFleet) -> None:
+        self.fleet = fleet
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        fleet = self.fleet
+
+        class Stepped(ActivityInboundInterceptor):
+            async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+                fleet.now()
+                return await super().execute_activity(input)
+
+        return Stepped(next)

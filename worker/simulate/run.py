@@ -50,7 +50,7 @@ from temporalio.worker import (
 
 from worker.simulate.clock import CLOCK_WORKFLOW_ID, SimulationClockWorkflow
 from worker.simulate.faults import FaultModel
-from worker.simulate.fleet import DAY, SimFleet, draw_faults
+from worker.simulate.fleet import DAY, SimFleet, StepClock, draw_faults
 from worker.simulate.watcher import WATCHER_WORKFLOW_ID, SimulationWatcherWorkflow
 from workflows.detector import DetectorWorkflow
 from workflows.ids import DETECTOR_WORKFLOW_ID
@@ -437,7 +437,8 @@ async def _segment(env: WorkflowEnvironment, fleet: SimFleet, carry: _Carry | No
         return True
 
     fleet.hand_over = hand_over if fleet.handover_at is not None else None
-    async with Worker(plain, task_queue=queue, interceptors=[pulse],
+    fleet.steps.clear()  # the workflows carried over start again from the tick
+    async with Worker(plain, task_queue=queue, interceptors=[pulse, StepClock(fleet)],
                       workflows=[DetectorWorkflow, RemediationWorkflow,
                                  SimulationClockWorkflow, SimulationWatcherWorkflow],
                       activities=fleet.activities(), max_concurrent_activities=200,
